@@ -1,0 +1,133 @@
+//! Reduction operators and kernels: `dst[i] = op(dst[i], src[i])`.
+//!
+//! [`ReduceOp`] names the operator; [`reduce_into`] applies it to two equal-length slices of
+//! any [`Element`] type, and [`finish_avg`] divides by the group size for [`ReduceOp::Avg`].
+//! [`scalar`] holds the plain reference that the fast kernels are tested against. f16 and
+//! bf16 are widened to f32 for every operation and rounded once per call. This module knows
+//! nothing about communication.
+
+use std::fmt;
+
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+
+pub mod scalar;
+
+/// A reduction operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum ReduceOp {
+    /// Sum.
+    Sum = 0,
+    /// Sum divided by the group size (integer division, truncating, for integer types).
+    Avg = 1,
+    /// Product.
+    Prod = 2,
+    /// Minimum (for floats, NaN propagates).
+    Min = 3,
+    /// Maximum (for floats, NaN propagates).
+    Max = 4,
+    /// Bitwise and (integer types only).
+    BAnd = 5,
+    /// Bitwise or (integer types only).
+    BOr = 6,
+    /// Bitwise xor (integer types only).
+    BXor = 7,
+}
+
+impl ReduceOp {
+    /// Every operator.
+    pub const ALL: [ReduceOp; 8] = [
+        ReduceOp::Sum,
+        ReduceOp::Avg,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::BAnd,
+        ReduceOp::BOr,
+        ReduceOp::BXor,
+    ];
+
+    /// Lowercase name as nccl-tests prints it (`sum`, `avg`, `prod`, `min`, `max`, `band`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Avg => "avg",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::BAnd => "band",
+            ReduceOp::BOr => "bor",
+            ReduceOp::BXor => "bxor",
+        }
+    }
+
+    /// Parses a name as printed by [`ReduceOp::name`] (also `product`, `and`, `or`, `xor`).
+    pub fn parse(s: &str) -> Option<ReduceOp> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "sum" => ReduceOp::Sum,
+            "avg" | "mean" => ReduceOp::Avg,
+            "prod" | "product" => ReduceOp::Prod,
+            "min" => ReduceOp::Min,
+            "max" => ReduceOp::Max,
+            "band" | "and" => ReduceOp::BAnd,
+            "bor" | "or" => ReduceOp::BOr,
+            "bxor" | "xor" => ReduceOp::BXor,
+            _ => return None,
+        })
+    }
+
+    /// The op with tag `tag` (as written by `op as u8`).
+    pub fn from_tag(tag: u8) -> Option<ReduceOp> {
+        ReduceOp::ALL.get(tag as usize).copied()
+    }
+
+    /// Whether the operator applies to `dtype` (bitwise ops need an integer type).
+    pub fn fits(self, dtype: DType) -> bool {
+        !matches!(self, ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor) || !dtype.is_float()
+    }
+
+    /// The operator used while combining partial results: `Avg` combines as `Sum`.
+    pub fn combiner(self) -> ReduceOp {
+        match self {
+            ReduceOp::Avg => ReduceOp::Sum,
+            op => op,
+        }
+    }
+}
+
+impl fmt::Display for ReduceOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Rejects an operator that does not apply to `dtype` with [`crate::ErrorKind::InvalidArgument`].
+pub fn check(op: ReduceOp, dtype: DType) -> Result<()> {
+    if op.fits(dtype) {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "reduce op {op} does not apply to {dtype} (bitwise ops need an integer type)"
+        )))
+    }
+}
+
+/// `dst[i] = op(dst[i], src[i])` for every i; `Avg` acts as `Sum` (see [`finish_avg`]).
+///
+/// # Panics
+/// If the lengths differ or the op does not fit the type; callers validate with [`check`]
+/// before communicating.
+#[inline]
+pub fn reduce_into<T: Element>(dst: &mut [T], src: &[T], op: ReduceOp) {
+    assert_eq!(dst.len(), src.len(), "reduce_into: length mismatch");
+    scalar::reduce_into(dst, src, op);
+}
+
+/// Divides every element by `n` (the last step of [`ReduceOp::Avg`]); a no-op for other ops.
+#[inline]
+pub fn finish_avg<T: Element>(buf: &mut [T], op: ReduceOp, n: usize) {
+    if op == ReduceOp::Avg && n > 1 {
+        scalar::divide(buf, n);
+    }
+}

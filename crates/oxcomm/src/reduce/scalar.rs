@@ -1,0 +1,146 @@
+//! The plain element-by-element reference kernels. Every fast kernel is property-tested
+//! against these; they are also the fallback for types and ops without a fast path.
+
+use half::{bf16, f16};
+
+use super::ReduceOp;
+use crate::dtype::{DType, Element};
+
+/// Casts a slice of `T` to a slice of `U` when both are the same dtype.
+#[inline]
+pub(crate) fn cast<T: Element, U: Element>(s: &[T]) -> &[U] {
+    debug_assert_eq!(T::DTYPE, U::DTYPE);
+    bytemuck::cast_slice(s)
+}
+
+/// Mutable version of [`cast`].
+#[inline]
+pub(crate) fn cast_mut<T: Element, U: Element>(s: &mut [T]) -> &mut [U] {
+    debug_assert_eq!(T::DTYPE, U::DTYPE);
+    bytemuck::cast_slice_mut(s)
+}
+
+macro_rules! float_loop {
+    ($dst:expr, $src:expr, $op:expr, $to:expr, $from:expr) => {{
+        let (dst, src) = ($dst, $src);
+        match $op {
+            ReduceOp::Sum | ReduceOp::Avg => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = $from($to(*d) + $to(*s));
+                }
+            }
+            ReduceOp::Prod => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = $from($to(*d) * $to(*s));
+                }
+            }
+            ReduceOp::Min => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    let (a, b) = ($to(*d), $to(*s));
+                    *d = $from(if a.is_nan() || b.is_nan() { a + b } else if b < a { b } else { a });
+                }
+            }
+            ReduceOp::Max => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    let (a, b) = ($to(*d), $to(*s));
+                    *d = $from(if a.is_nan() || b.is_nan() { a + b } else if b > a { b } else { a });
+                }
+            }
+            ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
+                panic!("bitwise reduce op on a float type")
+            }
+        }
+    }};
+}
+
+macro_rules! int_loop {
+    ($dst:expr, $src:expr, $op:expr) => {{
+        let (dst, src) = ($dst, $src);
+        match $op {
+            ReduceOp::Sum | ReduceOp::Avg => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = d.wrapping_add(*s);
+                }
+            }
+            ReduceOp::Prod => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = d.wrapping_mul(*s);
+                }
+            }
+            ReduceOp::Min => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = (*d).min(*s);
+                }
+            }
+            ReduceOp::Max => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d = (*d).max(*s);
+                }
+            }
+            ReduceOp::BAnd => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d &= *s;
+                }
+            }
+            ReduceOp::BOr => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d |= *s;
+                }
+            }
+            ReduceOp::BXor => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    *d ^= *s;
+                }
+            }
+        }
+    }};
+}
+
+fn id<T>(x: T) -> T {
+    x
+}
+
+/// Reference `dst[i] = op(dst[i], src[i])`. Integers wrap on overflow; floats follow IEEE,
+/// with NaN propagating through Min and Max; f16/bf16 compute in f32.
+pub fn reduce_into<T: Element>(dst: &mut [T], src: &[T], op: ReduceOp) {
+    match T::DTYPE {
+        DType::F32 => float_loop!(cast_mut::<T, f32>(dst), cast::<T, f32>(src), op, id, id),
+        DType::F64 => float_loop!(cast_mut::<T, f64>(dst), cast::<T, f64>(src), op, id, id),
+        DType::F16 => float_loop!(
+            cast_mut::<T, f16>(dst),
+            cast::<T, f16>(src),
+            op,
+            f16::to_f32,
+            f16::from_f32
+        ),
+        DType::BF16 => float_loop!(
+            cast_mut::<T, bf16>(dst),
+            cast::<T, bf16>(src),
+            op,
+            bf16::to_f32,
+            bf16::from_f32
+        ),
+        DType::I8 => int_loop!(cast_mut::<T, i8>(dst), cast::<T, i8>(src), op),
+        DType::U8 => int_loop!(cast_mut::<T, u8>(dst), cast::<T, u8>(src), op),
+        DType::I32 => int_loop!(cast_mut::<T, i32>(dst), cast::<T, i32>(src), op),
+        DType::I64 => int_loop!(cast_mut::<T, i64>(dst), cast::<T, i64>(src), op),
+    }
+}
+
+/// Reference division by `n` (integer types truncate toward zero).
+pub fn divide<T: Element>(buf: &mut [T], n: usize) {
+    match T::DTYPE {
+        DType::F32 => cast_mut::<T, f32>(buf).iter_mut().for_each(|x| *x /= n as f32),
+        DType::F64 => cast_mut::<T, f64>(buf).iter_mut().for_each(|x| *x /= n as f64),
+        DType::F16 => cast_mut::<T, f16>(buf)
+            .iter_mut()
+            .for_each(|x| *x = f16::from_f32(x.to_f32() / n as f32)),
+        DType::BF16 => cast_mut::<T, bf16>(buf)
+            .iter_mut()
+            .for_each(|x| *x = bf16::from_f32(x.to_f32() / n as f32)),
+        DType::I8 => cast_mut::<T, i8>(buf).iter_mut().for_each(|x| *x = (*x as i64 / n as i64) as i8),
+        DType::U8 => cast_mut::<T, u8>(buf).iter_mut().for_each(|x| *x = (*x as u64 / n as u64) as u8),
+        DType::I32 => cast_mut::<T, i32>(buf).iter_mut().for_each(|x| *x = (*x as i64 / n as i64) as i32),
+        DType::I64 => cast_mut::<T, i64>(buf).iter_mut().for_each(|x| *x /= n as i64),
+    }
+}

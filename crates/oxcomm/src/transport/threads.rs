@@ -1,0 +1,204 @@
+//! In-process transport: ranks are threads, links are bounded byte queues in memory.
+//!
+//! Used by [`crate::threads::run`], tests and examples. Each direction of a link is a
+//! `Mutex<VecDeque<u8>>` bounded at [`QUEUE_BYTES`] so flow control is exercised as on real
+//! transports. A link notices that its peer is gone when the peer's end is dropped (its thread
+//! returned or panicked).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use super::{Doorbell, Link};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Capacity of one direction of a thread link.
+pub const QUEUE_BYTES: usize = 1 << 20;
+
+/// A doorbell for ranks in one process: an atomic counter plus a condition variable for
+/// sleepers. Spins briefly (yielding) before sleeping.
+#[derive(Default)]
+pub struct ThreadDoorbell {
+    epoch: AtomicU32,
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    cond: Condvar,
+}
+
+impl ThreadDoorbell {
+    /// Increments the counter and wakes sleepers.
+    pub fn ring(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.cond.notify_all();
+        }
+    }
+}
+
+impl Doorbell for ThreadDoorbell {
+    fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    fn wait(&self, epoch: u32, until: Instant) {
+        for i in 0..64 {
+            if self.epoch.load(Ordering::SeqCst) != epoch {
+                return;
+            }
+            if i < 16 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.sleepers.fetch_add(1, Ordering::SeqCst);
+        while self.epoch.load(Ordering::SeqCst) == epoch {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            guard = match self.cond.wait_timeout(guard, until - now) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        self.sleepers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One direction of a link.
+struct Queue {
+    bytes: Mutex<VecDeque<u8>>,
+    /// Set when the sending end is dropped.
+    writer_gone: AtomicBool,
+    /// Set when the receiving end is dropped.
+    reader_gone: AtomicBool,
+}
+
+impl Queue {
+    fn new() -> Arc<Queue> {
+        Arc::new(Queue {
+            bytes: Mutex::new(VecDeque::with_capacity(QUEUE_BYTES)),
+            writer_gone: AtomicBool::new(false),
+            reader_gone: AtomicBool::new(false),
+        })
+    }
+}
+
+/// This rank's end of an in-process link.
+pub struct ThreadLink {
+    peer: usize,
+    out: Arc<Queue>,
+    inbox: Arc<Queue>,
+    peer_bell: Arc<ThreadDoorbell>,
+}
+
+impl Drop for ThreadLink {
+    fn drop(&mut self) {
+        self.out.writer_gone.store(true, Ordering::SeqCst);
+        self.inbox.reader_gone.store(true, Ordering::SeqCst);
+        self.peer_bell.ring();
+    }
+}
+
+impl ThreadLink {
+    fn gone(&self) -> Error {
+        Error::new(
+            ErrorKind::PeerGone,
+            format!("rank {} is gone (its thread dropped its communicator)", self.peer),
+        )
+        .with_peer(self.peer)
+    }
+}
+
+impl Link for ThreadLink {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn try_send(&mut self, data: &[u8]) -> Result<usize> {
+        if self.out.reader_gone.load(Ordering::SeqCst) {
+            return Err(self.gone());
+        }
+        let n = {
+            let mut q = self.out.bytes.lock().unwrap_or_else(|e| e.into_inner());
+            let n = (QUEUE_BYTES - q.len()).min(data.len());
+            q.extend(&data[..n]);
+            n
+        };
+        if n > 0 {
+            self.peer_bell.ring();
+        }
+        Ok(n)
+    }
+
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let n = {
+            let mut q = self.inbox.bytes.lock().unwrap_or_else(|e| e.into_inner());
+            let n = q.len().min(buf.len());
+            let (a, b) = q.as_slices();
+            let na = a.len().min(n);
+            buf[..na].copy_from_slice(&a[..na]);
+            buf[na..n].copy_from_slice(&b[..n - na]);
+            q.drain(..n);
+            n
+        };
+        if n > 0 {
+            self.peer_bell.ring();
+        } else if self.inbox.writer_gone.load(Ordering::SeqCst) && !buf.is_empty() {
+            return Err(self.gone());
+        }
+        Ok(n)
+    }
+
+    fn check_peer(&mut self) -> Result<()> {
+        if self.inbox.writer_gone.load(Ordering::SeqCst) {
+            // Bytes already queued may still be read; try_recv reports the loss once drained.
+            let empty = self.inbox.bytes.lock().map(|q| q.is_empty()).unwrap_or(true);
+            if empty {
+                return Err(self.gone());
+            }
+        }
+        Ok(())
+    }
+
+    fn kind(&self) -> &'static str {
+        "threads"
+    }
+}
+
+/// The links and doorbell of one thread rank, as built by [`mesh`].
+pub struct ThreadEndpoint {
+    /// This rank.
+    pub rank: usize,
+    /// `links[p]` is the link to rank `p`; `None` at `p == rank`.
+    pub links: Vec<Option<ThreadLink>>,
+    /// This rank's doorbell.
+    pub doorbell: Arc<ThreadDoorbell>,
+}
+
+/// Builds a full mesh of in-process links among `n` ranks.
+pub fn mesh(n: usize) -> Vec<ThreadEndpoint> {
+    let bells: Vec<Arc<ThreadDoorbell>> = (0..n).map(|_| Arc::new(ThreadDoorbell::default())).collect();
+    // queues[a][b]: bytes from a to b.
+    let queues: Vec<Vec<Arc<Queue>>> = (0..n).map(|_| (0..n).map(|_| Queue::new()).collect()).collect();
+    (0..n)
+        .map(|r| ThreadEndpoint {
+            rank: r,
+            links: (0..n)
+                .map(|p| {
+                    (p != r).then(|| ThreadLink {
+                        peer: p,
+                        out: queues[r][p].clone(),
+                        inbox: queues[p][r].clone(),
+                        peer_bell: bells[p].clone(),
+                    })
+                })
+                .collect(),
+            doorbell: bells[r].clone(),
+        })
+        .collect()
+}
