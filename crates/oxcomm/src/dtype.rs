@@ -32,16 +32,8 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in tag order.
-    pub const ALL: [DType; 8] = [
-        DType::F32,
-        DType::F64,
-        DType::F16,
-        DType::BF16,
-        DType::I8,
-        DType::U8,
-        DType::I32,
-        DType::I64,
-    ];
+    pub const ALL: [DType; 8] =
+        [DType::F32, DType::F64, DType::F16, DType::BF16, DType::I8, DType::U8, DType::I32, DType::I64];
 
     /// Bytes per element.
     pub fn size(self) -> usize {

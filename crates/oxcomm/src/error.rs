@@ -68,13 +68,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// A new error of `kind` with a human message (no rank or op yet).
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error {
-            kind,
-            message: message.into(),
-            rank: None,
-            peer: None,
-            op: None,
-        }
+        Error { kind, message: message.into(), rank: None, peer: None, op: None }
     }
 
     /// Shorthand for [`ErrorKind::InvalidArgument`].
@@ -192,10 +186,7 @@ mod tests {
             .with_peer(3)
             .with_op("all_reduce #17 (f32 × 1048576)")
             .with_rank(2);
-        assert_eq!(
-            e.to_string(),
-            "rank 2: all_reduce #17 (f32 × 1048576): timed out after 30s waiting for rank 3"
-        );
+        assert_eq!(e.to_string(), "rank 2: all_reduce #17 (f32 × 1048576): timed out after 30s waiting for rank 3");
         assert_eq!(e.peer(), Some(3));
         let later = e.aborted("barrier #18");
         assert_eq!(later.kind(), ErrorKind::Aborted);

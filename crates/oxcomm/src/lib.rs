@@ -9,4 +9,12 @@ pub mod reduce;
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use reduce::ReduceOp;
+pub mod algorithms;
+pub mod comm;
+pub mod engine;
+pub mod threads;
 pub mod transport;
+pub mod wire;
+
+pub use algorithms::Algorithm;
+pub use comm::{CommConfig, Communicator, OpOptions, Work};

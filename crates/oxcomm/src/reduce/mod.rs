@@ -107,9 +107,7 @@ pub fn check(op: ReduceOp, dtype: DType) -> Result<()> {
     if op.fits(dtype) {
         Ok(())
     } else {
-        Err(Error::invalid(format!(
-            "reduce op {op} does not apply to {dtype} (bitwise ops need an integer type)"
-        )))
+        Err(Error::invalid(format!("reduce op {op} does not apply to {dtype} (bitwise ops need an integer type)")))
     }
 }
 

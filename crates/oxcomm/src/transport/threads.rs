@@ -106,11 +106,8 @@ impl Drop for ThreadLink {
 
 impl ThreadLink {
     fn gone(&self) -> Error {
-        Error::new(
-            ErrorKind::PeerGone,
-            format!("rank {} is gone (its thread dropped its communicator)", self.peer),
-        )
-        .with_peer(self.peer)
+        Error::new(ErrorKind::PeerGone, format!("rank {} is gone (its thread dropped its communicator)", self.peer))
+            .with_peer(self.peer)
     }
 }
 

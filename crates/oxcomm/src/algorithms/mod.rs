@@ -1,0 +1,84 @@
+//! Collective algorithms, written against [`crate::engine::Ctx`] (which moves bytes over
+//! per-peer links), never against a particular transport.
+//!
+//! Each file states its steps and bytes sent per rank. [`schedule`] holds the pure index
+//! math; [`plan`] picks an algorithm from the op, the buffer size and the group size, unless
+//! the caller forces one through [`crate::OpOptions`].
+
+pub(crate) mod barrier;
+pub(crate) mod doubling;
+pub(crate) mod pairwise;
+pub mod plan;
+pub(crate) mod ring;
+pub mod schedule;
+pub(crate) mod star;
+pub(crate) mod tree;
+
+use std::fmt;
+
+/// An algorithm a collective can run with. Not every algorithm applies to every op; forcing
+/// one that does not is an [`crate::ErrorKind::InvalidArgument`] error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Ring reduce-scatter + all-gather (all_reduce), ring all-gather, ring reduce-scatter.
+    Ring,
+    /// Recursive doubling (all_reduce), any group size.
+    RecursiveDoubling,
+    /// Rank 0 reduces everything and sends the result back (all_reduce); the agreement
+    /// phase as barrier.
+    Star,
+    /// Binomial tree (broadcast, reduce).
+    BinomialTree,
+    /// Pairwise exchange (all_to_all, all_to_all_v).
+    Pairwise,
+    /// Dissemination (barrier).
+    Dissemination,
+    /// Root talks to every rank directly (gather, scatter).
+    Flat,
+}
+
+impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 7] = [
+        Algorithm::Ring,
+        Algorithm::RecursiveDoubling,
+        Algorithm::Star,
+        Algorithm::BinomialTree,
+        Algorithm::Pairwise,
+        Algorithm::Dissemination,
+        Algorithm::Flat,
+    ];
+
+    /// Short name for logs and the CLI (`ring`, `rd`, `star`, `tree`, `pairwise`, `dissem`, `flat`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::RecursiveDoubling => "rd",
+            Algorithm::Star => "star",
+            Algorithm::BinomialTree => "tree",
+            Algorithm::Pairwise => "pairwise",
+            Algorithm::Dissemination => "dissem",
+            Algorithm::Flat => "flat",
+        }
+    }
+
+    /// Parses [`Algorithm::name`] (also `recursive_doubling`, `binomial`, `dissemination`).
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        Some(match s {
+            "ring" => Algorithm::Ring,
+            "rd" | "recursive_doubling" | "doubling" => Algorithm::RecursiveDoubling,
+            "star" => Algorithm::Star,
+            "tree" | "binomial" => Algorithm::BinomialTree,
+            "pairwise" => Algorithm::Pairwise,
+            "dissem" | "dissemination" => Algorithm::Dissemination,
+            "flat" => Algorithm::Flat,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,1172 @@
+//! The [`Communicator`]: rank, size, links to peers, op sequence numbers, fingerprint checks,
+//! deadlines, sub-groups, async work, and the abort-on-first-error rule.
+//!
+//! Every op goes through the same path: validate arguments (nothing is sent for a bad
+//! argument), wait for this op's turn (ops on one rank run in the order they were issued,
+//! sync or async, whichever group they belong to), stamp the next sequence number of the
+//! group, run the agreement phase (every rank compares fingerprints before any buffer is
+//! touched), run the algorithm [`crate::algorithms::plan`] chose, and log. Any failure while
+//! communicating aborts the communicator: its links are closed (so peers notice at once) and
+//! every later op fails with the original cause.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::algorithms::{self, plan, Algorithm};
+use crate::dtype::{as_bytes, as_bytes_mut, DType, Element};
+use crate::engine::{Ctx, LinkStats, Xfer};
+use crate::error::{Error, ErrorKind, Result};
+use crate::reduce::{self, ReduceOp};
+use crate::transport::{Doorbell, Link};
+use crate::wire::{Fingerprint, OpKind, FP_BYTES};
+
+/// Environment variable: default deadline of every blocking op, in seconds.
+pub const ENV_TIMEOUT: &str = "OXCOMM_TIMEOUT";
+/// Default of [`ENV_TIMEOUT`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default largest number of bytes one transfer call moves.
+pub const DEFAULT_MAX_SEGMENT_BYTES: usize = 1 << 20;
+
+/// Settings of a communicator. `Default` reads [`ENV_TIMEOUT`].
+#[derive(Debug, Clone)]
+pub struct CommConfig {
+    /// Deadline of every blocking op unless [`OpOptions::timeout`] overrides it.
+    pub timeout: Duration,
+    /// Largest number of bytes one transfer call moves; larger messages go in segments.
+    pub max_segment_bytes: usize,
+    /// Use this algorithm for every op it applies to (tests and benchmarks); `None` lets
+    /// [`plan`] choose.
+    pub algorithm: Option<Algorithm>,
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        let timeout = std::env::var(ENV_TIMEOUT)
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map(Duration::from_secs_f64)
+            .unwrap_or(DEFAULT_TIMEOUT);
+        CommConfig { timeout, max_segment_bytes: DEFAULT_MAX_SEGMENT_BYTES, algorithm: None }
+    }
+}
+
+/// Per-op knobs; `Default` means "use the communicator's settings".
+#[derive(Debug, Clone, Default)]
+pub struct OpOptions {
+    /// Deadline of this op.
+    pub timeout: Option<Duration>,
+    /// Force an algorithm; an error if it does not apply to the op.
+    pub algorithm: Option<Algorithm>,
+    /// Segment size of this op.
+    pub max_segment_bytes: Option<usize>,
+}
+
+/// What this rank shares with all its communicators (the world and its groups).
+pub(crate) struct Core {
+    world_rank: usize,
+    world_size: usize,
+    bell: Arc<dyn Doorbell>,
+    state: Mutex<State>,
+    /// Ticket of the op whose turn it is; ops run strictly in ticket order.
+    turn: Mutex<u64>,
+    turn_cv: Condvar,
+    next_ticket: AtomicU64,
+    aborted: AtomicBool,
+    cause: Mutex<Option<Error>>,
+    config: CommConfig,
+    transport: &'static str,
+    worker: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Point-to-point ops issued with `isend`/`irecv` and not yet started.
+    pending_p2p: Mutex<Vec<P2pJob>>,
+}
+
+struct State {
+    links: Vec<Option<Box<dyn Link>>>,
+    stats: LinkStats,
+    scratch: Vec<u64>,
+    /// Messages sent to / received from each world rank (sequence numbers of send/recv).
+    p2p_sent: Vec<u64>,
+    p2p_received: Vec<u64>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// One rank's handle on a group of ranks. Cheap to clone; clones share everything.
+#[derive(Clone)]
+pub struct Communicator {
+    core: Arc<Core>,
+    group: Arc<Group>,
+}
+
+struct Group {
+    id: u64,
+    /// World rank of each group rank.
+    members: Vec<usize>,
+    rank: usize,
+    seq: AtomicU64,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("world_rank", &self.core.world_rank)
+            .field("transport", &self.core.transport)
+            .finish()
+    }
+}
+
+/// Advances the turn when an op ends, however it ends.
+struct TurnGuard<'a> {
+    core: &'a Core,
+}
+
+impl Drop for TurnGuard<'_> {
+    fn drop(&mut self) {
+        let mut t = self.core.turn.lock().unwrap_or_else(|e| e.into_inner());
+        *t += 1;
+        self.core.turn_cv.notify_all();
+    }
+}
+
+impl Communicator {
+    /// Builds a world communicator over ready links. `links[p]` is the link to world rank `p`
+    /// (`None` at `rank`); `bell` is this rank's doorbell that those links ring. Transports
+    /// and [`crate::threads::run`] call this; applications normally do not.
+    pub fn from_links(
+        rank: usize,
+        links: Vec<Option<Box<dyn Link>>>,
+        bell: Arc<dyn Doorbell>,
+        config: CommConfig,
+        transport: &'static str,
+    ) -> Result<Communicator> {
+        let size = links.len();
+        if rank >= size {
+            return Err(Error::invalid(format!("rank {rank} out of range for {size} links")));
+        }
+        for (p, l) in links.iter().enumerate() {
+            if l.is_some() == (p == rank) {
+                return Err(Error::invalid(format!("link table of rank {rank} is wrong at {p}")));
+            }
+        }
+        let core = Arc::new(Core {
+            world_rank: rank,
+            world_size: size,
+            bell,
+            state: Mutex::new(State {
+                links,
+                stats: LinkStats::default(),
+                scratch: Vec::new(),
+                p2p_sent: vec![0; size],
+                p2p_received: vec![0; size],
+            }),
+            turn: Mutex::new(0),
+            turn_cv: Condvar::new(),
+            next_ticket: AtomicU64::new(0),
+            aborted: AtomicBool::new(false),
+            cause: Mutex::new(None),
+            config,
+            transport,
+            worker: Mutex::new(None),
+            pending_p2p: Mutex::new(Vec::new()),
+        });
+        let group = Arc::new(Group { id: 0, members: (0..size).collect(), rank, seq: AtomicU64::new(0) });
+        Ok(Communicator { core, group })
+    }
+
+    /// This rank within the communicator's group.
+    pub fn rank(&self) -> usize {
+        self.group.rank
+    }
+
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.group.members.len()
+    }
+
+    /// This rank in the world.
+    pub fn world_rank(&self) -> usize {
+        self.core.world_rank
+    }
+
+    /// Number of ranks in the world.
+    pub fn world_size(&self) -> usize {
+        self.core.world_size
+    }
+
+    /// World ranks of the group's members, in group-rank order.
+    pub fn members(&self) -> &[usize] {
+        &self.group.members
+    }
+
+    /// The transport's name (`threads`, `shm`, `tcp`).
+    pub fn transport(&self) -> &'static str {
+        self.core.transport
+    }
+
+    /// The communicator's settings.
+    pub fn config(&self) -> &CommConfig {
+        &self.core.config
+    }
+
+    /// Bytes this rank has handed to and taken from its links so far (all groups).
+    pub fn stats(&self) -> LinkStats {
+        self.core.lock_state().stats
+    }
+
+    /// The error that aborted this communicator, if any.
+    pub fn abort_cause(&self) -> Option<Error> {
+        self.core.cause.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Aborts the communicator now: links close (peers notice) and every later op fails.
+    pub fn abort(&self, reason: &str) {
+        self.core.fail(
+            Error::new(ErrorKind::Aborted, format!("aborted by the application: {reason}"))
+                .with_rank(self.core.world_rank),
+        );
+    }
+
+    // ---------------------------------------------------------------- the op path
+
+    fn fingerprint(&self, kind: OpKind) -> Fingerprint {
+        Fingerprint::new(kind, 0, self.group.id)
+    }
+
+    fn with_dtype<T: Element>(mut fp: Fingerprint, count: usize) -> Fingerprint {
+        fp.dtype = Some(T::DTYPE);
+        fp.count = count as u64;
+        fp
+    }
+
+    fn describe(&self, fp: &Fingerprint) -> String {
+        let mut fp = *fp;
+        fp.seq = self.group.seq.load(Ordering::SeqCst);
+        fp.to_string()
+    }
+
+    fn check_root(&self, root: usize, fp: &Fingerprint) -> Result<()> {
+        if root >= self.size() {
+            return Err(self.arg_error(fp, format!("root {root} out of range for a group of {}", self.size())));
+        }
+        Ok(())
+    }
+
+    fn arg_error(&self, fp: &Fingerprint, msg: impl Into<String>) -> Error {
+        Error::invalid(msg).with_op(self.describe(fp)).with_rank(self.core.world_rank)
+    }
+
+    fn algorithm(&self, fp: &Fingerprint, opts: &OpOptions, bytes: usize, count: usize) -> Result<Algorithm> {
+        let forced = match (opts.algorithm, self.core.config.algorithm) {
+            (Some(a), _) => Some(a),
+            (None, Some(a)) if plan::candidates(fp.kind).contains(&a) => Some(a),
+            _ => None,
+        };
+        plan::choose(fp.kind, bytes, count, self.size(), forced)
+            .map_err(|e| e.with_op(self.describe(fp)).with_rank(self.core.world_rank))
+    }
+
+    /// Runs one collective: turn, sequence number, agreement (unless `agree` is false), body.
+    fn collective<R>(
+        &self,
+        mut fp: Fingerprint,
+        opts: &OpOptions,
+        agree: bool,
+        body: impl FnOnce(&mut Ctx<'_>, &Fingerprint) -> Result<R>,
+    ) -> Result<R> {
+        self.core.check_alive(|| self.describe(&fp))?;
+        let ticket = self.core.draw_ticket();
+        self.run_ticket(ticket, &mut fp, opts, agree, body)
+    }
+
+    fn run_ticket<R>(
+        &self,
+        ticket: u64,
+        fp: &mut Fingerprint,
+        opts: &OpOptions,
+        agree: bool,
+        body: impl FnOnce(&mut Ctx<'_>, &Fingerprint) -> Result<R>,
+    ) -> Result<R> {
+        let timeout = opts.timeout.unwrap_or(self.core.config.timeout);
+        let _turn = self.core.await_turn(ticket, timeout, || self.describe(fp))?;
+        fp.seq = self.group.seq.fetch_add(1, Ordering::SeqCst);
+        self.core.check_alive(|| fp.to_string())?;
+        let mut state = self.core.lock_state();
+        let State { links, stats, scratch, .. } = &mut *state;
+        let mut ctx = Ctx::new(
+            self.group.rank,
+            &self.group.members,
+            links,
+            &*self.core.bell,
+            timeout,
+            opts.max_segment_bytes.unwrap_or(self.core.config.max_segment_bytes),
+            stats,
+            scratch,
+        );
+        let result = (|| {
+            if agree {
+                algorithms::star::agree(&mut ctx, fp)?;
+            }
+            body(&mut ctx, fp)
+        })();
+        drop(state);
+        result.map_err(|e| {
+            let e = e.with_op(fp.to_string()).with_rank(self.core.world_rank);
+            self.core.fail(e.clone());
+            e
+        })
+    }
+
+    // ---------------------------------------------------------------- collectives
+
+    /// Reduces `buf` across the group with `op`; every rank gets the result in `buf`.
+    pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce_with(buf, op, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_reduce`] with per-op options.
+    pub fn all_reduce_with<T: Element>(&self, buf: &mut [T], op: ReduceOp, opts: &OpOptions) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), buf.len());
+        fp.op = Some(op);
+        reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
+        let n = self.size();
+        self.collective(fp, opts, true, |ctx, _| {
+            run_all_reduce(ctx, algo, buf, op.combiner())?;
+            reduce::finish_avg(buf, op, n);
+            Ok(())
+        })
+    }
+
+    /// Reduces `buf` across the group into `root`'s `buf`; other ranks' buffers are unchanged.
+    pub fn reduce<T: Element>(&self, buf: &mut [T], root: usize, op: ReduceOp) -> Result<()> {
+        self.reduce_with(buf, root, op, &OpOptions::default())
+    }
+
+    /// [`Communicator::reduce`] with per-op options.
+    pub fn reduce_with<T: Element>(&self, buf: &mut [T], root: usize, op: ReduceOp, opts: &OpOptions) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Reduce), buf.len());
+        fp.op = Some(op);
+        fp.root = Some(root as u32);
+        self.check_root(root, &fp)?;
+        reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
+        let (n, me) = (self.size(), self.rank());
+        self.collective(fp, opts, true, |ctx, _| {
+            algorithms::tree::reduce(ctx, buf, root, op.combiner())?;
+            if me == root {
+                reduce::finish_avg(buf, op, n);
+            }
+            Ok(())
+        })
+    }
+
+    /// Copies `root`'s `buf` into every rank's `buf`.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.broadcast_with(buf, root, &OpOptions::default())
+    }
+
+    /// [`Communicator::broadcast`] with per-op options.
+    pub fn broadcast_with<T: Element>(&self, buf: &mut [T], root: usize, opts: &OpOptions) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Broadcast), buf.len());
+        fp.root = Some(root as u32);
+        self.check_root(root, &fp)?;
+        self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
+        self.collective(fp, opts, true, |ctx, _| algorithms::tree::broadcast(ctx, buf, root))
+    }
+
+    /// Gathers every rank's `input` into `output` (size × input.len(), rank order).
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.all_gather_with(input, output, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_gather`] with per-op options.
+    pub fn all_gather_with<T: Element>(&self, input: &[T], output: &mut [T], opts: &OpOptions) -> Result<()> {
+        let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllGather), input.len());
+        if output.len() != input.len() * self.size() {
+            return Err(self.arg_error(
+                &fp,
+                format!(
+                    "output has {} elements, expected size × input = {} × {}",
+                    output.len(),
+                    self.size(),
+                    input.len()
+                ),
+            ));
+        }
+        self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
+        self.collective(fp, opts, true, |ctx, _| algorithms::ring::all_gather(ctx, input, output))
+    }
+
+    /// Reduces `input` (size × output.len()) across the group; rank r gets block r of the
+    /// result in `output`.
+    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        self.reduce_scatter_with(input, output, op, &OpOptions::default())
+    }
+
+    /// [`Communicator::reduce_scatter`] with per-op options.
+    pub fn reduce_scatter_with<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::ReduceScatter), input.len());
+        fp.op = Some(op);
+        reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        if input.len() != output.len() * self.size() {
+            return Err(self.arg_error(
+                &fp,
+                format!(
+                    "input has {} elements, expected size × output = {} × {} (the input length must be a multiple of the group size)",
+                    input.len(),
+                    self.size(),
+                    output.len()
+                ),
+            ));
+        }
+        self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
+        let n = self.size();
+        self.collective(fp, opts, true, |ctx, _| {
+            algorithms::ring::reduce_scatter(ctx, input, output, op.combiner())?;
+            reduce::finish_avg(output, op, n);
+            Ok(())
+        })
+    }
+
+    /// All-to-all with equal blocks: block p of `send` goes to rank p; block p of `recv`
+    /// comes from rank p. Both lengths must be equal and a multiple of the group size.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.all_to_all_with(send, recv, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_to_all`] with per-op options.
+    pub fn all_to_all_with<T: Element>(&self, send: &[T], recv: &mut [T], opts: &OpOptions) -> Result<()> {
+        let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllToAll), send.len());
+        let n = self.size();
+        if send.len() != recv.len() || send.len() % n != 0 {
+            return Err(self.arg_error(
+                &fp,
+                format!(
+                    "send ({}) and recv ({}) must have the same length, a multiple of the group size {n}",
+                    send.len(),
+                    recv.len()
+                ),
+            ));
+        }
+        self.algorithm(&fp, opts, std::mem::size_of_val(send), send.len())?;
+        let c = send.len() / n;
+        let ranges: Vec<_> = (0..n).map(|p| p * c..(p + 1) * c).collect();
+        self.collective(fp, opts, true, |ctx, _| {
+            algorithms::pairwise::all_to_all(ctx, send, &ranges, recv, &ranges, false)
+        })
+    }
+
+    /// All-to-all with per-peer counts: `send_counts[p]` elements of `send` (contiguous, in
+    /// rank order) go to rank p; `recv_counts[p]` elements from rank p land in `recv`. A
+    /// count that disagrees with the peer's is an error naming the peer; nothing is written
+    /// from that peer.
+    pub fn all_to_all_v<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllToAllV), 0);
+        let n = self.size();
+        for (name, counts, len) in [("send", send_counts, send.len()), ("recv", recv_counts, recv.len())] {
+            if counts.len() != n {
+                return Err(self.arg_error(&fp, format!("{name}_counts has {} entries, expected {n}", counts.len())));
+            }
+            let total: usize = counts.iter().sum();
+            if total != len {
+                return Err(
+                    self.arg_error(&fp, format!("{name}_counts add up to {total} but {name} has {len} elements"))
+                );
+            }
+        }
+        let ranges = |counts: &[usize]| {
+            let mut at = 0;
+            counts
+                .iter()
+                .map(|c| {
+                    at += c;
+                    at - c..at
+                })
+                .collect::<Vec<_>>()
+        };
+        let (sr, rr) = (ranges(send_counts), ranges(recv_counts));
+        if sr[self.rank()].len() != rr[self.rank()].len() {
+            return Err(self.arg_error(
+                &fp,
+                format!(
+                    "send_counts[{me}] = {} but recv_counts[{me}] = {} (this rank's own block)",
+                    sr[self.rank()].len(),
+                    rr[self.rank()].len(),
+                    me = self.rank()
+                ),
+            ));
+        }
+        self.collective(fp, &OpOptions::default(), true, |ctx, _| {
+            algorithms::pairwise::all_to_all(ctx, send, &sr, recv, &rr, true)
+        })
+    }
+
+    /// Gathers every rank's `input` into `output` on `root` (size × input.len()); other
+    /// ranks pass `None`.
+    pub fn gather<T: Element>(&self, input: &[T], output: Option<&mut [T]>, root: usize) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Gather), input.len());
+        fp.root = Some(root as u32);
+        self.check_root(root, &fp)?;
+        let mut output = output;
+        if self.rank() == root {
+            match &output {
+                Some(o) if o.len() == input.len() * self.size() => {}
+                Some(o) => {
+                    return Err(self.arg_error(
+                        &fp,
+                        format!("output has {} elements, expected {}", o.len(), input.len() * self.size()),
+                    ))
+                }
+                None => return Err(self.arg_error(&fp, "the root must pass an output buffer")),
+            }
+        } else {
+            output = None;
+        }
+        self.collective(fp, &OpOptions::default(), true, |ctx, _| algorithms::star::gather(ctx, input, output, root))
+    }
+
+    /// Scatters block p of `root`'s `input` (size × output.len()) to rank p's `output`; other
+    /// ranks pass `None`.
+    pub fn scatter<T: Element>(&self, input: Option<&[T]>, output: &mut [T], root: usize) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Scatter), output.len());
+        fp.root = Some(root as u32);
+        self.check_root(root, &fp)?;
+        let mut input = input;
+        if self.rank() == root {
+            match input {
+                Some(i) if i.len() == output.len() * self.size() => {}
+                Some(i) => {
+                    return Err(self.arg_error(
+                        &fp,
+                        format!("input has {} elements, expected {}", i.len(), output.len() * self.size()),
+                    ))
+                }
+                None => return Err(self.arg_error(&fp, "the root must pass an input buffer")),
+            }
+        } else {
+            input = None;
+        }
+        self.collective(fp, &OpOptions::default(), true, |ctx, _| algorithms::star::scatter(ctx, input, output, root))
+    }
+
+    /// Blocks until every rank of the group has called `barrier`.
+    pub fn barrier(&self) -> Result<()> {
+        self.barrier_with(&OpOptions::default())
+    }
+
+    /// [`Communicator::barrier`] with per-op options (e.g. the dissemination algorithm).
+    pub fn barrier_with(&self, opts: &OpOptions) -> Result<()> {
+        let fp = self.fingerprint(OpKind::Barrier);
+        let algo = self.algorithm(&fp, opts, 0, 0)?;
+        match algo {
+            Algorithm::Dissemination => {
+                self.collective(fp, opts, false, |ctx, fp| algorithms::barrier::dissemination(ctx, fp))
+            }
+            _ => self.collective(fp, opts, true, |_, _| Ok(())),
+        }
+    }
+
+    /// A barrier that waits at most `timeout` and, on failure, names every rank that did not
+    /// arrive (rank 0 collects the arrivals).
+    pub fn monitored_barrier(&self, timeout: Duration) -> Result<()> {
+        let fp = self.fingerprint(OpKind::MonitoredBarrier);
+        let opts = OpOptions { timeout: Some(timeout), ..OpOptions::default() };
+        self.collective(fp, &opts, true, |_, _| Ok(()))
+    }
+
+    /// All-reduces several buffers as one op (one agreement, one algorithm run).
+    pub fn all_reduce_coalesced<T: Element>(&self, bufs: &mut [&mut [T]], op: ReduceOp) -> Result<()> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduceCoalesced), total);
+        fp.op = Some(op);
+        fp.extra = bufs.len() as u64;
+        reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        let opts = OpOptions::default();
+        let algo = self.algorithm(&fp, &opts, total * T::DTYPE.size(), total)?;
+        let n = self.size();
+        self.collective(fp, &opts, true, |ctx, _| {
+            let mut flat: Vec<T> = Vec::with_capacity(total);
+            for b in bufs.iter() {
+                flat.extend_from_slice(b);
+            }
+            run_all_reduce(ctx, algo, &mut flat, op.combiner())?;
+            reduce::finish_avg(&mut flat, op, n);
+            let mut at = 0;
+            for b in bufs.iter_mut() {
+                b.copy_from_slice(&flat[at..at + b.len()]);
+                at += b.len();
+            }
+            Ok(())
+        })
+    }
+
+    /// All-gathers several buffers as one op: `outputs[i]` (size × inputs[i].len()) receives
+    /// every rank's `inputs[i]`.
+    pub fn all_gather_coalesced<T: Element>(&self, inputs: &[&[T]], outputs: &mut [&mut [T]]) -> Result<()> {
+        let total: usize = inputs.iter().map(|b| b.len()).sum();
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllGatherCoalesced), total);
+        fp.extra = inputs.len() as u64;
+        let n = self.size();
+        if inputs.len() != outputs.len() {
+            return Err(self.arg_error(&fp, format!("{} inputs but {} outputs", inputs.len(), outputs.len())));
+        }
+        for (i, (a, b)) in inputs.iter().zip(outputs.iter()).enumerate() {
+            if b.len() != a.len() * n {
+                return Err(
+                    self.arg_error(&fp, format!("outputs[{i}] has {} elements, expected {} × {}", b.len(), n, a.len()))
+                );
+            }
+        }
+        self.collective(fp, &OpOptions::default(), true, |ctx, _| {
+            let mut flat: Vec<T> = Vec::with_capacity(total);
+            for b in inputs {
+                flat.extend_from_slice(b);
+            }
+            let mut all = vec![T::default(); total * n];
+            algorithms::ring::all_gather(ctx, &flat, &mut all)?;
+            for (p, block) in all.chunks(total.max(1)).enumerate().take(n) {
+                let mut at = 0;
+                for (i, out) in outputs.iter_mut().enumerate() {
+                    let c = inputs[i].len();
+                    out[p * c..(p + 1) * c].copy_from_slice(&block[at..at + c]);
+                    at += c;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    // ---------------------------------------------------------------- groups
+
+    /// Creates a sub-group of the listed group ranks. Collective: every rank of this group
+    /// must call it with the same list. Returns `None` on ranks outside the new group. Group
+    /// ranks follow the order of `ranks`.
+    pub fn new_group(&self, ranks: &[usize]) -> Result<Option<Communicator>> {
+        let mut fp = self.fingerprint(OpKind::NewGroup);
+        fp.count = ranks.len() as u64;
+        let mut h = DefaultHasher::new();
+        ranks.hash(&mut h);
+        fp.extra = h.finish();
+        let mut seen = vec![false; self.size()];
+        for &r in ranks {
+            if r >= self.size() {
+                return Err(self.arg_error(&fp, format!("rank {r} out of range for a group of {}", self.size())));
+            }
+            if std::mem::replace(&mut seen[r], true) {
+                return Err(self.arg_error(&fp, format!("rank {r} listed twice")));
+            }
+        }
+        if ranks.is_empty() {
+            return Err(self.arg_error(&fp, "a group needs at least one rank"));
+        }
+        self.collective(fp, &OpOptions::default(), true, |_, _| Ok(()))?;
+        Ok(self.subgroup(ranks, fp.extra))
+    }
+
+    /// Splits the group by `color` (ranks passing `None` join no group), ordering each new
+    /// group by `key` then by current rank, as `MPI_Comm_split`. Collective.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        let mine = [color.map_or(-1, i64::from), key];
+        let mut all = vec![0i64; 2 * self.size()];
+        self.all_gather(&mine, &mut all)?;
+        let Some(color) = color else { return Ok(None) };
+        let mut members: Vec<(i64, usize)> =
+            all.chunks(2).enumerate().filter(|(_, ck)| ck[0] == i64::from(color)).map(|(r, ck)| (ck[1], r)).collect();
+        members.sort();
+        let ranks: Vec<usize> = members.into_iter().map(|(_, r)| r).collect();
+        Ok(self.subgroup(&ranks, 0x5eed_0000_0000 ^ u64::from(color)))
+    }
+
+    fn subgroup(&self, ranks: &[usize], salt: u64) -> Option<Communicator> {
+        let me = ranks.iter().position(|r| *r == self.rank())?;
+        let mut h = DefaultHasher::new();
+        (self.group.id, self.group.seq.load(Ordering::SeqCst), salt, ranks).hash(&mut h);
+        let id = h.finish() | 1;
+        let members = ranks.iter().map(|r| self.group.members[*r]).collect();
+        Some(Communicator {
+            core: self.core.clone(),
+            group: Arc::new(Group { id, members, rank: me, seq: AtomicU64::new(0) }),
+        })
+    }
+
+    // ---------------------------------------------------------------- point to point
+
+    /// Sends `buf` to group rank `dst` with `tag`. Messages between two ranks are matched in
+    /// order; the receiver checks dtype, count and tag and fails on a mismatch.
+    pub fn send<T: Element>(&self, buf: &[T], dst: usize, tag: u32) -> Result<()> {
+        let fp = self.p2p_fp::<T>(buf.len(), dst, tag)?;
+        self.core.check_alive(|| fp.to_string())?;
+        let ticket = self.core.draw_ticket();
+        let mut job = P2pJob::send(self.group.members[dst], as_bytes(buf).to_vec(), fp, None);
+        self.core.run_p2p(ticket, std::slice::from_mut(&mut job))?;
+        Ok(())
+    }
+
+    /// Receives into `buf` from group rank `src`; the message must carry `tag` and exactly
+    /// `buf.len()` elements of `T`, or this fails (naming the sender) without touching `buf`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], src: usize, tag: u32) -> Result<()> {
+        let fp = self.p2p_fp::<T>(buf.len(), src, tag)?;
+        self.core.check_alive(|| fp.to_string())?;
+        let ticket = self.core.draw_ticket();
+        let mut job = P2pJob::recv(self.group.members[src], vec![0u8; std::mem::size_of_val(buf)], fp, None);
+        self.core.run_p2p(ticket, std::slice::from_mut(&mut job))?;
+        as_bytes_mut(buf).copy_from_slice(&job.bytes);
+        Ok(())
+    }
+
+    /// Starts sending `buf` to `dst`; the handle returns the buffer when the send is done.
+    /// Pending `isend`/`irecv`s start together (so an exchange cannot deadlock) when a handle
+    /// is waited on or polled, or when any other op is issued.
+    pub fn isend<T: Element>(&self, buf: Vec<T>, dst: usize, tag: u32) -> Work<Vec<T>> {
+        let fp = match self.p2p_fp::<T>(buf.len(), dst, tag) {
+            Ok(fp) => fp,
+            Err(e) => return Work::done(Err(e), self.core.clone()),
+        };
+        let (work, slot) = Work::<Vec<u8>>::pending(self.core.clone());
+        let job = P2pJob::send(self.group.members[dst], as_bytes(&buf).to_vec(), fp, Some(slot));
+        self.core.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()).push(job);
+        work.map(move |_| buf)
+    }
+
+    /// Starts receiving into `buf` from `src`; the handle returns the filled buffer. See
+    /// [`Communicator::isend`] for when it starts.
+    pub fn irecv<T: Element>(&self, buf: Vec<T>, src: usize, tag: u32) -> Work<Vec<T>> {
+        let fp = match self.p2p_fp::<T>(buf.len(), src, tag) {
+            Ok(fp) => fp,
+            Err(e) => return Work::done(Err(e), self.core.clone()),
+        };
+        let (work, slot) = Work::<Vec<u8>>::pending(self.core.clone());
+        let job = P2pJob::recv(self.group.members[src], vec![0u8; std::mem::size_of_val(&buf[..])], fp, Some(slot));
+        self.core.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()).push(job);
+        let mut buf = buf;
+        work.map(move |bytes| {
+            as_bytes_mut(&mut buf).copy_from_slice(&bytes);
+            buf
+        })
+    }
+
+    fn p2p_fp<T: Element>(&self, count: usize, peer: usize, tag: u32) -> Result<Fingerprint> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::P2p), count);
+        fp.extra = u64::from(tag);
+        if peer >= self.size() {
+            return Err(self.arg_error(&fp, format!("peer {peer} out of range for a group of {}", self.size())));
+        }
+        if peer == self.rank() {
+            return Err(self.arg_error(&fp, "send/recv to self is not supported"));
+        }
+        Ok(fp)
+    }
+
+    // ---------------------------------------------------------------- async collectives
+
+    fn spawn<R: Send + 'static>(&self, f: impl FnOnce(&Communicator, u64) -> Result<R> + Send + 'static) -> Work<R> {
+        let ticket = self.core.draw_ticket();
+        let (work, slot) = Work::pending(self.core.clone());
+        let me = self.clone();
+        self.core.submit(Box::new(move || {
+            let r = f(&me, ticket);
+            slot.complete(r);
+        }));
+        work
+    }
+
+    /// Async [`Communicator::all_reduce`]: takes the buffer and hands it back through the
+    /// handle. Async ops on one communicator run and complete in the order they were issued.
+    pub fn all_reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+        self.spawn(move |c, ticket| {
+            let mut buf = buf;
+            c.with_ticket(ticket, || c.all_reduce(&mut buf, op))?;
+            Ok(buf)
+        })
+    }
+
+    /// Async [`Communicator::broadcast`].
+    pub fn broadcast_async<T: Element>(&self, buf: Vec<T>, root: usize) -> Work<Vec<T>> {
+        self.spawn(move |c, ticket| {
+            let mut buf = buf;
+            c.with_ticket(ticket, || c.broadcast(&mut buf, root))?;
+            Ok(buf)
+        })
+    }
+
+    /// Async [`Communicator::reduce`].
+    pub fn reduce_async<T: Element>(&self, buf: Vec<T>, root: usize, op: ReduceOp) -> Work<Vec<T>> {
+        self.spawn(move |c, ticket| {
+            let mut buf = buf;
+            c.with_ticket(ticket, || c.reduce(&mut buf, root, op))?;
+            Ok(buf)
+        })
+    }
+
+    /// Async [`Communicator::all_gather`]: the handle returns the gathered buffer.
+    pub fn all_gather_async<T: Element>(&self, input: Vec<T>) -> Work<Vec<T>> {
+        self.spawn(move |c, ticket| {
+            let mut out = vec![T::default(); input.len() * c.size()];
+            c.with_ticket(ticket, || c.all_gather(&input, &mut out))?;
+            Ok(out)
+        })
+    }
+
+    /// Async [`Communicator::reduce_scatter`]: the handle returns this rank's block.
+    pub fn reduce_scatter_async<T: Element>(&self, input: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+        self.spawn(move |c, ticket| {
+            let mut out = vec![T::default(); input.len() / c.size().max(1)];
+            c.with_ticket(ticket, || c.reduce_scatter(&input, &mut out, op))?;
+            Ok(out)
+        })
+    }
+
+    /// Async [`Communicator::all_to_all`]: the handle returns the received buffer.
+    pub fn all_to_all_async<T: Element>(&self, send: Vec<T>) -> Work<Vec<T>> {
+        self.spawn(move |c, ticket| {
+            let mut out = vec![T::default(); send.len()];
+            c.with_ticket(ticket, || c.all_to_all(&send, &mut out))?;
+            Ok(out)
+        })
+    }
+
+    /// Async [`Communicator::barrier`].
+    pub fn barrier_async(&self) -> Work<()> {
+        self.spawn(move |c, ticket| c.with_ticket(ticket, || c.barrier()))
+    }
+
+    /// Runs `f` (one sync op) under an already-issued ticket.
+    fn with_ticket<R>(&self, ticket: u64, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        PRESET_TICKET.with(|t| t.set(Some(ticket)));
+        let r = f();
+        if let Some(unused) = PRESET_TICKET.with(|t| t.take()) {
+            // The op failed before it took its turn (a bad argument): take the turn now so
+            // the ops issued after it are not left waiting.
+            let _turn = self.core.await_turn(unused, self.core.config.timeout, String::new);
+        }
+        r
+    }
+}
+
+thread_local! {
+    /// A ticket issued when an async op was queued, consumed by the op when the worker runs it.
+    static PRESET_TICKET: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+fn run_all_reduce<T: Element>(ctx: &mut Ctx<'_>, algo: Algorithm, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    match algo {
+        Algorithm::Ring => algorithms::ring::all_reduce(ctx, buf, op),
+        Algorithm::Star => algorithms::star::all_reduce(ctx, buf, op),
+        _ => algorithms::doubling::all_reduce(ctx, buf, op),
+    }
+}
+
+impl Core {
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn check_alive(&self, op: impl FnOnce() -> String) -> Result<()> {
+        if self.aborted.load(Ordering::SeqCst) {
+            let cause = self.cause.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let cause = cause.unwrap_or_else(|| Error::new(ErrorKind::Aborted, "aborted"));
+            return Err(cause.aborted(op()).with_rank(self.world_rank));
+        }
+        Ok(())
+    }
+
+    /// Records the first error and closes every link so peers notice.
+    fn fail(&self, err: Error) {
+        {
+            let mut cause = self.cause.lock().unwrap_or_else(|e| e.into_inner());
+            if cause.is_none() {
+                *cause = Some(err);
+            }
+        }
+        self.aborted.store(true, Ordering::SeqCst);
+        let mut state = self.lock_state();
+        for l in state.links.iter_mut() {
+            *l = None;
+        }
+    }
+
+    fn await_turn(&self, ticket: u64, timeout: Duration, op: impl FnOnce() -> String) -> Result<TurnGuard<'_>> {
+        let deadline = Instant::now() + timeout;
+        let mut t = self.turn.lock().unwrap_or_else(|e| e.into_inner());
+        while *t != ticket {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("timed out after {timeout:?} waiting for this rank's earlier async ops to finish"),
+                )
+                .with_op(op())
+                .with_rank(self.world_rank));
+            }
+            t = self.turn_cv.wait_timeout(t, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+        }
+        Ok(TurnGuard { core: self })
+    }
+
+    /// The ticket of the op about to run: the one issued when an async op was queued (set by
+    /// `with_ticket` on the worker), or a fresh one after starting pending `isend`/`irecv`s.
+    fn draw_ticket(self: &Arc<Self>) -> u64 {
+        if let Some(t) = PRESET_TICKET.with(|t| t.take()) {
+            return t;
+        }
+        self.flush_p2p();
+        self.next_ticket.fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn submit(&self, job: Job) {
+        let mut w = self.worker.lock().unwrap_or_else(|e| e.into_inner());
+        if w.is_none() {
+            let (tx, rx) = mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name(format!("oxcomm-async-{}", self.world_rank))
+                .spawn(move || {
+                    for job in rx {
+                        job();
+                    }
+                })
+                .expect("spawn the async worker thread");
+            *w = Some(tx);
+        }
+        let _ = w.as_ref().expect("worker started").send(job);
+    }
+
+    /// Starts every pending `isend`/`irecv` as one batch on the async worker.
+    fn flush_p2p(self: &Arc<Self>) {
+        let jobs: Vec<P2pJob> = std::mem::take(&mut *self.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()));
+        if jobs.is_empty() {
+            return;
+        }
+        let ticket = self.next_ticket.fetch_add(1, Ordering::SeqCst);
+        let core = self.clone();
+        self.submit(Box::new(move || {
+            let mut jobs = jobs;
+            let result = core.run_p2p(ticket, &mut jobs);
+            for job in jobs {
+                if let Some(slot) = job.slot {
+                    slot.complete(match &result {
+                        Ok(()) => Ok(job.bytes),
+                        Err(e) => Err(e.clone()),
+                    });
+                }
+            }
+        }));
+    }
+
+    /// Runs point-to-point jobs together under `ticket`.
+    fn run_p2p(&self, ticket: u64, jobs: &mut [P2pJob]) -> Result<()> {
+        let timeout = self.config.timeout;
+        let first = jobs.first().map(|j| j.fp.to_string()).unwrap_or_default();
+        let _turn = self.await_turn(ticket, timeout, || first.clone())?;
+        self.check_alive(|| first.clone())?;
+        let mut state = self.lock_state();
+        // Stamp per-pair sequence numbers in issue order.
+        for job in jobs.iter_mut() {
+            let counter = if job.is_send { &mut state.p2p_sent[job.peer] } else { &mut state.p2p_received[job.peer] };
+            job.fp.seq = *counter;
+            *counter += 1;
+            job.header = job.fp.encode();
+        }
+        let members: Vec<usize> = (0..self.world_size).collect();
+        let State { links, stats, scratch, .. } = &mut *state;
+        let mut ctx = Ctx::new(
+            self.world_rank,
+            &members,
+            links,
+            &*self.bell,
+            timeout,
+            self.config.max_segment_bytes,
+            stats,
+            scratch,
+        );
+        let result = (|| {
+            // Phase 1: headers out, headers in.
+            let mut got = vec![[0u8; FP_BYTES]; jobs.len()];
+            {
+                let mut xfers: Vec<Xfer<'_>> = Vec::new();
+                for (job, g) in jobs.iter().zip(got.iter_mut()) {
+                    if job.is_send {
+                        xfers.push(Xfer::send(job.peer, &job.header));
+                        xfers.push(Xfer::send(job.peer, &job.bytes));
+                    } else {
+                        xfers.push(Xfer::recv(job.peer, g));
+                    }
+                }
+                ctx.run(&mut xfers)?;
+            }
+            // Check what arrived before reading any payload.
+            for (job, g) in jobs.iter().zip(got.iter()) {
+                if job.is_send {
+                    continue;
+                }
+                let theirs = Fingerprint::decode(g).map_err(|e| e.with_peer(job.peer))?;
+                if theirs != job.fp {
+                    return Err(Error::new(
+                        ErrorKind::Mismatch,
+                        format!("rank {} sent {theirs}, this rank expected {}", job.peer, job.fp),
+                    )
+                    .with_op(job.fp.to_string())
+                    .with_peer(job.peer));
+                }
+            }
+            let mut xfers: Vec<Xfer<'_>> =
+                jobs.iter_mut().filter(|j| !j.is_send).map(|j| Xfer::recv(j.peer, &mut j.bytes)).collect();
+            ctx.run(&mut xfers)
+        })();
+        drop(state);
+        result.map_err(|e| {
+            let e = e.with_op(first.clone()).with_rank(self.world_rank);
+            self.fail(e.clone());
+            e
+        })
+    }
+}
+
+/// A pending point-to-point op.
+struct P2pJob {
+    /// World rank of the peer.
+    peer: usize,
+    is_send: bool,
+    bytes: Vec<u8>,
+    fp: Fingerprint,
+    header: [u8; FP_BYTES],
+    slot: Option<Arc<Slot<Vec<u8>>>>,
+}
+
+impl P2pJob {
+    fn send(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
+        P2pJob { peer, is_send: true, bytes, fp, header: [0; FP_BYTES], slot }
+    }
+
+    fn recv(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
+        P2pJob { peer, is_send: false, bytes, fp, header: [0; FP_BYTES], slot }
+    }
+}
+
+// -------------------------------------------------------------------- work handles
+
+struct Slot<R> {
+    result: Mutex<Option<Result<R>>>,
+    cv: Condvar,
+    done: AtomicBool,
+}
+
+impl<R> Slot<R> {
+    fn complete(&self, r: Result<R>) {
+        let mut g = self.result.lock().unwrap_or_else(|e| e.into_inner());
+        *g = Some(r);
+        self.done.store(true, Ordering::SeqCst);
+        self.cv.notify_all();
+    }
+}
+
+type Mapper<R> = Box<dyn FnOnce(Vec<u8>) -> R + Send>;
+
+/// The handle of an async op. Dropping it does not cancel the op.
+pub struct Work<R> {
+    inner: WorkInner<R>,
+    core: Arc<Core>,
+    taken: bool,
+}
+
+enum WorkInner<R> {
+    Direct(Arc<Slot<R>>),
+    Mapped(Arc<Slot<Vec<u8>>>, Option<Mapper<R>>),
+}
+
+impl<R: Send + 'static> Work<R> {
+    fn pending(core: Arc<Core>) -> (Work<R>, Arc<Slot<R>>) {
+        let slot = Arc::new(Slot { result: Mutex::new(None), cv: Condvar::new(), done: AtomicBool::new(false) });
+        (Work { inner: WorkInner::Direct(slot.clone()), core, taken: false }, slot)
+    }
+
+    fn done(r: Result<R>, core: Arc<Core>) -> Work<R> {
+        let (w, slot) = Work::pending(core);
+        slot.complete(r);
+        w
+    }
+}
+
+impl Work<Vec<u8>> {
+    fn map<S>(self, f: impl FnOnce(Vec<u8>) -> S + Send + 'static) -> Work<S> {
+        let WorkInner::Direct(slot) = self.inner else { unreachable!("map is applied once, to a fresh handle") };
+        Work { inner: WorkInner::Mapped(slot, Some(Box::new(f))), core: self.core, taken: false }
+    }
+}
+
+impl<R> Work<R> {
+    /// Whether the op has finished (successfully or not). Polling also starts pending
+    /// `isend`/`irecv`s.
+    pub fn is_completed(&self) -> bool {
+        self.core.flush_p2p();
+        match &self.inner {
+            WorkInner::Direct(s) => s.done.load(Ordering::SeqCst),
+            WorkInner::Mapped(s, _) => s.done.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Waits for the op and returns its result. The op's own deadline bounds the wait.
+    pub fn wait(mut self) -> Result<R> {
+        // The op fails by its own deadline; this outer bound only guards against a bug.
+        let bound = self.core.config.timeout * 2 + Duration::from_secs(5);
+        match self.wait_timeout(bound)? {
+            Some(r) => Ok(r),
+            None => Err(Error::new(ErrorKind::Timeout, format!("async op did not finish within {bound:?}"))
+                .with_rank(self.core.world_rank)),
+        }
+    }
+
+    /// Waits at most `timeout`: `Ok(Some(result))` once the op is done, `Ok(None)` if it is
+    /// still running, `Err` if it failed. The result can be taken once.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<Option<R>> {
+        if self.taken {
+            return Err(Error::invalid("the result of this work handle was already taken"));
+        }
+        self.core.flush_p2p();
+        let deadline = Instant::now() + timeout;
+        let out = match &mut self.inner {
+            WorkInner::Direct(s) => take(s, deadline),
+            WorkInner::Mapped(s, f) => take(s, deadline).map(|r| r.map(|b| (f.take().expect("mapper used once"))(b))),
+        };
+        if !matches!(out, Ok(None)) {
+            self.taken = true;
+        }
+        out
+    }
+}
+
+fn take<R>(slot: &Slot<R>, deadline: Instant) -> Result<Option<R>> {
+    let mut g = slot.result.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        if let Some(r) = g.take() {
+            return r.map(Some);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        g = slot.cv.wait_timeout(g, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+    }
+}
+
+/// The dtype of an element type, for callers that only have a type parameter.
+pub fn dtype_of<T: Element>() -> DType {
+    T::DTYPE
+}

@@ -1,0 +1,308 @@
+//! The progress engine: drives a set of sends and receives over [`Link`]s to completion, with a
+//! deadline, and names the peer when it fails.
+//!
+//! Algorithms describe one *step* as a list of [`Xfer`]s (send these bytes to that peer, receive
+//! into this buffer from that peer, receive and reduce into this buffer) and hand them to
+//! [`Ctx::run`], which makes progress on all of them at once, so a rank always sends and
+//! receives concurrently and ring steps never deadlock on bounded links. When no transfer can
+//! move, the rank sleeps on its doorbell until a peer rings it, the deadline passes, or it is
+//! time to check whether a stalled peer is still alive.
+//!
+//! The engine knows nothing about which collective it serves; [`Ctx`] carries the op's
+//! description only to put it in errors.
+
+use std::time::{Duration, Instant};
+
+use crate::dtype::Element;
+use crate::error::{Error, ErrorKind, Result};
+use crate::reduce::{self, ReduceOp};
+use crate::transport::{Doorbell, Link};
+
+/// How often a waiting rank asks its stalled links whether their peer is still alive.
+const PEER_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// Size of the aligned scratch used to reduce bytes that arrive unaligned.
+const REDUCE_SCRATCH_WORDS: usize = 8 * 1024;
+
+/// A function that reduces `src` bytes into `dst` bytes of one element type.
+pub(crate) type ReduceBytes = fn(&mut [u8], &[u8], ReduceOp);
+
+/// Returns the [`ReduceBytes`] function for `T`.
+pub(crate) fn reducer<T: Element>() -> ReduceBytes {
+    fn f<T: Element>(dst: &mut [u8], src: &[u8], op: ReduceOp) {
+        let dst: &mut [T] = bytemuck::cast_slice_mut(dst);
+        let src: &[T] = bytemuck::cast_slice(src);
+        reduce::reduce_into(dst, src, op);
+    }
+    f::<T>
+}
+
+/// One transfer of a step.
+pub(crate) enum Xfer<'a> {
+    /// Send all of `data` to `peer` (a group rank).
+    Send { peer: usize, data: &'a [u8], done: usize },
+    /// Receive exactly `buf.len()` bytes from `peer` into `buf`.
+    Recv { peer: usize, buf: &'a mut [u8], done: usize },
+    /// Receive `acc.len()` bytes from `peer` and reduce them into `acc` element by element.
+    RecvReduce { peer: usize, acc: &'a mut [u8], done: usize, elem: usize, op: ReduceOp, reduce: ReduceBytes },
+}
+
+impl<'a> Xfer<'a> {
+    /// A send of `data` to group rank `peer`.
+    pub(crate) fn send(peer: usize, data: &'a [u8]) -> Xfer<'a> {
+        Xfer::Send { peer, data, done: 0 }
+    }
+
+    /// A receive into `buf` from group rank `peer`.
+    pub(crate) fn recv(peer: usize, buf: &'a mut [u8]) -> Xfer<'a> {
+        Xfer::Recv { peer, buf, done: 0 }
+    }
+
+    /// A receive from `peer` reduced into `acc` with `op`.
+    pub(crate) fn recv_reduce<T: Element>(peer: usize, acc: &'a mut [T], op: ReduceOp) -> Xfer<'a> {
+        Xfer::RecvReduce {
+            peer,
+            acc: bytemuck::cast_slice_mut(acc),
+            done: 0,
+            elem: std::mem::size_of::<T>(),
+            op,
+            reduce: reducer::<T>(),
+        }
+    }
+
+    fn peer(&self) -> usize {
+        match self {
+            Xfer::Send { peer, .. } | Xfer::Recv { peer, .. } | Xfer::RecvReduce { peer, .. } => *peer,
+        }
+    }
+
+    pub(crate) fn finished(&self) -> bool {
+        match self {
+            Xfer::Send { data, done, .. } => *done == data.len(),
+            Xfer::Recv { buf, done, .. } => *done == buf.len(),
+            Xfer::RecvReduce { acc, done, .. } => *done == acc.len(),
+        }
+    }
+
+    fn is_send(&self) -> bool {
+        matches!(self, Xfer::Send { .. })
+    }
+}
+
+/// Byte counters of one rank, read by [`crate::Communicator::stats`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Bytes handed to links (payload and headers).
+    pub bytes_sent: u64,
+    /// Bytes taken from links.
+    pub bytes_received: u64,
+}
+
+/// What an algorithm sees of the communicator while it runs one op.
+pub(crate) struct Ctx<'c> {
+    /// This rank within the group.
+    pub rank: usize,
+    /// The group size.
+    pub size: usize,
+    /// World rank of each group rank.
+    members: &'c [usize],
+    /// Links indexed by world rank.
+    links: &'c mut [Option<Box<dyn Link>>],
+    bell: &'c dyn Doorbell,
+    /// When the op must be over.
+    pub deadline: Instant,
+    timeout: Duration,
+    /// Largest number of bytes moved per transfer; larger transfers are split.
+    pub max_segment: usize,
+    stats: &'c mut LinkStats,
+    scratch: &'c mut Vec<u64>,
+}
+
+impl<'c> Ctx<'c> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        rank: usize,
+        members: &'c [usize],
+        links: &'c mut [Option<Box<dyn Link>>],
+        bell: &'c dyn Doorbell,
+        timeout: Duration,
+        max_segment: usize,
+        stats: &'c mut LinkStats,
+        scratch: &'c mut Vec<u64>,
+    ) -> Ctx<'c> {
+        Ctx {
+            rank,
+            size: members.len(),
+            members,
+            links,
+            bell,
+            deadline: Instant::now() + timeout,
+            timeout,
+            max_segment: max_segment.max(64),
+            stats,
+            scratch,
+        }
+    }
+
+    /// The world rank of group rank `r`.
+    pub fn world(&self, r: usize) -> usize {
+        self.members[r]
+    }
+
+    /// Moves the deadline to `deadline` (used by monitored barrier and the agreement phase).
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+    }
+
+    /// Sends `data` to `peer`, receives into `buf` from `peer2`, concurrently.
+    pub fn sendrecv(&mut self, to: usize, data: &[u8], from: usize, buf: &mut [u8]) -> Result<()> {
+        self.run(&mut [Xfer::send(to, data), Xfer::recv(from, buf)])
+    }
+
+    /// Sends `data` to `peer`.
+    pub fn send(&mut self, to: usize, data: &[u8]) -> Result<()> {
+        self.run(&mut [Xfer::send(to, data)])
+    }
+
+    /// Receives `buf.len()` bytes from `peer`.
+    pub fn recv(&mut self, from: usize, buf: &mut [u8]) -> Result<()> {
+        self.run(&mut [Xfer::recv(from, buf)])
+    }
+
+    /// Drives every transfer to completion, or fails with an error naming the peer.
+    pub fn run(&mut self, xfers: &mut [Xfer<'_>]) -> Result<()> {
+        let mut last_check = Instant::now();
+        loop {
+            let epoch = self.bell.epoch();
+            let mut progressed = false;
+            let mut pending = false;
+            for i in 0..xfers.len() {
+                if xfers[i].finished() {
+                    continue;
+                }
+                // Bytes to (or from) one peer are one stream: a transfer waits until every
+                // earlier transfer in the same direction with the same peer is complete.
+                let (peer, send) = (xfers[i].peer(), xfers[i].is_send());
+                let blocked = xfers[..i].iter().any(|y| !y.finished() && y.peer() == peer && y.is_send() == send);
+                if !blocked {
+                    progressed |= self.step(&mut xfers[i])?;
+                }
+                pending |= !xfers[i].finished();
+            }
+            if !pending {
+                return Ok(());
+            }
+            if progressed {
+                continue;
+            }
+            let now = Instant::now();
+            if now >= self.deadline {
+                return Err(self.timeout_error(xfers));
+            }
+            if now.duration_since(last_check) >= PEER_CHECK_INTERVAL {
+                last_check = now;
+                for x in xfers.iter().filter(|x| !x.finished()) {
+                    let world = self.members[x.peer()];
+                    self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
+                }
+            }
+            let wake = self.deadline.min(now + PEER_CHECK_INTERVAL);
+            self.bell.wait(epoch, wake);
+        }
+    }
+
+    fn link(&mut self, world: usize) -> Result<&mut Box<dyn Link>> {
+        self.links
+            .get_mut(world)
+            .and_then(|l| l.as_mut())
+            .ok_or_else(|| Error::new(ErrorKind::PeerGone, format!("no link to rank {world}")).with_peer(world))
+    }
+
+    fn timeout_error(&self, xfers: &[Xfer<'_>]) -> Error {
+        let stalled =
+            xfers.iter().find(|x| !x.finished() && !x.is_send()).or_else(|| xfers.iter().find(|x| !x.finished()));
+        let peer = stalled.map(|x| self.members[x.peer()]).unwrap_or(0);
+        let what = match stalled {
+            Some(x) if x.is_send() => "to accept data from us",
+            _ => "",
+        };
+        let msg = if what.is_empty() {
+            format!("timed out after {:?} waiting for rank {peer}", self.timeout)
+        } else {
+            format!("timed out after {:?} waiting for rank {peer} {what}", self.timeout)
+        };
+        Error::new(ErrorKind::Timeout, msg).with_peer(peer)
+    }
+
+    /// Makes what progress one transfer can make now; returns whether any byte moved.
+    fn step(&mut self, x: &mut Xfer<'_>) -> Result<bool> {
+        let world = self.members[x.peer()];
+        let max_segment = self.max_segment;
+        match x {
+            Xfer::Send { data, done, .. } => {
+                let end = (*done + max_segment).min(data.len());
+                let n = self.link(world)?.try_send(&data[*done..end]).map_err(|e| e.with_peer(world))?;
+                *done += n;
+                self.stats.bytes_sent += n as u64;
+                Ok(n > 0)
+            }
+            Xfer::Recv { buf, done, .. } => {
+                let end = (*done + max_segment).min(buf.len());
+                let n = self.link(world)?.try_recv(&mut buf[*done..end]).map_err(|e| e.with_peer(world))?;
+                *done += n;
+                self.stats.bytes_received += n as u64;
+                Ok(n > 0)
+            }
+            Xfer::RecvReduce { acc, done, elem, op, reduce, .. } => {
+                let (elem, op, reduce) = (*elem, *op, *reduce);
+                let want = (acc.len() - *done).min(max_segment).min(REDUCE_SCRATCH_WORDS * 8);
+                if self.scratch.len() < REDUCE_SCRATCH_WORDS {
+                    self.scratch.resize(REDUCE_SCRATCH_WORDS, 0);
+                }
+                let scratch: &mut [u8] = bytemuck::cast_slice_mut(&mut self.scratch[..]);
+                // Receive into aligned scratch, then reduce whole elements. `done` is always a
+                // multiple of `elem`: a partial element is completed before returning.
+                let base = *done;
+                let link = self.links.get_mut(world).and_then(|l| l.as_mut()).ok_or_else(|| {
+                    Error::new(ErrorKind::PeerGone, format!("no link to rank {world}")).with_peer(world)
+                })?;
+                // Only ask for whole elements so nothing is left over.
+                let want = want - want % elem;
+                let n = link.try_recv(&mut scratch[..want]).map_err(|e| e.with_peer(world))?;
+                if n == 0 {
+                    return Ok(false);
+                }
+                let whole = n - n % elem;
+                if whole < n {
+                    // Read the rest of the element; it is on its way (the sender writes whole
+                    // segments), so wait for it within the deadline.
+                    let mut got = n;
+                    let stop = whole + elem;
+                    while got < stop {
+                        let m = link.try_recv(&mut scratch[got..stop]).map_err(|e| e.with_peer(world))?;
+                        got += m;
+                        if m == 0 {
+                            if Instant::now() >= self.deadline {
+                                return Err(Error::new(
+                                    ErrorKind::Timeout,
+                                    format!("timed out after {:?} waiting for rank {world}", self.timeout),
+                                )
+                                .with_peer(world));
+                            }
+                            link.check_peer().map_err(|e| e.with_peer(world))?;
+                            std::thread::yield_now();
+                        }
+                    }
+                    reduce(&mut acc[base..base + stop], &scratch[..stop], op);
+                    *done = base + stop;
+                    self.stats.bytes_received += stop as u64;
+                } else {
+                    reduce(&mut acc[base..base + n], &scratch[..n], op);
+                    *done = base + n;
+                    self.stats.bytes_received += n as u64;
+                }
+                Ok(true)
+            }
+        }
+    }
+}

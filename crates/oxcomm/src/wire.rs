@@ -1,0 +1,225 @@
+//! Op fingerprints and their wire form.
+//!
+//! Every collective is described by a [`Fingerprint`] (op kind, dtype, reduce op, count, root,
+//! group, sequence number, an extra word) that ranks compare before any payload is written into
+//! a user buffer. Its 48-byte wire form starts with a magic number so a stream that has lost
+//! its framing is detected instead of misread.
+
+use std::fmt;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::reduce::ReduceOp;
+
+/// Magic number that opens every fingerprint on the wire ("OXC1").
+pub(crate) const MAGIC: u32 = 0x4f58_4331;
+
+/// Size of an encoded [`Fingerprint`].
+pub(crate) const FP_BYTES: usize = 48;
+
+/// The kind of an op, as it appears in fingerprints, errors and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum OpKind {
+    /// `all_reduce`.
+    AllReduce = 1,
+    /// `reduce`.
+    Reduce = 2,
+    /// `broadcast`.
+    Broadcast = 3,
+    /// `all_gather`.
+    AllGather = 4,
+    /// `reduce_scatter`.
+    ReduceScatter = 5,
+    /// `all_to_all`.
+    AllToAll = 6,
+    /// `all_to_all_v`.
+    AllToAllV = 7,
+    /// `gather`.
+    Gather = 8,
+    /// `scatter`.
+    Scatter = 9,
+    /// A point-to-point message (`send`/`recv`).
+    P2p = 10,
+    /// `barrier`.
+    Barrier = 11,
+    /// `monitored_barrier`.
+    MonitoredBarrier = 12,
+    /// `new_group` / `split` (the collective part of creating a group).
+    NewGroup = 13,
+    /// `all_reduce_coalesced`.
+    AllReduceCoalesced = 14,
+    /// `all_gather_coalesced`.
+    AllGatherCoalesced = 15,
+}
+
+impl OpKind {
+    const ALL: [OpKind; 15] = [
+        OpKind::AllReduce,
+        OpKind::Reduce,
+        OpKind::Broadcast,
+        OpKind::AllGather,
+        OpKind::ReduceScatter,
+        OpKind::AllToAll,
+        OpKind::AllToAllV,
+        OpKind::Gather,
+        OpKind::Scatter,
+        OpKind::P2p,
+        OpKind::Barrier,
+        OpKind::MonitoredBarrier,
+        OpKind::NewGroup,
+        OpKind::AllReduceCoalesced,
+        OpKind::AllGatherCoalesced,
+    ];
+
+    /// The op's name as in torch.distributed (`all_reduce`, `send`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::AllReduce => "all_reduce",
+            OpKind::Reduce => "reduce",
+            OpKind::Broadcast => "broadcast",
+            OpKind::AllGather => "all_gather",
+            OpKind::ReduceScatter => "reduce_scatter",
+            OpKind::AllToAll => "all_to_all",
+            OpKind::AllToAllV => "all_to_all_v",
+            OpKind::Gather => "gather",
+            OpKind::Scatter => "scatter",
+            OpKind::P2p => "send/recv",
+            OpKind::Barrier => "barrier",
+            OpKind::MonitoredBarrier => "monitored_barrier",
+            OpKind::NewGroup => "new_group",
+            OpKind::AllReduceCoalesced => "all_reduce_coalesced",
+            OpKind::AllGatherCoalesced => "all_gather_coalesced",
+        }
+    }
+
+    fn from_tag(tag: u8) -> Option<OpKind> {
+        OpKind::ALL.iter().copied().find(|k| *k as u8 == tag)
+    }
+}
+
+/// What a rank is about to do; ranks compare fingerprints before touching buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// The op.
+    pub kind: OpKind,
+    /// Element type, if the op moves data.
+    pub dtype: Option<DType>,
+    /// Reduce op, if the op reduces.
+    pub op: Option<ReduceOp>,
+    /// Root (group rank), if the op has one.
+    pub root: Option<u32>,
+    /// Element count (per the op's convention: the input of one rank).
+    pub count: u64,
+    /// Sequence number of the op in its group.
+    pub seq: u64,
+    /// Group id (0 for the world).
+    pub group: u64,
+    /// Op-specific word (tag for point-to-point, buffer count for coalesced ops).
+    pub extra: u64,
+}
+
+impl Fingerprint {
+    /// A fingerprint with only kind, seq and group set.
+    pub fn new(kind: OpKind, seq: u64, group: u64) -> Fingerprint {
+        Fingerprint { kind, dtype: None, op: None, root: None, count: 0, seq, group, extra: 0 }
+    }
+
+    /// Encodes to the 48-byte wire form.
+    pub(crate) fn encode(&self) -> [u8; FP_BYTES] {
+        let mut b = [0u8; FP_BYTES];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4] = self.kind as u8;
+        b[5] = self.dtype.map_or(0xff, |d| d as u8);
+        b[6] = self.op.map_or(0xff, |o| o as u8);
+        b[7] = u8::from(self.root.is_some());
+        b[8..12].copy_from_slice(&self.root.unwrap_or(0).to_le_bytes());
+        b[16..24].copy_from_slice(&self.count.to_le_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[32..40].copy_from_slice(&self.group.to_le_bytes());
+        b[40..48].copy_from_slice(&self.extra.to_le_bytes());
+        b
+    }
+
+    /// Decodes the wire form; a bad magic or unknown tag is a protocol error.
+    pub(crate) fn decode(b: &[u8]) -> Result<Fingerprint> {
+        let word = |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().expect("8 bytes"));
+        if b.len() < FP_BYTES || u32::from_le_bytes(b[0..4].try_into().expect("4 bytes")) != MAGIC {
+            return Err(Error::protocol(
+                "bad op header from peer (the byte stream lost its framing, or the peer is not oxcomm)",
+            ));
+        }
+        let kind = OpKind::from_tag(b[4]).ok_or_else(|| Error::protocol(format!("unknown op kind {}", b[4])))?;
+        let dtype = match b[5] {
+            0xff => None,
+            t => Some(DType::from_tag(t).ok_or_else(|| Error::protocol(format!("unknown dtype {t}")))?),
+        };
+        let op = match b[6] {
+            0xff => None,
+            t => Some(ReduceOp::from_tag(t).ok_or_else(|| Error::protocol(format!("unknown reduce op {t}")))?),
+        };
+        let root = (b[7] != 0).then(|| u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")));
+        Ok(Fingerprint {
+            kind,
+            dtype,
+            op,
+            root,
+            count: word(16..24),
+            seq: word(24..32),
+            group: word(32..40),
+            extra: word(40..48),
+        })
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} #{}", self.kind.name(), self.seq)?;
+        let mut parts = Vec::new();
+        if let Some(d) = self.dtype {
+            parts.push(format!("{d} × {}", self.count));
+        }
+        if let Some(op) = self.op {
+            parts.push(op.name().to_string());
+        }
+        if let Some(root) = self.root {
+            parts.push(format!("root {root}"));
+        }
+        if self.kind == OpKind::P2p {
+            parts.push(format!("tag {}", self.extra));
+        } else if self.extra != 0 {
+            parts.push(format!("{} buffers", self.extra));
+        }
+        if self.group != 0 {
+            parts.push(format!("group {:x}", self.group));
+        }
+        if !parts.is_empty() {
+            write!(f, " ({})", parts.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_display() {
+        let fp = Fingerprint {
+            kind: OpKind::AllReduce,
+            dtype: Some(DType::F32),
+            op: Some(ReduceOp::Sum),
+            root: None,
+            count: 1_048_576,
+            seq: 17,
+            group: 0,
+            extra: 0,
+        };
+        assert_eq!(Fingerprint::decode(&fp.encode()).unwrap(), fp);
+        assert_eq!(fp.to_string(), "all_reduce #17 (f32 × 1048576, sum)");
+        let mut bad = fp.encode();
+        bad[0] ^= 1;
+        assert!(Fingerprint::decode(&bad).is_err());
+    }
+}

@@ -1,0 +1,349 @@
+//! The `CollectiveTester`: every collective × world sizes × counts × dtypes × ops ×
+//! algorithms × segment sizes, with inputs whose results are exact, so every algorithm must
+//! match the scalar reference bit for bit. Set `OXCOMM_TEST_FILTER=substring` to run only the
+//! cases whose label contains it.
+
+use half::{bf16, f16};
+use oxcomm::reduce::{scalar, ReduceOp};
+use oxcomm::{threads, Algorithm, CommConfig, Communicator, DType, Element, OpOptions};
+
+/// Dispatches a dtype value to a generic call.
+macro_rules! with_dtype {
+    ($d:expr, $f:ident ( $($arg:expr),* )) => {
+        match $d {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::F16 => $f::<f16>($($arg),*),
+            DType::BF16 => $f::<bf16>($($arg),*),
+            DType::I8 => $f::<i8>($($arg),*),
+            DType::U8 => $f::<u8>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+        }
+    };
+}
+
+/// The input of `rank` at element `i` for `op`: small integers, so every sum, product, min
+/// and max is exact in every dtype (products stay ≤ 256, sums ≤ 8 × 5).
+pub fn input<T: Element>(rank: usize, i: usize, op: ReduceOp) -> T {
+    let v = match op {
+        ReduceOp::Prod => {
+            if (rank + i) % 3 == 0 {
+                2
+            } else {
+                1
+            }
+        }
+        ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => (rank * 37 + i * 11) % 64,
+        _ => ((rank + 1) * 3 + i * 7) % 5 + 1 + (i % 2) * rank,
+    };
+    T::from_f64(v as f64)
+}
+
+fn inputs<T: Element>(rank: usize, count: usize, op: ReduceOp) -> Vec<T> {
+    (0..count).map(|i| input(rank, i, op)).collect()
+}
+
+/// The reference result: ranks' inputs reduced in rank order with the scalar kernel.
+pub fn expected<T: Element>(size: usize, count: usize, op: ReduceOp) -> Vec<T> {
+    let mut acc = inputs::<T>(0, count, op);
+    for r in 1..size {
+        scalar::reduce_into(&mut acc, &inputs::<T>(r, count, op), op);
+    }
+    if op == ReduceOp::Avg && size > 1 {
+        scalar::divide(&mut acc, size);
+    }
+    acc
+}
+
+fn same<T: Element>(a: &[T], b: &[T]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| bytemuck::bytes_of(x) == bytemuck::bytes_of(y))
+}
+
+/// Builder over the matrix; each `run_*` goes over every configured case.
+#[derive(Clone)]
+pub struct CollectiveTester {
+    worlds: Vec<usize>,
+    counts: Vec<usize>,
+    dtypes: Vec<DType>,
+    segments: Vec<usize>,
+    filter: Option<String>,
+}
+
+impl CollectiveTester {
+    pub fn new() -> Self {
+        CollectiveTester {
+            worlds: vec![1, 2, 3, 4, 5, 7, 8],
+            counts: vec![0, 1, 7, 1000, 65537],
+            dtypes: DType::ALL.to_vec(),
+            segments: vec![1 << 20, 64],
+            filter: std::env::var("OXCOMM_TEST_FILTER").ok(),
+        }
+    }
+
+    pub fn worlds(mut self, w: &[usize]) -> Self {
+        self.worlds = w.to_vec();
+        self
+    }
+
+    pub fn counts(mut self, c: &[usize]) -> Self {
+        self.counts = c.to_vec();
+        self
+    }
+
+    fn wants(&self, label: &str) -> bool {
+        self.filter.as_ref().is_none_or(|f| label.contains(f.as_str()))
+    }
+
+    /// Cases for one rank; big counts only for a few dtypes and ops to keep the suite short.
+    fn cases(&self, ops_of: impl Fn(DType) -> Vec<ReduceOp>) -> Vec<(usize, DType, ReduceOp, usize)> {
+        let mut v = Vec::new();
+        for &count in &self.counts {
+            for &d in &self.dtypes {
+                for op in ops_of(d) {
+                    for &seg in &self.segments {
+                        let big = count > 10_000;
+                        if big
+                            && !(matches!(d, DType::F32 | DType::BF16 | DType::I64)
+                                && matches!(op, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Avg))
+                        {
+                            continue;
+                        }
+                        // Tiny segments on big buffers cost time without covering more code.
+                        if big && seg < 4096 && d != DType::F32 {
+                            continue;
+                        }
+                        v.push((count, d, op, seg));
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    fn each_world(&self, f: impl Fn(Communicator) -> Vec<String> + Sync) {
+        for &n in &self.worlds {
+            let failures = threads::run_with(
+                n,
+                CommConfig { timeout: std::time::Duration::from_secs(60), ..CommConfig::default() },
+                &f,
+            )
+            .unwrap_or_else(|e| panic!("world {n}: {e}"));
+            let failures: Vec<String> = failures.into_iter().flatten().collect();
+            assert!(
+                failures.is_empty(),
+                "world {n}: {} failing cases, first: {:#?}",
+                failures.len(),
+                &failures[..failures.len().min(5)]
+            );
+        }
+    }
+
+    pub fn run_all_reduce(&self) {
+        let cases = self.cases(|d| ReduceOp::ALL.into_iter().filter(|o| o.fits(d)).collect());
+        self.each_world(|comm| {
+            let mut bad = Vec::new();
+            for &(count, d, op, seg) in &cases {
+                for algo in [Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Star] {
+                    let label = format!("all_reduce n={} {d} {op} count={count} {algo} seg={seg}", comm.size());
+                    if !self.wants(&label) {
+                        continue;
+                    }
+                    let opts = OpOptions { algorithm: Some(algo), max_segment_bytes: Some(seg), ..Default::default() };
+                    if let Err(e) = with_dtype!(d, all_reduce_case(&comm, count, op, &opts)) {
+                        bad.push(format!("{label}: {e}"));
+                    }
+                }
+            }
+            bad
+        });
+    }
+
+    pub fn run_rooted(&self) {
+        let cases = self.cases(|d| {
+            ReduceOp::ALL
+                .into_iter()
+                .filter(|o| o.fits(d) && matches!(o, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Max | ReduceOp::BXor))
+                .collect()
+        });
+        self.each_world(|comm| {
+            let mut bad = Vec::new();
+            for &(count, d, op, seg) in &cases {
+                for root in [0, comm.size() / 2, comm.size() - 1] {
+                    let label = format!("rooted n={} {d} {op} count={count} root={root} seg={seg}", comm.size());
+                    if !self.wants(&label) {
+                        continue;
+                    }
+                    let opts = OpOptions { max_segment_bytes: Some(seg), ..Default::default() };
+                    if let Err(e) = with_dtype!(d, rooted_case(&comm, count, op, root, &opts)) {
+                        bad.push(format!("{label}: {e}"));
+                    }
+                }
+            }
+            bad
+        });
+    }
+
+    pub fn run_gather_scatter(&self) {
+        let cases = self.cases(|_| vec![ReduceOp::Sum]);
+        self.each_world(|comm| {
+            let mut bad = Vec::new();
+            for &(count, d, _, seg) in &cases {
+                let label =
+                    format!("gather/scatter/all_gather/all_to_all n={} {d} count={count} seg={seg}", comm.size());
+                if !self.wants(&label) {
+                    continue;
+                }
+                let opts = OpOptions { max_segment_bytes: Some(seg), ..Default::default() };
+                if let Err(e) = with_dtype!(d, movement_case(&comm, count, &opts)) {
+                    bad.push(format!("{label}: {e}"));
+                }
+            }
+            bad
+        });
+    }
+
+    pub fn run_reduce_scatter(&self) {
+        let cases = self.cases(|d| ReduceOp::ALL.into_iter().filter(|o| o.fits(d)).collect());
+        self.each_world(|comm| {
+            let mut bad = Vec::new();
+            for &(count, d, op, seg) in &cases {
+                let label = format!("reduce_scatter n={} {d} {op} block={count} seg={seg}", comm.size());
+                if !self.wants(&label) || count > 10_000 {
+                    continue;
+                }
+                let opts = OpOptions { max_segment_bytes: Some(seg), ..Default::default() };
+                if let Err(e) = with_dtype!(d, reduce_scatter_case(&comm, count, op, &opts)) {
+                    bad.push(format!("{label}: {e}"));
+                }
+            }
+            bad
+        });
+    }
+}
+
+fn check<T: Element>(what: &str, got: &[T], want: &[T]) -> Result<(), String> {
+    if same(got, want) {
+        Ok(())
+    } else {
+        let i = got.iter().zip(want).position(|(a, b)| bytemuck::bytes_of(a) != bytemuck::bytes_of(b)).unwrap_or(0);
+        Err(format!(
+            "{what}: wrong at {i}: got {:?}, want {:?} (len {} vs {})",
+            got.get(i),
+            want.get(i),
+            got.len(),
+            want.len()
+        ))
+    }
+}
+
+fn all_reduce_case<T: Element>(
+    comm: &Communicator,
+    count: usize,
+    op: ReduceOp,
+    opts: &OpOptions,
+) -> Result<(), String> {
+    let mut buf = inputs::<T>(comm.rank(), count, op);
+    comm.all_reduce_with(&mut buf, op, opts).map_err(|e| e.to_string())?;
+    check("all_reduce", &buf, &expected::<T>(comm.size(), count, op))
+}
+
+fn rooted_case<T: Element>(
+    comm: &Communicator,
+    count: usize,
+    op: ReduceOp,
+    root: usize,
+    opts: &OpOptions,
+) -> Result<(), String> {
+    let (n, r) = (comm.size(), comm.rank());
+    let mut buf = inputs::<T>(r, count, op);
+    comm.reduce_with(&mut buf, root, op, opts).map_err(|e| e.to_string())?;
+    if r == root {
+        check("reduce", &buf, &expected::<T>(n, count, op))?;
+    } else {
+        check("reduce (non-root unchanged)", &buf, &inputs::<T>(r, count, op))?;
+    }
+    let mut b = if r == root { inputs::<T>(root + 100, count, op) } else { vec![T::default(); count] };
+    comm.broadcast_with(&mut b, root, opts).map_err(|e| e.to_string())?;
+    check("broadcast", &b, &inputs::<T>(root + 100, count, op))
+}
+
+fn movement_case<T: Element>(comm: &Communicator, count: usize, opts: &OpOptions) -> Result<(), String> {
+    let (n, r) = (comm.size(), comm.rank());
+    let op = ReduceOp::Sum;
+    let mine = inputs::<T>(r, count, op);
+    let all: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p, count, op)).collect();
+    // all_gather
+    let mut out = vec![T::default(); n * count];
+    comm.all_gather_with(&mine, &mut out, opts).map_err(|e| e.to_string())?;
+    check("all_gather", &out, &all)?;
+    // gather and scatter at the last rank
+    let root = n - 1;
+    let mut g = vec![T::default(); n * count];
+    comm.gather(&mine, (r == root).then_some(&mut g[..]), root).map_err(|e| e.to_string())?;
+    if r == root {
+        check("gather", &g, &all)?;
+    }
+    let mut s = vec![T::default(); count];
+    comm.scatter((r == root).then_some(&all[..]), &mut s, root).map_err(|e| e.to_string())?;
+    check("scatter", &s, &mine)?;
+    // all_to_all: block p of rank r's send is input(r*n + p)
+    let send: Vec<T> = (0..n).flat_map(|p| inputs::<T>(r * n + p, count, op)).collect();
+    let mut recv = vec![T::default(); n * count];
+    comm.all_to_all_with(&send, &mut recv, opts).map_err(|e| e.to_string())?;
+    let want: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p * n + r, count, op)).collect();
+    check("all_to_all", &recv, &want)?;
+    // all_to_all_v with uneven counts: rank a sends (a + b) % 3 * count/2 elements to b.
+    let len = |a: usize, b: usize| (a + b) % 3 * (count / 2);
+    let send_counts: Vec<usize> = (0..n).map(|p| len(r, p)).collect();
+    let recv_counts: Vec<usize> = (0..n).map(|p| len(p, r)).collect();
+    let send: Vec<T> = (0..n).flat_map(|p| inputs::<T>(r * n + p, len(r, p), op)).collect();
+    let mut recv = vec![T::default(); recv_counts.iter().sum()];
+    comm.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts).map_err(|e| e.to_string())?;
+    let want: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p * n + r, len(p, r), op)).collect();
+    check("all_to_all_v", &recv, &want)
+}
+
+fn reduce_scatter_case<T: Element>(
+    comm: &Communicator,
+    block: usize,
+    op: ReduceOp,
+    opts: &OpOptions,
+) -> Result<(), String> {
+    let (n, r) = (comm.size(), comm.rank());
+    let input = inputs::<T>(r, block * n, op);
+    let mut out = vec![T::default(); block];
+    comm.reduce_scatter_with(&input, &mut out, op, opts).map_err(|e| e.to_string())?;
+    let full = expected::<T>(n, block * n, op);
+    check("reduce_scatter", &out, &full[r * block..(r + 1) * block])
+}
+
+#[test]
+fn all_reduce_matrix_small_worlds() {
+    CollectiveTester::new().worlds(&[1, 2, 3]).run_all_reduce();
+}
+
+#[test]
+fn all_reduce_matrix_4_5() {
+    CollectiveTester::new().worlds(&[4, 5]).run_all_reduce();
+}
+
+#[test]
+fn all_reduce_matrix_7_8() {
+    CollectiveTester::new().worlds(&[7, 8]).run_all_reduce();
+}
+
+#[test]
+fn rooted_matrix() {
+    CollectiveTester::new().run_rooted();
+}
+
+#[test]
+fn movement_matrix() {
+    CollectiveTester::new().run_gather_scatter();
+}
+
+#[test]
+fn reduce_scatter_matrix() {
+    CollectiveTester::new().run_reduce_scatter();
+}

@@ -1,0 +1,1 @@
+//! Mismatches, deadlines and aborts.

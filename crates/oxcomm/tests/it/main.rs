@@ -1,0 +1,4 @@
+//! The one integration-test binary of the oxcomm crate; modules mirror the source tree.
+
+mod collectives;
+mod failures;
