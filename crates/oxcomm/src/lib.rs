@@ -9,4 +9,5 @@ pub mod reduce;
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 pub use reduce::ReduceOp;
+pub mod rendezvous;
 pub mod transport;
