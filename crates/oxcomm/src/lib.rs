@@ -2,19 +2,19 @@
 
 #![warn(missing_docs)]
 
-pub mod dtype;
-pub mod error;
-pub mod reduce;
-
-pub use dtype::{DType, Element};
-pub use error::{Error, ErrorKind, Result};
-pub use reduce::ReduceOp;
 pub mod algorithms;
 pub mod comm;
+pub mod dtype;
 pub mod engine;
+pub mod error;
+pub mod reduce;
+pub mod rendezvous;
 pub mod threads;
 pub mod transport;
 pub mod wire;
 
 pub use algorithms::Algorithm;
 pub use comm::{CommConfig, Communicator, OpOptions, Work};
+pub use dtype::{DType, Element};
+pub use error::{Error, ErrorKind, Result};
+pub use reduce::ReduceOp;

@@ -2,3 +2,4 @@
 
 mod collectives;
 mod failures;
+mod rendezvous;
