@@ -4,6 +4,7 @@
 
 pub mod dtype;
 pub mod error;
+pub mod logging;
 pub mod reduce;
 
 pub use dtype::{DType, Element};
