@@ -7,6 +7,7 @@ pub mod comm;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+pub mod logging;
 pub mod reduce;
 pub mod rendezvous;
 pub mod threads;

@@ -1,0 +1,110 @@
+//! Micro-benchmark of `CommsLogger::record`: the per-op cost the communicator pays when the
+//! logger is on. Prints ns per call and how many heap allocations the timed loop made.
+//!
+//! Run: `cargo bench -p oxcomm --bench logger` (add `-- N` to change the call count, default
+//! 1e6).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use oxcomm::logging::{CommsLogger, LoggerConfig, OpRecord};
+use oxcomm::DType;
+
+/// Counts allocations so the benchmark can show the hot path makes none.
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call unchanged to the system allocator; the counter has no effect on
+// the memory handed out.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as our caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn rec(i: u64, start_ns: u64) -> OpRecord {
+    OpRecord {
+        op: "all_reduce",
+        dtype: Some(DType::F32),
+        count: 1 << 18,
+        bytes: 1 << 20,
+        group_size: 4,
+        seq: i,
+        algorithm: "ring",
+        transport: "shm",
+        start_ns,
+        latency_ns: 1000 + (i & 1023),
+        caller: None,
+    }
+}
+
+/// Times `n` records on `log`; returns (ns per record, allocations during the loop).
+fn run(log: &CommsLogger, n: u64) -> (f64, u64) {
+    let a0 = ALLOCS.load(Ordering::Relaxed);
+    let t0 = Instant::now();
+    for i in 0..n {
+        let op = black_box("all_reduce");
+        if log.should_record(op) {
+            log.record(black_box(rec(i, i)));
+        }
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / n as f64;
+    (ns, ALLOCS.load(Ordering::Relaxed) - a0)
+}
+
+fn main() {
+    let n: u64 = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(1_000_000);
+    let config = LoggerConfig { enabled: true, ..LoggerConfig::default() };
+
+    // Growing: storage chunks are allocated as records arrive (one per 1024 records).
+    let log = CommsLogger::new(config.clone());
+    let (ns, allocs) = run(&log, n);
+    println!("record (growing storage):      {ns:6.1} ns/record, {allocs} allocations over {n} records");
+
+    // Warm: after reset the chunks are reused, so the loop allocates nothing.
+    log.reset();
+    let (ns, allocs) = run(&log, n);
+    println!("record (warm, after reset):    {ns:6.1} ns/record, {allocs} allocations over {n} records");
+
+    // Reserved up front.
+    let log = CommsLogger::new(config.clone());
+    log.reserve(n as usize);
+    let (ns, allocs) = run(&log, n);
+    println!("record (reserved):             {ns:6.1} ns/record, {allocs} allocations over {n} records");
+
+    // Contended: 2 threads on one logger (a communicator is normally driven by one thread).
+    let log = CommsLogger::new(config.clone());
+    log.reserve(n as usize);
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            let log = &log;
+            s.spawn(move || run(log, n / 2));
+        }
+    });
+    let ns = t0.elapsed().as_nanos() as f64 / n as f64;
+    println!("record (2 threads, contended): {ns:6.1} ns/record (wall / total records)");
+
+    // Disabled logger: the gate alone.
+    let log = CommsLogger::new(LoggerConfig::default());
+    let (ns, _) = run(&log, n);
+    println!("should_record (disabled):      {ns:6.1} ns/call");
+    assert_eq!(log.op_count(), 0);
+}
