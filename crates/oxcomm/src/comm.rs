@@ -1004,7 +1004,6 @@ impl Core {
                 for (job, g) in jobs.iter().zip(got.iter_mut()) {
                     if job.is_send {
                         xfers.push(Xfer::send(job.peer, &job.header));
-                        xfers.push(Xfer::send(job.peer, &job.bytes));
                     } else {
                         xfers.push(Xfer::recv(job.peer, g));
                     }
@@ -1026,8 +1025,12 @@ impl Core {
                     .with_peer(job.peer));
                 }
             }
-            let mut xfers: Vec<Xfer<'_>> =
-                jobs.iter_mut().filter(|j| !j.is_send).map(|j| Xfer::recv(j.peer, &mut j.bytes)).collect();
+            // Phase 2: payloads both ways at once (headers are small enough to never block,
+            // payloads are not, so they must flow concurrently).
+            let mut xfers: Vec<Xfer<'_>> = jobs
+                .iter_mut()
+                .map(|j| if j.is_send { Xfer::send(j.peer, &j.bytes) } else { Xfer::recv(j.peer, &mut j.bytes) })
+                .collect();
             ctx.run(&mut xfers)
         })();
         drop(state);

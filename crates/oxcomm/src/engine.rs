@@ -149,6 +149,11 @@ impl<'c> Ctx<'c> {
         self.members[r]
     }
 
+    /// The op's timeout (the span from its start to its deadline).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Moves the deadline to `deadline` (used by monitored barrier and the agreement phase).
     pub fn set_deadline(&mut self, deadline: Instant) {
         self.deadline = deadline;
