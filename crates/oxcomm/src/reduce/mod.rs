@@ -1,16 +1,18 @@
 //! Reduction operators and kernels: `dst[i] = op(dst[i], src[i])`.
 //!
 //! [`ReduceOp`] names the operator; [`reduce_into`] applies it to two equal-length slices of
-//! any [`Element`] type, and [`finish_avg`] divides by the group size for [`ReduceOp::Avg`].
-//! [`scalar`] holds the plain reference that the fast kernels are tested against. f16 and
-//! bf16 are widened to f32 for every operation and rounded once per call. This module knows
-//! nothing about communication.
+//! any [`Element`] type in place, [`reduce_from2`] out of place, and [`finish_avg`] divides by
+//! the group size for [`ReduceOp::Avg`]. All three run vectorised kernels (AVX2 chosen at run
+//! time on x86_64) whose results equal, bit for bit, those of [`scalar`], the plain reference
+//! they are tested against. f16 and bf16 are widened to f32 for every operation and rounded
+//! once per call. This module knows nothing about communication.
 
 use std::fmt;
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
+mod fast;
 pub mod scalar;
 
 /// A reduction operator.
@@ -119,13 +121,27 @@ pub fn check(op: ReduceOp, dtype: DType) -> Result<()> {
 #[inline]
 pub fn reduce_into<T: Element>(dst: &mut [T], src: &[T], op: ReduceOp) {
     assert_eq!(dst.len(), src.len(), "reduce_into: length mismatch");
-    scalar::reduce_into(dst, src, op);
+    fast::reduce_into(dst, src, op);
+}
+
+/// `dst[i] = op(a[i], b[i])` for every i, out of place (`a` is the left operand, as `dst` is
+/// in [`reduce_into`]); `Avg` acts as `Sum`. Reads `a` and `b` once and writes `dst` once,
+/// instead of a copy followed by [`reduce_into`].
+///
+/// # Panics
+/// If the lengths differ or the op does not fit the type; callers validate with [`check`]
+/// before communicating.
+#[inline]
+pub fn reduce_from2<T: Element>(dst: &mut [T], a: &[T], b: &[T], op: ReduceOp) {
+    assert_eq!(dst.len(), a.len(), "reduce_from2: length mismatch");
+    assert_eq!(dst.len(), b.len(), "reduce_from2: length mismatch");
+    fast::reduce_from2(dst, a, b, op);
 }
 
 /// Divides every element by `n` (the last step of [`ReduceOp::Avg`]); a no-op for other ops.
 #[inline]
 pub fn finish_avg<T: Element>(buf: &mut [T], op: ReduceOp, n: usize) {
     if op == ReduceOp::Avg && n > 1 {
-        scalar::divide(buf, n);
+        fast::divide(buf, n);
     }
 }

@@ -127,8 +127,17 @@ pub fn reduce_into<T: Element>(dst: &mut [T], src: &[T], op: ReduceOp) {
     }
 }
 
-/// Reference division by `n` (integer types truncate toward zero).
+/// Reference `dst[i] = op(a[i], b[i])`: by definition `a` copied into `dst`, then
+/// [`reduce_into`] with `b` (so ties and NaN payloads follow `a` as the left operand).
+pub fn reduce_from2<T: Element>(dst: &mut [T], a: &[T], b: &[T], op: ReduceOp) {
+    dst.copy_from_slice(a);
+    reduce_into(dst, b, op);
+}
+
+/// Reference division by `n`, which must be at least 1 (integer types truncate toward zero;
+/// the quotient is computed in i128, so it is exact for every `n`).
 pub fn divide<T: Element>(buf: &mut [T], n: usize) {
+    let wide = n as i128;
     match T::DTYPE {
         DType::F32 => cast_mut::<T, f32>(buf).iter_mut().for_each(|x| *x /= n as f32),
         DType::F64 => cast_mut::<T, f64>(buf).iter_mut().for_each(|x| *x /= n as f64),
@@ -138,5 +147,29 @@ pub fn divide<T: Element>(buf: &mut [T], n: usize) {
         DType::U8 => cast_mut::<T, u8>(buf).iter_mut().for_each(|x| *x = (*x as u64 / n as u64) as u8),
         DType::I32 => cast_mut::<T, i32>(buf).iter_mut().for_each(|x| *x = (*x as i64 / n as i64) as i32),
         DType::I64 => cast_mut::<T, i64>(buf).iter_mut().for_each(|x| *x /= n as i64),
+        DType::F32 => cast_mut::<T, f32>(buf)
+            .iter_mut()
+            .for_each(|x| *x /= n as f32),
+        DType::F64 => cast_mut::<T, f64>(buf)
+            .iter_mut()
+            .for_each(|x| *x /= n as f64),
+        DType::F16 => cast_mut::<T, f16>(buf)
+            .iter_mut()
+            .for_each(|x| *x = f16::from_f32(x.to_f32() / n as f32)),
+        DType::BF16 => cast_mut::<T, bf16>(buf)
+            .iter_mut()
+            .for_each(|x| *x = bf16::from_f32(x.to_f32() / n as f32)),
+        DType::I8 => cast_mut::<T, i8>(buf)
+            .iter_mut()
+            .for_each(|x| *x = (*x as i128 / wide) as i8),
+        DType::U8 => cast_mut::<T, u8>(buf)
+            .iter_mut()
+            .for_each(|x| *x = (*x as i128 / wide) as u8),
+        DType::I32 => cast_mut::<T, i32>(buf)
+            .iter_mut()
+            .for_each(|x| *x = (*x as i128 / wide) as i32),
+        DType::I64 => cast_mut::<T, i64>(buf)
+            .iter_mut()
+            .for_each(|x| *x = (*x as i128 / wide) as i64),
     }
 }

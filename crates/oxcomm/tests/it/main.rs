@@ -4,3 +4,6 @@ mod collectives;
 mod failures;
 mod logging;
 mod rendezvous;
+//! The one integration-test binary of oxcomm: one module per library module.
+
+mod reduce;
