@@ -2,6 +2,7 @@
 
 #![warn(missing_docs)]
 
+pub mod compression;
 pub mod dtype;
 pub mod error;
 pub mod reduce;
