@@ -257,7 +257,7 @@ pub fn quantize<T: QuantFloat>(
         unsafe { avx2::quantize(src, f, out_q, out_params) };
         return Ok(());
     }
-    quantize_driver(src, f, out_q, out_params);
+    quantize_driver::<T, false>(src, f, out_q, out_params);
     Ok(())
 }
 
@@ -419,15 +419,28 @@ const CHUNK: usize = 1024;
 // Drivers: the group loops. `#[inline(always)]` so that the AVX2 wrappers below compile the
 // whole loop nest, kernels included, for AVX2.
 
+/// `AVX2` selects the explicit AVX2 code pass; it is `true` only in the instantiation made by
+/// [`avx2::quantize`], whose caller has checked that the CPU supports AVX2.
 #[inline(always)]
-fn quantize_driver<T: QuantFloat>(src: &[T], f: Format, out_q: &mut [u8], out_params: &mut [f32]) {
+fn quantize_driver<T: QuantFloat, const AVX2: bool>(
+    src: &[T],
+    f: Format,
+    out_q: &mut [u8],
+    out_params: &mut [f32],
+) {
     let mut buf = [0f32; CHUNK];
     let chunk_bytes = quantized_len(CHUNK, f.bits);
     let groups = src
         .chunks_exact(f.group_size)
         .zip(out_q.chunks_exact_mut(f.group_bytes()))
         .zip(out_params.chunks_exact_mut(f.ty.params_per_group()));
-    for ((group, q), stored) in groups {
+    for (gi, ((group, q), stored)) in groups.enumerate() {
+        // The next group, which the AVX2 code pass prefetches while it works on this one.
+        let next = src
+            .get((gi + 1) * f.group_size..(gi + 2) * f.group_size)
+            .unwrap_or(&[]);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = next;
         // Pass 1: statistics.
         let p = match f.ty {
             QuantType::Symmetric => {
@@ -448,8 +461,19 @@ fn quantize_driver<T: QuantFloat>(src: &[T], f: Format, out_q: &mut [u8], out_pa
             }
         };
         // Pass 2: codes.
+        let mut next_chunks = next.chunks(CHUNK);
         for (c, qc) in group.chunks(CHUNK).zip(q.chunks_mut(chunk_bytes)) {
             let x = T::load(c, &mut buf);
+            let ahead: &[u8] = bytemuck::cast_slice(next_chunks.next().unwrap_or(&[]));
+            #[cfg(target_arch = "x86_64")]
+            if AVX2 {
+                // SAFETY: `AVX2` is only true when the CPU supports AVX2 (see above); `qc`
+                // holds exactly the codes of `x` (both cut from the same checked shapes).
+                unsafe { x86::quantize(x, p, f, qc, ahead) };
+                continue;
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = ahead;
             match (f.bits, f.ty) {
                 (QuantBits::Int8, QuantType::Symmetric) => {
                     kernel::quantize_i8::<false>(x, p.offset, p.q_scale, qc)
@@ -550,7 +574,7 @@ mod avx2 {
         out_q: &mut [u8],
         out_params: &mut [f32],
     ) {
-        super::quantize_driver(src, f, out_q, out_params)
+        super::quantize_driver::<T, true>(src, f, out_q, out_params)
     }
 
     /// # Safety
@@ -570,6 +594,127 @@ mod avx2 {
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn dequantize_add(q: &[u8], params: &[f32], f: Format, acc: &mut [f32]) {
         super::dequantize_add_driver(q, params, f, acc)
+    }
+}
+
+/// The code pass written with AVX2 intrinsics: round with `cvtps2dq` (nearest-even in the
+/// default FP environment), narrow with saturating packs, pair int4 nibbles with `maddubs`.
+/// About half the instructions of the auto-vectorised loop; tails go to [`kernel`].
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{kernel, Format, GroupParams, QuantBits, QuantType};
+
+    /// Codes of `x` into `out`, prefetching `ahead` (the same part of the next group) so that
+    /// its read from memory overlaps this group's arithmetic.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, and `out.len()` must be `quantized_len(x.len(), f.bits)`
+    /// with `x.len()` even for int4.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn quantize(
+        x: &[f32],
+        p: GroupParams,
+        f: Format,
+        out: &mut [u8],
+        ahead: &[u8],
+    ) {
+        match (f.bits, f.ty) {
+            (QuantBits::Int8, QuantType::Symmetric) => {
+                quantize_blocks::<false, false>(x, p, out, ahead)
+            }
+            (QuantBits::Int8, QuantType::Asymmetric) => {
+                quantize_blocks::<false, true>(x, p, out, ahead)
+            }
+            (QuantBits::Int4, QuantType::Symmetric) => {
+                quantize_blocks::<true, false>(x, p, out, ahead)
+            }
+            (QuantBits::Int4, QuantType::Asymmetric) => {
+                quantize_blocks::<true, true>(x, p, out, ahead)
+            }
+        }
+    }
+
+    /// The codes of the 8 floats at `ptr` as i32, clamped to `[lo, hi]` (NaN → 0).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and `ptr` must be valid for reading 8 floats.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes8<const ASYM: bool>(
+        ptr: *const f32,
+        offset: __m256,
+        scale: __m256,
+        lo: __m256,
+        hi: __m256,
+    ) -> __m256i {
+        let v = _mm256_loadu_ps(ptr);
+        let v = if ASYM { _mm256_sub_ps(v, offset) } else { v };
+        let v = _mm256_mul_ps(v, scale);
+        let v = _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
+        _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi))
+    }
+
+    /// # Safety
+    /// As [`quantize`].
+    #[target_feature(enable = "avx2")]
+    unsafe fn quantize_blocks<const INT4: bool, const ASYM: bool>(
+        x: &[f32],
+        p: GroupParams,
+        out: &mut [u8],
+        ahead: &[u8],
+    ) {
+        // Bytes of `ahead` to prefetch per 32-element block (whole cache lines).
+        let per_block = ahead
+            .len()
+            .div_ceil((x.len() / 32).max(1))
+            .next_multiple_of(64);
+        let mut lines = ahead.chunks(per_block.max(64));
+        let (lo, hi) = if INT4 { (-8.0, 7.0) } else { (-128.0, 127.0) };
+        let (vlo, vhi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+        let scale = _mm256_set1_ps(p.q_scale);
+        let offset = _mm256_set1_ps(p.offset);
+        let natural = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let low_nibble = _mm256_set1_epi8(0x0F);
+        let even_high = _mm256_set1_epi16(0x0110); // bytes [16, 1]: 16·even + odd
+        let bytes_per_block = if INT4 { 16 } else { 32 };
+        let blocks = x.chunks_exact(32);
+        let tail = blocks.remainder();
+        let mut outs = out.chunks_exact_mut(bytes_per_block);
+        for (c, o) in blocks.zip(&mut outs) {
+            if let Some(l) = lines.next() {
+                for line in l.chunks(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
+                }
+            }
+            // `c` has 32 floats: the loads at 0, 8, 16 and 24 are in bounds.
+            let ptr = c.as_ptr();
+            let a = codes8::<ASYM>(ptr, offset, scale, vlo, vhi);
+            let b = codes8::<ASYM>(ptr.add(8), offset, scale, vlo, vhi);
+            let c = codes8::<ASYM>(ptr.add(16), offset, scale, vlo, vhi);
+            let d = codes8::<ASYM>(ptr.add(24), offset, scale, vlo, vhi);
+            let ab = _mm256_packs_epi32(a, b);
+            let cd = _mm256_packs_epi32(c, d);
+            // 32 codes as i8, in element order.
+            let q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), natural);
+            if INT4 {
+                let pairs = _mm256_maddubs_epi16(_mm256_and_si256(q, low_nibble), even_high);
+                let packed =
+                    _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_packus_epi16(pairs, pairs));
+                // `o` has 16 bytes.
+                _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(packed));
+            } else {
+                // `o` has 32 bytes.
+                _mm256_storeu_si256(o.as_mut_ptr().cast(), q);
+            }
+        }
+        let rest = outs.into_remainder();
+        if INT4 {
+            kernel::quantize_i4::<ASYM>(tail, p.offset, p.q_scale, rest);
+        } else {
+            kernel::quantize_i8::<ASYM>(tail, p.offset, p.q_scale, rest);
+        }
     }
 }
 
