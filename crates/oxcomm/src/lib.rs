@@ -4,6 +4,7 @@
 
 pub mod algorithms;
 pub mod comm;
+pub mod compression;
 pub mod dtype;
 pub mod engine;
 pub mod error;

@@ -7,3 +7,4 @@ mod rendezvous;
 //! The one integration-test binary of oxcomm: one module per library module.
 
 mod reduce;
+mod compression_kernels;

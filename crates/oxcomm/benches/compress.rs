@@ -1,0 +1,162 @@
+//! Throughput of the compression kernels on one core, beside a plain memory copy of the same
+//! size measured in the same run.
+//!
+//! `cargo bench -p oxcomm --bench compress` runs 64 MiB of f32 (16 Mi elements), median of 15
+//! timed runs after one warm-up, all buffers written before timing. Rates are GB/s (10^9 bytes)
+//! of f32 data (the input of pack/quantize, the output of unpack/dequantize), so each is
+//! comparable with the copy. Without `--bench` (as under `cargo test --all-targets`) it runs a
+//! tiny smoke pass instead.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use half::f16;
+use oxcomm::compression::pack::{self, BitOrder};
+use oxcomm::compression::quant::{self, QuantBits, QuantType};
+
+/// Elements per quantization group (qgZ's groups are `min(d0, d1)`: rows of a few thousand).
+const GROUP: usize = 2048;
+
+fn median_time(runs: usize, mut f: impl FnMut()) -> Duration {
+    f(); // warm-up
+    let mut t: Vec<Duration> = (0..runs)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed()
+        })
+        .collect();
+    t.sort();
+    t[t.len() / 2]
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let (n, runs) = if full { (16 << 20, 15) } else { (1 << 16, 1) };
+    let bytes = (n * 4) as f64;
+
+    // Deterministic data in [-1, 1), every page written before timing.
+    let mut x = 0x9E37_79B9u32;
+    let src: Vec<f32> = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            (x as i32) as f32 / 2_147_483_648.0
+        })
+        .collect();
+    let src16: Vec<f16> = src.iter().map(|&v| f16::from_f32(v)).collect();
+    let mut dst = vec![1.0f32; n];
+    let mut signs = vec![1u8; n / 8];
+    let mut q4 = vec![1u8; quant::quantized_len(n, QuantBits::Int4)];
+    let mut q8 = vec![1u8; quant::quantized_len(n, QuantBits::Int8)];
+    let mut params = vec![1.0f32; quant::params_len(n, GROUP, QuantType::Symmetric)];
+    let mut params64 = vec![1.0f32; quant::params_len(n, 64, QuantType::Symmetric)];
+
+    let mut rows: Vec<(String, f64, Duration)> = Vec::new();
+    let mut row = |name: &str, b: f64, t: Duration| rows.push((name.to_string(), b, t));
+
+    let t = median_time(runs, || dst.copy_from_slice(black_box(&src)));
+    row("copy_from_slice (64 MiB f32)", bytes, t);
+    let t = median_time(runs, || {
+        pack::pack_signs(black_box(&src), &mut signs, BitOrder::Big).unwrap();
+    });
+    row("pack_signs (big order)", bytes, t);
+    let t = median_time(runs, || {
+        pack::unpack_scaled_add(black_box(&signs), &mut dst, 1e-3, BitOrder::Big).unwrap();
+    });
+    row("unpack_scaled_add", bytes, t);
+    let sym = QuantType::Symmetric;
+    let t = median_time(runs, || {
+        quant::quantize(
+            black_box(&src),
+            GROUP,
+            QuantBits::Int4,
+            sym,
+            &mut q4,
+            &mut params,
+        )
+        .unwrap();
+    });
+    row("quantize int4 sym", bytes, t);
+    let t = median_time(runs, || {
+        quant::quantize(
+            black_box(&src),
+            GROUP,
+            QuantBits::Int8,
+            sym,
+            &mut q8,
+            &mut params,
+        )
+        .unwrap();
+    });
+    row("quantize int8 sym", bytes, t);
+    quant::quantize(&src, GROUP, QuantBits::Int4, sym, &mut q4, &mut params).unwrap();
+    let t = median_time(runs, || {
+        quant::dequantize(
+            black_box(&q4),
+            &params,
+            GROUP,
+            QuantBits::Int4,
+            sym,
+            &mut dst,
+        )
+        .unwrap();
+    });
+    row("dequantize int4 sym", bytes, t);
+    let t = median_time(runs, || {
+        quant::dequantize_add_f32(
+            black_box(&q4),
+            &params,
+            GROUP,
+            QuantBits::Int4,
+            sym,
+            &mut dst,
+        )
+        .unwrap();
+    });
+    row("dequantize_add_f32 int4 sym", bytes, t);
+    let t = median_time(runs, || {
+        quant::quantize(
+            black_box(&src),
+            64,
+            QuantBits::Int4,
+            sym,
+            &mut q4,
+            &mut params64,
+        )
+        .unwrap();
+    });
+    row("quantize int4 sym, group 64", bytes, t);
+    let t = median_time(runs, || {
+        quant::quantize(
+            black_box(&src16),
+            GROUP,
+            QuantBits::Int4,
+            sym,
+            &mut q4,
+            &mut params,
+        )
+        .unwrap();
+    });
+    row("quantize int4 sym, f16 input (f32-equiv. bytes)", bytes, t);
+
+    let copy = rows[0].2.as_secs_f64();
+    println!(
+        "compress kernels: {n} f32 elements ({} MiB), group {GROUP}, median of {runs} runs",
+        (n * 4) >> 20
+    );
+    println!(
+        "{:<50} {:>10} {:>10} {:>10}",
+        "kernel", "ms", "GB/s", "vs copy"
+    );
+    for (name, b, t) in &rows {
+        let s = t.as_secs_f64();
+        println!(
+            "{name:<50} {:>10.3} {:>10.2} {:>9.2}x",
+            s * 1e3,
+            b / s / 1e9,
+            copy / s
+        );
+    }
+}

@@ -1,0 +1,603 @@
+//! Tests of `oxcomm::compression::{pack, quant}`: wire layouts by hand, the spec's worked
+//! examples (§2.6, §3.4), rounding and clamping, error bounds, and fast kernels against the
+//! scalar references.
+
+use half::{bf16, f16};
+use oxcomm::compression::pack::{self, BitOrder};
+use oxcomm::compression::quant::{self, QuantBits, QuantFloat, QuantType};
+use oxcomm::ErrorKind;
+use proptest::prelude::*;
+
+// ------------------------------------------------------------------------------------------
+// Sign packing
+
+/// Signs: 1, 0, 1 (+0), 1 (−0), 1 (NaN), 0, 1, 0 (−∞).
+const MIXED: [f32; 8] = [1.0, -1.0, 0.0, -0.0, f32::NAN, -2.0, 3.0, f32::NEG_INFINITY];
+
+#[test]
+fn pack_layout_big_and_little_by_hand() {
+    let mut b = [0u8; 1];
+    pack::pack_signs(&MIXED, &mut b, BitOrder::Big).unwrap();
+    // Element j at bit 7 − j: 1011_1010.
+    assert_eq!(b[0], 0b1011_1010);
+    pack::pack_signs(&MIXED, &mut b, BitOrder::Little).unwrap();
+    // Element j at bit j: 0101_1101.
+    assert_eq!(b[0], 0b0101_1101);
+
+    let mut one_hot = [-1.0f32; 16];
+    one_hot[9] = 5.0; // byte 1, j = 1
+    let mut b = [0u8; 2];
+    pack::pack_signs(&one_hot, &mut b, BitOrder::Big).unwrap();
+    assert_eq!(b, [0x00, 0x40]);
+    pack::pack_signs(&one_hot, &mut b, BitOrder::Little).unwrap();
+    assert_eq!(b, [0x00, 0x02]);
+}
+
+#[test]
+fn zeros_and_nans_of_either_sign_pack_as_one() {
+    let specials = [
+        0.0f32,
+        -0.0,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0xFFC0_0001),
+        0.0,
+        -0.0,
+        1e-45,
+    ];
+    for order in [BitOrder::Big, BitOrder::Little] {
+        let mut b = [0u8; 1];
+        pack::pack_signs(&specials, &mut b, order).unwrap();
+        assert_eq!(b[0], 0xFF, "{order:?}");
+        let tiny_negative = [-1e-45f32; 8];
+        pack::pack_signs(&tiny_negative, &mut b, order).unwrap();
+        assert_eq!(b[0], 0x00, "{order:?}");
+    }
+}
+
+/// Spec §2.6: the packed worker sign chunks of both ranks (zero padding counts as ≥ 0).
+#[test]
+fn spec_onebit_worker_sign_bytes() {
+    let rank0 = [
+        -6.0f32, -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 0., 0., 0.,
+    ];
+    let rank1 = [
+        -3.0f32, 2., 0., -2., 3., 1., -1., -3., 2., 0., -2., 3., 1., 0., 0., 0.,
+    ];
+    let mut b = [0u8; 2];
+    pack::pack_signs(&rank0, &mut b, BitOrder::Big).unwrap();
+    assert_eq!(b, [0x03, 0xFF]);
+    pack::pack_signs(&rank1, &mut b, BitOrder::Big).unwrap();
+    assert_eq!(b, [0x6C, 0xDF]);
+    // The NPU order is the same bits, each byte reversed.
+    pack::pack_signs(&rank1, &mut b, BitOrder::Little).unwrap();
+    assert_eq!(b, [0x6Cu8.reverse_bits(), 0xDFu8.reverse_bits()]);
+}
+
+/// Spec §2.6, server side of rank 0: average the two decompressed chunks with
+/// `unpack_scaled_add(α_i / n)`, then β₀ and the server error match the worked example.
+#[test]
+fn spec_onebit_server_average() {
+    let n = 2.0f32;
+    let alpha = [3.372_684_f32, 1.854_05];
+    let chunks = [0x03u8, 0x6C];
+    let mut m = [0.0f32; 8];
+    for (&byte, &a) in chunks.iter().zip(&alpha) {
+        pack::unpack_scaled_add(&[byte], &mut m, a * (1.0 / n), BitOrder::Big).unwrap();
+    }
+    let beta = (m.iter().map(|v| v * v).sum::<f32>() / 8.0).sqrt();
+    assert!((beta - 1.462821).abs() < 1e-5, "beta {beta}");
+    let want_err = [
+        -1.150546f32,
+        0.703503,
+        0.703503,
+        -1.150546,
+        0.703503,
+        0.703503,
+        -0.703503,
+        -0.703503,
+    ];
+    for (k, (&mk, &w)) in m.iter().zip(&want_err).enumerate() {
+        let s = if mk < 0.0 { -1.0 } else { 1.0 };
+        let err = mk - beta * s;
+        assert!((err - w).abs() < 1e-5, "k={k}: {err} vs {w}");
+    }
+    let mut sb = [0u8; 1];
+    pack::pack_signs(&m, &mut sb, BitOrder::Big).unwrap();
+    assert_eq!(sb[0], 0x03);
+}
+
+#[test]
+fn unpack_to_signs_and_scaled() {
+    let mut out = [0.0f32; 8];
+    pack::unpack_signs(&[0b1011_1010], &mut out, BitOrder::Big).unwrap();
+    assert_eq!(out, [1.0, -1.0, 1.0, 1.0, 1.0, -1.0, 1.0, -1.0]);
+    pack::unpack_signs(&[0b0101_1101], &mut out, BitOrder::Little).unwrap();
+    assert_eq!(out, [1.0, -1.0, 1.0, 1.0, 1.0, -1.0, 1.0, -1.0]);
+    pack::unpack_scaled(&[0xF0], &mut out, 0.25, BitOrder::Big).unwrap();
+    assert_eq!(out, [0.25, 0.25, 0.25, 0.25, -0.25, -0.25, -0.25, -0.25]);
+    let mut acc = [1.0f32; 8];
+    pack::unpack_scaled_add(&[0x0F], &mut acc, 0.5, BitOrder::Little).unwrap();
+    assert_eq!(acc, [1.5, 1.5, 1.5, 1.5, 0.5, 0.5, 0.5, 0.5]);
+}
+
+#[test]
+fn pack_rejects_bad_lengths_and_writes_nothing() {
+    let src = [1.0f32; 7];
+    let mut dst = [0xAAu8; 1];
+    let e = pack::pack_signs(&src, &mut dst, BitOrder::Big).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(dst, [0xAA]);
+    let src = [1.0f32; 16];
+    let e = pack::pack_signs(&src, &mut dst, BitOrder::Big).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(dst, [0xAA]);
+
+    let mut out = [7.0f32; 9];
+    for r in [
+        pack::unpack_signs(&[0xFF], &mut out, BitOrder::Big),
+        pack::unpack_scaled(&[0xFF], &mut out, 2.0, BitOrder::Big),
+        pack::unpack_scaled_add(&[0xFF], &mut out, 2.0, BitOrder::Little),
+        pack::unpack_scaled_add(&[0xFF, 0xFF], &mut out[..8], 2.0, BitOrder::Little),
+    ] {
+        assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidArgument);
+    }
+    assert_eq!(out, [7.0; 9]);
+    assert_eq!(pack::packed_len(16), 2);
+    // Empty is fine.
+    pack::pack_signs(&[], &mut [], BitOrder::Big).unwrap();
+}
+
+fn any_f32() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        4 => -1e3f32..1e3,
+        2 => any::<f32>(),
+        1 => Just(0.0f32),
+        1 => Just(-0.0f32),
+        1 => Just(f32::NAN),
+        1 => Just(-f32::NAN),
+    ]
+}
+
+fn order() -> impl Strategy<Value = BitOrder> {
+    prop_oneof![Just(BitOrder::Big), Just(BitOrder::Little)]
+}
+
+fn bits_of(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn pack_matches_scalar(bytes in 0usize..70, seed in prop::collection::vec(any_f32(), 8), order in order()) {
+        // Length a multiple of 8 (up to 560), values cycling through `seed` with a twist.
+        let n = bytes * 8;
+        let src: Vec<f32> = (0..n).map(|i| seed[i % 8] * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+        let mut fast = vec![0u8; bytes];
+        let mut slow = vec![0u8; bytes];
+        pack::pack_signs(&src, &mut fast, order).unwrap();
+        pack::scalar::pack_signs(&src, &mut slow, order);
+        prop_assert_eq!(&fast, &slow);
+        // Round trip to signs: +1 unless x < 0.
+        let mut signs = vec![0f32; n];
+        pack::unpack_signs(&fast, &mut signs, order).unwrap();
+        for (x, s) in src.iter().zip(&signs) {
+            prop_assert_eq!(*s, if *x < 0.0 { -1.0 } else { 1.0 });
+        }
+    }
+
+    #[test]
+    fn unpack_matches_scalar(
+        packed in prop::collection::vec(any::<u8>(), 0..70),
+        acc_seed in prop::collection::vec(-1e3f32..1e3, 8),
+        scale in prop_oneof![-1e3f32..1e3, Just(0.0f32), Just(-0.0f32), Just(f32::INFINITY)],
+        order in order(),
+    ) {
+        let n = packed.len() * 8;
+        let acc0: Vec<f32> = (0..n).map(|i| acc_seed[i % 8] + i as f32).collect();
+        let (mut fast, mut slow) = (vec![0f32; n], vec![0f32; n]);
+        pack::unpack_scaled(&packed, &mut fast, scale, order).unwrap();
+        pack::scalar::unpack_scaled(&packed, &mut slow, scale, order);
+        prop_assert_eq!(bits_of(&fast), bits_of(&slow));
+        let (mut fast, mut slow) = (acc0.clone(), acc0);
+        pack::unpack_scaled_add(&packed, &mut fast, scale, order).unwrap();
+        pack::scalar::unpack_scaled_add(&packed, &mut slow, scale, order);
+        prop_assert_eq!(bits_of(&fast), bits_of(&slow));
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Quantization
+
+const SYM: QuantType = QuantType::Symmetric;
+const ASYM: QuantType = QuantType::Asymmetric;
+const I4: QuantBits = QuantBits::Int4;
+const I8: QuantBits = QuantBits::Int8;
+
+/// Quantizes `x` (converted to `T`) and returns (codes, params, dequantized as f32).
+fn round_trip<T: QuantFloat>(
+    x: &[f32],
+    group: usize,
+    bits: QuantBits,
+    ty: QuantType,
+) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+    let src: Vec<T> = x.iter().map(|&v| T::from_f32(v)).collect();
+    let mut q = vec![0u8; quant::quantized_len(x.len(), bits)];
+    let mut p = vec![0f32; quant::params_len(x.len(), group, ty)];
+    quant::quantize(&src, group, bits, ty, &mut q, &mut p).unwrap();
+    let mut out = vec![T::default(); x.len()];
+    quant::dequantize(&q, &p, group, bits, ty, &mut out).unwrap();
+    (q, p, out.iter().map(|&v| v.to_f32()).collect())
+}
+
+fn codes(q: &[u8], n: usize, bits: QuantBits) -> Vec<i32> {
+    (0..n).map(|k| quant::scalar::code(q, k, bits)).collect()
+}
+
+/// Spec §3.4 worked example, for every input type (all values are exact in f16 and bf16).
+#[test]
+fn spec_int4_symmetric_example() {
+    let x = [0.5f32, -1.0, 0.25, 1.0];
+    fn check<T: QuantFloat>(x: &[f32]) {
+        let (q, p, out) = round_trip::<T>(x, 4, I4, SYM);
+        assert_eq!(q, [0x48, 0x27], "{:?}", T::DTYPE);
+        assert_eq!(p, [0.125]);
+        assert_eq!(out, [0.5, -1.0, 0.25, 0.875]);
+    }
+    check::<f32>(&x);
+    check::<f16>(&x);
+    check::<bf16>(&x);
+}
+
+#[test]
+fn int4_even_element_is_the_high_nibble() {
+    // amax 8 → multiplier 1: codes are the values themselves.
+    let (q, p, out) = round_trip::<f32>(&[-2.0, 3.0, 8.0, 0.0], 4, I4, SYM);
+    assert_eq!(q, [0xE3, 0x70]);
+    assert_eq!(p, [1.0]);
+    assert_eq!(out, [-2.0, 3.0, 7.0, 0.0]);
+    assert_eq!(codes(&[0xE3, 0x70], 4, I4), [-2, 3, 7, 0]);
+}
+
+#[test]
+fn stored_param_is_the_inverse_multiplier() {
+    // amax 3: the multiplier is 8/3 rounded to f32, and the stored value is 1 / that.
+    let (_, p, _) = round_trip::<f32>(&[3.0, -1.0], 2, I4, SYM);
+    let q_scale = 8.0f32 / 3.0;
+    assert_eq!(p[0].to_bits(), (1.0f32 / q_scale).to_bits());
+    let (_, p, _) = round_trip::<f32>(&[-3.0, 1.0], 2, I8, SYM);
+    assert_eq!(p[0].to_bits(), (1.0f32 / (128.0f32 / 3.0)).to_bits());
+}
+
+#[test]
+fn all_zero_group_stores_one() {
+    for bits in [I4, I8] {
+        let (q, p, out) =
+            round_trip::<f32>(&[0.0, -0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], 4, bits, SYM);
+        assert_eq!(p[0], 1.0, "{bits:?}");
+        assert_eq!(codes(&q, 8, bits)[..4], [0, 0, 0, 0]);
+        assert_eq!(out[..4], [0.0; 4]);
+        assert_eq!(p[1], 1.0 / ((1 << (bits.bits() - 1)) as f32 / 4.0));
+    }
+    // Asymmetric: max == min stores scale 1 and the value as offset.
+    let (q, p, out) = round_trip::<f32>(&[2.5; 4], 4, I8, ASYM);
+    assert_eq!(p, [1.0, 2.5]);
+    assert_eq!(codes(&q, 4, I8), [0; 4]);
+    assert_eq!(out, [2.5; 4]);
+}
+
+#[test]
+fn extremes_clamp_to_the_code_range() {
+    // −amax maps exactly to −2^(b−1); +amax maps to 2^(b−1) and clamps to 2^(b−1) − 1.
+    let (q, _, _) = round_trip::<f32>(&[-1.0, 1.0, 0.0, 0.5], 4, I4, SYM);
+    assert_eq!(codes(&q, 4, I4), [-8, 7, 0, 4]);
+    let (q, _, _) = round_trip::<f32>(&[-1.0, 1.0, 0.0, 0.5], 4, I8, SYM);
+    assert_eq!(codes(&q, 4, I8), [-128, 127, 0, 64]);
+    let (q, _, _) = round_trip::<f32>(&[1.0, -1.0, f32::INFINITY, 0.0], 4, I8, SYM);
+    // amax = ∞: the multiplier is 0, so finite values give code 0 and ∞ · 0 = NaN gives 0.
+    assert_eq!(codes(&q, 4, I8), [0, 0, 0, 0]);
+}
+
+#[test]
+fn ties_round_half_to_even() {
+    // amax 128 (int8) / 8 (int4) → multiplier 1.
+    let x8 = [128.0f32, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5];
+    let (q, p, _) = round_trip::<f32>(&x8, 8, I8, SYM);
+    assert_eq!(p, [1.0]);
+    assert_eq!(codes(&q, 8, I8), [127, 0, 2, 2, 0, -2, -2, 126]);
+    let x4 = [8.0f32, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 6.5];
+    let (q, p, _) = round_trip::<f32>(&x4, 8, I4, SYM);
+    assert_eq!(p, [1.0]);
+    assert_eq!(codes(&q, 8, I4), [7, 0, 2, 2, 0, -2, -2, 6]);
+    // The reference agrees.
+    let mut qs = vec![0u8; 4];
+    let mut ps = vec![0f32; 1];
+    quant::scalar::quantize(&x4, 8, I4, SYM, &mut qs, &mut ps).unwrap();
+    assert_eq!(qs, q);
+}
+
+#[test]
+fn nan_is_ignored_by_statistics_and_quantizes_to_zero() {
+    let x = [f32::NAN, 1.0, -0.5, -f32::NAN];
+    for ty in [SYM, ASYM] {
+        for bits in [I4, I8] {
+            let (q, p, _) = round_trip::<f32>(&x, 4, bits, ty);
+            let c = codes(&q, 4, bits);
+            assert_eq!((c[0], c[3]), (0, 0), "{ty:?} {bits:?}");
+            assert!(p.iter().all(|v| v.is_finite()), "{ty:?} {bits:?}: {p:?}");
+        }
+    }
+}
+
+#[test]
+fn asymmetric_example_by_hand() {
+    // min 0, max 3: multiplier 16/3, offset 1.5; (x − 1.5)·16/3 = −8, −2.67, 2.67, 8.
+    let (q, p, out) = round_trip::<f32>(&[0.0, 1.0, 2.0, 3.0], 4, I4, ASYM);
+    assert_eq!(codes(&q, 4, I4), [-8, -3, 3, 7]);
+    assert_eq!(q, [0x8D, 0x37]);
+    assert_eq!(p[0].to_bits(), (1.0f32 / (16.0f32 / 3.0)).to_bits());
+    assert_eq!(p[1], 1.5);
+    let want = [0.0f32, 0.9375, 2.0625, 2.8125];
+    for (o, w) in out.iter().zip(want) {
+        assert!((o - w).abs() < 1e-6, "{out:?}");
+    }
+}
+
+/// Deterministic data with a spread of magnitudes per group.
+fn spread(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            let unit = (s as i32) as f32 / 2_147_483_648.0;
+            unit * [1.0f32, 1e-3, 37.0, 1e4][(i / 64) % 4]
+        })
+        .collect()
+}
+
+/// |x − x'| ≤ stored/2 per element (≤ stored where the top of the range was clamped), plus
+/// float slack, plus half an ulp of the output type for f16/bf16.
+fn check_bound<T: QuantFloat>(bits: QuantBits, ty: QuantType, out_half_ulp: f32) {
+    let group = 64;
+    let x32 = spread(64 * 40, 99);
+    // The exact input values the quantizer saw.
+    let x: Vec<f32> = x32.iter().map(|&v| T::from_f32(v).to_f32()).collect();
+    let (_, p, out) = round_trip::<T>(&x, group, bits, ty);
+    let ppg = ty.params_per_group();
+    let q_max = bits.q_max() as f32;
+    for (k, (&xi, &oi)) in x.iter().zip(&out).enumerate() {
+        let g = k / group;
+        let scale = p[g * ppg];
+        let offset = if ty == ASYM { p[g * ppg + 1] } else { 0.0 };
+        let amax = x[g * group..(g + 1) * group]
+            .iter()
+            .fold(0f32, |m, v| m.max(v.abs()));
+        let clamped = (xi - offset) / scale > q_max + 0.5;
+        let step_bound = if clamped { scale } else { scale / 2.0 };
+        // f32 rounding of x·q_scale, 1/q_scale and q·stored; the output rounding (relative,
+        // plus f16's subnormal spacing 2^−24).
+        let slack = amax * 1e-6 + out_half_ulp * oi.abs() + 1e-7;
+        let err = (xi - oi).abs();
+        assert!(
+            err <= step_bound + slack,
+            "{:?} {bits:?} {ty:?} k={k}: x={xi} x'={oi} err={err} scale={scale} clamped={clamped}",
+            T::DTYPE
+        );
+    }
+}
+
+#[test]
+fn round_trip_error_is_at_most_half_a_step() {
+    for ty in [SYM, ASYM] {
+        for bits in [I4, I8] {
+            check_bound::<f32>(bits, ty, 0.0);
+            check_bound::<f16>(bits, ty, 2f32.powi(-11));
+            check_bound::<bf16>(bits, ty, 2f32.powi(-8));
+        }
+    }
+}
+
+#[test]
+fn dequantize_add_accumulates() {
+    let x = spread(256, 5);
+    for (bits, ty) in [(I4, SYM), (I8, SYM), (I4, ASYM), (I8, ASYM)] {
+        let mut q = vec![0u8; quant::quantized_len(256, bits)];
+        let mut p = vec![0f32; quant::params_len(256, 32, ty)];
+        quant::quantize(&x, 32, bits, ty, &mut q, &mut p).unwrap();
+        let mut deq = vec![0f32; 256];
+        quant::dequantize(&q, &p, 32, bits, ty, &mut deq).unwrap();
+        let acc0: Vec<f32> = (0..256).map(|i| i as f32 * 0.25).collect();
+        let mut acc = acc0.clone();
+        quant::dequantize_add_f32(&q, &p, 32, bits, ty, &mut acc).unwrap();
+        for i in 0..256 {
+            assert_eq!(
+                acc[i].to_bits(),
+                (acc0[i] + deq[i]).to_bits(),
+                "{bits:?} {ty:?} {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn quant_rejects_bad_shapes_and_writes_nothing() {
+    let x = [1.0f32; 12];
+    let mut q = [0xAAu8; 12];
+    let mut p = [9.0f32; 12];
+    let cases: [(usize, QuantBits, QuantType, usize, usize); 6] = [
+        (0, I8, SYM, 12, 0),  // group 0
+        (5, I8, SYM, 12, 2),  // 12 % 5 != 0
+        (3, I4, SYM, 6, 4),   // odd int4 group
+        (4, I4, SYM, 5, 3),   // codes too short
+        (4, I8, SYM, 12, 4),  // params too long
+        (4, I8, ASYM, 12, 3), // asymmetric needs 2 per group
+    ];
+    for (g, bits, ty, ql, pl) in cases {
+        let e = quant::quantize(&x, g, bits, ty, &mut q[..ql], &mut p[..pl]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{g} {bits:?} {ty:?}");
+        let mut out = [7.0f32; 12];
+        let e = quant::dequantize(&q[..ql], &p[..pl], g, bits, ty, &mut out).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        let e = quant::dequantize_add_f32(&q[..ql], &p[..pl], g, bits, ty, &mut out).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert_eq!(out, [7.0; 12]);
+    }
+    assert_eq!(q, [0xAA; 12]);
+    assert_eq!(p, [9.0; 12]);
+    // Empty input is fine.
+    quant::quantize::<f32>(&[], 4, I4, SYM, &mut [], &mut []).unwrap();
+}
+
+#[test]
+fn size_helpers() {
+    assert_eq!(quant::quantized_len(10, I8), 10);
+    assert_eq!(quant::quantized_len(10, I4), 5);
+    assert_eq!(quant::params_len(12, 4, SYM), 3);
+    assert_eq!(quant::params_len(12, 4, ASYM), 6);
+    assert_eq!(quant::params_len(12, 0, ASYM), 0);
+    assert_eq!(
+        (I4.q_min(), I4.q_max(), I8.q_min(), I8.q_max()),
+        (-8, 7, -128, 127)
+    );
+}
+
+fn same_f32(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+}
+
+/// The fast quantizer and dequantizer against the scalar reference, bit for bit.
+fn fast_matches_scalar<T: QuantFloat>(
+    x: &[f32],
+    group: usize,
+    bits: QuantBits,
+    ty: QuantType,
+) -> Result<(), TestCaseError> {
+    let src: Vec<T> = x.iter().map(|&v| T::from_f32(v)).collect();
+    let n = src.len();
+    let (ql, pl) = (
+        quant::quantized_len(n, bits),
+        quant::params_len(n, group, ty),
+    );
+    let (mut qf, mut pf) = (vec![0u8; ql], vec![0f32; pl]);
+    let (mut qs, mut ps) = (vec![0u8; ql], vec![0f32; pl]);
+    quant::quantize(&src, group, bits, ty, &mut qf, &mut pf).unwrap();
+    quant::scalar::quantize(&src, group, bits, ty, &mut qs, &mut ps).unwrap();
+    prop_assert_eq!(
+        &qf,
+        &qs,
+        "codes {:?} {:?} {:?} group {}",
+        T::DTYPE,
+        bits,
+        ty,
+        group
+    );
+    prop_assert!(same_f32(&pf, &ps), "params {:?} vs {:?}", pf, ps);
+
+    let mut out = vec![T::default(); n];
+    quant::dequantize(&qf, &pf, group, bits, ty, &mut out).unwrap();
+    let mut want = vec![0f32; n];
+    quant::scalar::dequantize_f32(&qf, &pf, group, bits, ty, &mut want).unwrap();
+    for (k, (o, w32)) in out.iter().zip(&want).enumerate() {
+        let w = T::from_f32(*w32);
+        let (a, b) = (o.to_f32(), w.to_f32());
+        prop_assert!(
+            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+            "dequantize {:?} {:?} {:?} group {} k={}: {} vs {} (f32 {}, code {}, params {:?})",
+            T::DTYPE,
+            bits,
+            ty,
+            group,
+            k,
+            a,
+            b,
+            w32,
+            quant::scalar::code(&qf, k, bits),
+            &pf
+        );
+    }
+    Ok(())
+}
+
+fn quant_case() -> impl Strategy<Value = (Vec<f32>, usize, QuantBits, QuantType)> {
+    (
+        1usize..40,
+        1usize..6,
+        prop_oneof![Just(I4), Just(I8)],
+        prop_oneof![Just(SYM), Just(ASYM)],
+    )
+        .prop_flat_map(|(half_group, groups, bits, ty)| {
+            // Even groups of 2..78 elements; longer than a kernel's vector width and chunk
+            // boundaries are exercised by the larger fixed test below.
+            let group = half_group * 2;
+            (
+                prop::collection::vec(any_f32(), group * groups),
+                Just(group),
+                Just(bits),
+                Just(ty),
+            )
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn quant_fast_matches_scalar((x, group, bits, ty) in quant_case()) {
+        fast_matches_scalar::<f32>(&x, group, bits, ty)?;
+        fast_matches_scalar::<f16>(&x, group, bits, ty)?;
+        fast_matches_scalar::<bf16>(&x, group, bits, ty)?;
+    }
+}
+
+/// Groups longer than the 1024-element chunk of the f16/bf16 path, and odd tails of vector
+/// loops.
+#[test]
+fn quant_fast_matches_scalar_on_long_groups() {
+    let mut x = spread(3 * 2600, 17);
+    x[5] = f32::NAN;
+    x[2000] = -0.0;
+    x[4000] = f32::INFINITY;
+    for (group, bits, ty) in [
+        (2600, I4, SYM),
+        (2600, I8, ASYM),
+        (1300, I4, ASYM),
+        (7800, I8, SYM),
+        (26, I4, SYM),
+    ] {
+        fast_matches_scalar::<f32>(&x, group, bits, ty).unwrap();
+        fast_matches_scalar::<f16>(&x, group, bits, ty).unwrap();
+        fast_matches_scalar::<bf16>(&x, group, bits, ty).unwrap();
+    }
+}
+
+/// bf16 and f32 inputs are read as what they are (DeepSpeed reads every input as fp16).
+#[test]
+fn bf16_and_f32_inputs_are_not_reinterpreted() {
+    let x = [1000.0f32, -250.0, 3.0e5, 0.0];
+    let (_, p32, _) = round_trip::<f32>(&x, 4, I8, SYM);
+    let (_, pb, _) = round_trip::<bf16>(&x, 4, I8, SYM);
+    let want = 1.0 / (128.0f32 / 3.0e5);
+    assert_eq!(p32[0], want);
+    // 3.0e5 is not exact in bf16: it rounds to 299008.
+    assert_eq!(pb[0], 1.0 / (128.0f32 / 299_008.0));
+}
+
+/// The output is rounded once, from the f32 result: −3 · 0.120117195 = −0.36035159 (f32 bits
+/// 0xBEB88001) lies just above a bf16 tie and must round away from it. (`half`'s
+/// `bf16::from_f64` drops the low bits first and rounds it to −0.359375.)
+#[test]
+fn narrow_outputs_round_once_from_f32() {
+    let q = [0xDDu8; 4]; // eight codes of −3
+    let scale = [0.120117195f32];
+    let mut out = [bf16::ZERO; 8];
+    quant::dequantize(&q, &scale, 8, I4, SYM, &mut out).unwrap();
+    assert_eq!((-3.0f32 * scale[0]).to_bits(), 0xBEB8_8001);
+    assert_eq!(out, [bf16::from_f32(-0.361_328_13); 8]);
+}
