@@ -101,7 +101,9 @@ impl Bell {
 }
 
 /// A rank's doorbell over the bell in its own shared-memory segment. Peers ring it from
-/// their processes; see the [module docs](self) for the protocol.
+/// their processes: an increment, plus a shared `FUTEX_WAKE` only when someone sleeps. A wait
+/// spins for [`ShmConfig::spin`](super::ShmConfig::spin), yields a few times, then sleeps in
+/// `FUTEX_WAIT` no later than its deadline.
 pub struct ShmDoorbell {
     seg: Arc<Segment>,
     spin: Duration,

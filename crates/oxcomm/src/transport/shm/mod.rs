@@ -21,9 +21,9 @@
 //! 1. Every rank calls [`ShmEndpoint::create`] (creation must precede attaching).
 //! 2. Every rank calls [`ShmEndpoint::attach`] with its local peers (retries until their
 //!    segments appear, up to a deadline, and validates their headers).
-//! 3. Once *every* rank has attached (the caller knows, e.g. via its store or a barrier over
-//!    the new links), each calls [`ShmEndpoint::unlink_own`]; mappings stay valid, and nothing
-//!    is left in `/dev/shm` even if a process is killed later.
+//! 3. Once *every* rank has attached (the caller knows through its store, or by
+//!    [`ShmEndpoint::wait_attached`]), each calls [`ShmEndpoint::unlink_own`]; mappings stay
+//!    valid, and nothing is left in `/dev/shm` even if a process is killed later.
 //! 4. [`ShmEndpoint::into_parts`] hands out the links and the doorbell.
 //!
 //! A segment's name is also unlinked when its owner drops it, so a failed setup leaves no file
@@ -257,10 +257,18 @@ impl ShmEndpoint {
             ))
         })?;
         let seg = Arc::new(seg);
+        let tx = seg.producer(their_slot);
+        // Tell the owner we have mapped its segment (see `wait_attached`).
+        tx.ctrl()
+            .flags
+            .0
+            .writer_attached
+            .store(1, Ordering::Release);
+        seg.bell().ring();
         let link = ShmLink {
             rank: self.rank,
             peer: p,
-            tx: seg.producer(their_slot),
+            tx,
             rx: self.own.consumer(my_slot),
             peer_seg: seg,
             process,
@@ -269,6 +277,41 @@ impl ShmEndpoint {
         tracing::debug!(target: "oxcomm::shm", rank = self.rank, peer = p, "attached");
         self.links[p] = Some(link);
         Ok(())
+    }
+
+    /// Waits until each of `peers` has attached to this rank's segment (each attach sets a
+    /// flag in its ring here and rings this rank's doorbell), so that [`unlink_own`] is safe
+    /// without another round through the caller's store. [`ErrorKind::Timeout`] naming the
+    /// first missing peer at `deadline`.
+    ///
+    /// [`unlink_own`]: ShmEndpoint::unlink_own
+    pub fn wait_attached(&self, peers: &[usize], deadline: Instant) -> Result<()> {
+        let bell = self.own.bell();
+        loop {
+            let epoch = bell.epoch.load(Ordering::SeqCst);
+            let mut missing = None;
+            for &p in peers {
+                let slot = self.own.slot_of(p).ok_or_else(|| {
+                    Error::invalid(format!("rank {p} is not a local peer of this segment"))
+                        .with_rank(self.rank)
+                })?;
+                let flags = &self.own.ring_ctrl(slot).flags.0;
+                if flags.writer_attached.load(Ordering::Acquire) == 0 {
+                    missing = Some(p);
+                    break;
+                }
+            }
+            let Some(p) = missing else { return Ok(()) };
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("timed out waiting for rank {p} to attach to this rank's segment"),
+                )
+                .with_peer(p)
+                .with_rank(self.rank));
+            }
+            bell.wait(epoch, deadline, self.config.spin);
+        }
     }
 
     /// Removes this rank's segment name from `/dev/shm`. Call once every peer has attached

@@ -41,6 +41,8 @@ pub(crate) struct RingFlags {
     pub(crate) writer_closed: AtomicU32,
     /// Set by the consumer's side when it goes away.
     pub(crate) reader_closed: AtomicU32,
+    /// Set by the producer's side once it has mapped the ring (so the owner may unlink).
+    pub(crate) writer_attached: AtomicU32,
 }
 
 /// The control block of one ring, placed right before its data area. All zero is the valid

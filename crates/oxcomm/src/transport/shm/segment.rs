@@ -457,6 +457,14 @@ impl Segment {
         }
     }
 
+    /// The control block of ring `slot` (for its flags).
+    pub(crate) fn ring_ctrl(&self, slot: usize) -> &RingCtrl {
+        let (ctrl, _) = self.ring_ptrs(slot);
+        // SAFETY: `ring_ptrs` points inside this mapping, 128-aligned; `RingCtrl` is all
+        // atomics, valid for any bit pattern and shared access; it lives as long as `self`.
+        unsafe { ctrl.as_ref() }
+    }
+
     /// The writing end of ring `slot`. The caller guarantees it makes only one per ring.
     pub(crate) fn producer(self: &Arc<Self>, slot: usize) -> Producer {
         let (ctrl, data) = self.ring_ptrs(slot);

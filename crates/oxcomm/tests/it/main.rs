@@ -1,0 +1,3 @@
+//! The one integration-test binary of oxcomm; one module per library module.
+
+mod shm;
