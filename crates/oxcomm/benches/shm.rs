@@ -29,6 +29,8 @@ fn pair(job: &str, config: &ShmConfig) -> (Parts, Parts) {
                 ep.into_parts()
             })
         })
+        .collect::<Vec<_>>()
+        .into_iter()
         .map(|h| h.join().expect("setup thread"))
         .collect();
     let b = parts.pop().expect("two");

@@ -225,6 +225,18 @@ fn four_ranks_all_to_all() {
 }
 
 #[test]
+fn eight_ranks_share_few_cores_without_starving() {
+    // More ranks than cores: waits must yield and sleep, not spin the peers off the CPU.
+    let t0 = Instant::now();
+    run_exchange(8, 16 << 10, 512 << 10, 9000);
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
 fn doorbell_wait_times_out_at_its_deadline() {
     let job = job("bell");
     let mut parts = mesh(&job, 2, &ShmConfig::default());

@@ -400,6 +400,10 @@ impl PeerProcess {
 
 /// This rank's end of a shared-memory link to one peer: writes go into this rank's ring in
 /// the peer's segment, reads come from the peer's ring in this rank's segment.
+///
+/// A send that took bytes always rings the peer's doorbell. A receive that freed space rings
+/// it only if the peer found the ring full since (the only case in which it can be waiting
+/// for space), so streaming does not wake a busy sender for nothing.
 pub struct ShmLink {
     rank: usize,
     peer: usize,
@@ -531,7 +535,10 @@ impl Link for ShmLink {
 impl ShmLink {
     fn after_recv(&mut self, n: usize, asked_none: bool) -> Result<usize> {
         if n > 0 {
-            self.peer_seg.bell().ring();
+            // Ring only if the peer found its ring full and may wait for this space.
+            if self.rx.take_writer_blocked() {
+                self.peer_seg.bell().ring();
+            }
         } else if !asked_none {
             if let Some(why) = self.writer_gone() {
                 // Re-check: bytes may have landed between the read and the flag.

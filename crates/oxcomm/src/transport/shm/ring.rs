@@ -20,12 +20,18 @@
 //! caches the other's counter and reloads it only when the cached value says "no room" or "no
 //! bytes", so the other side's line is touched once per batch, not per call.
 //!
+//! A producer that finds the ring full sets `writer_blocked`, then (after a `SeqCst` fence)
+//! reloads `head`; a consumer that advanced `head` fences likewise, then reads and clears the
+//! flag. One of the two sees the other, so either the producer finds the freed space itself or
+//! the consumer learns that it must ring the producer's doorbell. Space freed while nobody is
+//! blocked costs no doorbell ring (and wakes no spinning producer for nothing).
+//!
 //! Counters come from another process and are not trusted: a `head` or `tail` that breaks
 //! `0 <= tail - head <= cap` is reported as [`Corrupt`] instead of being used.
 
 use std::any::Any;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// One 128-byte line (two 64-byte lines: adjacent-line prefetch pairs them on x86).
@@ -43,6 +49,9 @@ pub(crate) struct RingFlags {
     pub(crate) reader_closed: AtomicU32,
     /// Set by the producer's side once it has mapped the ring (so the owner may unlink).
     pub(crate) writer_attached: AtomicU32,
+    /// Set by the producer when it found the ring full; cleared by the consumer, which then
+    /// owes it a doorbell ring (see [`Consumer::take_writer_blocked`]).
+    writer_blocked: AtomicU32,
 }
 
 /// The control block of one ring, placed right before its data area. All zero is the valid
@@ -183,6 +192,14 @@ impl Producer {
             self.head_cache = self.raw.ctrl().head.0.load(Ordering::Acquire);
             free = cap - self.raw.check(self.head_cache, self.tail)?;
         }
+        if free == 0 && !data.is_empty() {
+            // Full: ask for a ring when space is freed, then look once more (see module docs).
+            let flags = &self.raw.ctrl().flags.0;
+            flags.writer_blocked.store(1, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            self.head_cache = self.raw.ctrl().head.0.load(Ordering::Acquire);
+            free = cap - self.raw.check(self.head_cache, self.tail)?;
+        }
         let n = free.min(data.len() as u64) as usize;
         if n == 0 {
             return Ok(0);
@@ -272,6 +289,15 @@ impl Consumer {
         Ok(n)
     }
 
+    /// After freeing space: `true` if the producer found the ring full since the last call,
+    /// so it may be waiting for a doorbell ring. Clears the request.
+    pub(crate) fn take_writer_blocked(&self) -> bool {
+        // Orders our `head` store before the flag load (pairs with the producer's fence).
+        fence(Ordering::SeqCst);
+        let flag = &self.raw.ctrl().flags.0.writer_blocked;
+        flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::Relaxed) != 0
+    }
+
     /// Copies readable bytes into a prefix of `buf`; returns how many (0 when none).
     pub(crate) fn try_read(&mut self, buf: &mut [u8]) -> Result<usize, Corrupt> {
         let mut at = 0;
@@ -355,6 +381,19 @@ mod tests {
         let n = rx.read_with(1000, &mut |c| calls.push(c.len())).unwrap();
         assert_eq!(n, 200);
         assert_eq!(calls, vec![96, 104]);
+    }
+
+    #[test]
+    fn a_full_ring_asks_for_a_ring_once() {
+        let (mut tx, mut rx) = heap_pair(4096);
+        assert_eq!(tx.try_write(&[7u8; 4096]).unwrap(), 4096);
+        rx.try_read(&mut [0u8; 10]).unwrap();
+        assert!(!rx.take_writer_blocked(), "nobody was blocked");
+        assert_eq!(tx.try_write(&[7u8; 100]).unwrap(), 10);
+        assert_eq!(tx.try_write(&[7u8; 100]).unwrap(), 0);
+        rx.try_read(&mut [0u8; 10]).unwrap();
+        assert!(rx.take_writer_blocked());
+        assert!(!rx.take_writer_blocked());
     }
 
     #[test]
