@@ -105,15 +105,7 @@ impl fmt::Display for DType {
 ///
 /// Implemented for exactly the eight types of [`DType`]; the trait is sealed.
 pub trait Element:
-    bytemuck::Pod
-    + Send
-    + Sync
-    + PartialEq
-    + PartialOrd
-    + fmt::Debug
-    + Default
-    + sealed::Sealed
-    + 'static
+    bytemuck::Pod + Send + Sync + PartialEq + PartialOrd + fmt::Debug + Default + sealed::Sealed + 'static
 {
     /// The tag of this type.
     const DTYPE: DType;

@@ -204,11 +204,7 @@ mod tests {
 
     #[test]
     fn first_context_wins() {
-        let e = Error::invalid("x")
-            .with_rank(1)
-            .with_rank(2)
-            .with_op("a")
-            .with_op("b");
+        let e = Error::invalid("x").with_rank(1).with_rank(2).with_op("a").with_op("b");
         assert_eq!(e.rank(), Some(1));
         assert_eq!(e.op(), Some("a"));
     }

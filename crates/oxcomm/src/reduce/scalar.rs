@@ -37,25 +37,13 @@ macro_rules! float_loop {
             ReduceOp::Min => {
                 for (d, s) in dst.iter_mut().zip(src) {
                     let (a, b) = ($to(*d), $to(*s));
-                    *d = $from(if a.is_nan() || b.is_nan() {
-                        a + b
-                    } else if b < a {
-                        b
-                    } else {
-                        a
-                    });
+                    *d = $from(if a.is_nan() || b.is_nan() { a + b } else if b < a { b } else { a });
                 }
             }
             ReduceOp::Max => {
                 for (d, s) in dst.iter_mut().zip(src) {
                     let (a, b) = ($to(*d), $to(*s));
-                    *d = $from(if a.is_nan() || b.is_nan() {
-                        a + b
-                    } else if b > a {
-                        b
-                    } else {
-                        a
-                    });
+                    *d = $from(if a.is_nan() || b.is_nan() { a + b } else if b > a { b } else { a });
                 }
             }
             ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
@@ -142,29 +130,17 @@ pub fn reduce_into<T: Element>(dst: &mut [T], src: &[T], op: ReduceOp) {
 /// Reference division by `n` (integer types truncate toward zero).
 pub fn divide<T: Element>(buf: &mut [T], n: usize) {
     match T::DTYPE {
-        DType::F32 => cast_mut::<T, f32>(buf)
-            .iter_mut()
-            .for_each(|x| *x /= n as f32),
-        DType::F64 => cast_mut::<T, f64>(buf)
-            .iter_mut()
-            .for_each(|x| *x /= n as f64),
+        DType::F32 => cast_mut::<T, f32>(buf).iter_mut().for_each(|x| *x /= n as f32),
+        DType::F64 => cast_mut::<T, f64>(buf).iter_mut().for_each(|x| *x /= n as f64),
         DType::F16 => cast_mut::<T, f16>(buf)
             .iter_mut()
             .for_each(|x| *x = f16::from_f32(x.to_f32() / n as f32)),
         DType::BF16 => cast_mut::<T, bf16>(buf)
             .iter_mut()
             .for_each(|x| *x = bf16::from_f32(x.to_f32() / n as f32)),
-        DType::I8 => cast_mut::<T, i8>(buf)
-            .iter_mut()
-            .for_each(|x| *x = (*x as i64 / n as i64) as i8),
-        DType::U8 => cast_mut::<T, u8>(buf)
-            .iter_mut()
-            .for_each(|x| *x = (*x as u64 / n as u64) as u8),
-        DType::I32 => cast_mut::<T, i32>(buf)
-            .iter_mut()
-            .for_each(|x| *x = (*x as i64 / n as i64) as i32),
-        DType::I64 => cast_mut::<T, i64>(buf)
-            .iter_mut()
-            .for_each(|x| *x /= n as i64),
+        DType::I8 => cast_mut::<T, i8>(buf).iter_mut().for_each(|x| *x = (*x as i64 / n as i64) as i8),
+        DType::U8 => cast_mut::<T, u8>(buf).iter_mut().for_each(|x| *x = (*x as u64 / n as u64) as u8),
+        DType::I32 => cast_mut::<T, i32>(buf).iter_mut().for_each(|x| *x = (*x as i64 / n as i64) as i32),
+        DType::I64 => cast_mut::<T, i64>(buf).iter_mut().for_each(|x| *x /= n as i64),
     }
 }

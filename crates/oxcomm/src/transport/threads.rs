@@ -108,10 +108,7 @@ impl ThreadLink {
     fn gone(&self) -> Error {
         Error::new(
             ErrorKind::PeerGone,
-            format!(
-                "rank {} is gone (its thread dropped its communicator)",
-                self.peer
-            ),
+            format!("rank {} is gone (its thread dropped its communicator)", self.peer),
         )
         .with_peer(self.peer)
     }
@@ -160,12 +157,7 @@ impl Link for ThreadLink {
     fn check_peer(&mut self) -> Result<()> {
         if self.inbox.writer_gone.load(Ordering::SeqCst) {
             // Bytes already queued may still be read; try_recv reports the loss once drained.
-            let empty = self
-                .inbox
-                .bytes
-                .lock()
-                .map(|q| q.is_empty())
-                .unwrap_or(true);
+            let empty = self.inbox.bytes.lock().map(|q| q.is_empty()).unwrap_or(true);
             if empty {
                 return Err(self.gone());
             }
@@ -190,13 +182,9 @@ pub struct ThreadEndpoint {
 
 /// Builds a full mesh of in-process links among `n` ranks.
 pub fn mesh(n: usize) -> Vec<ThreadEndpoint> {
-    let bells: Vec<Arc<ThreadDoorbell>> = (0..n)
-        .map(|_| Arc::new(ThreadDoorbell::default()))
-        .collect();
+    let bells: Vec<Arc<ThreadDoorbell>> = (0..n).map(|_| Arc::new(ThreadDoorbell::default())).collect();
     // queues[a][b]: bytes from a to b.
-    let queues: Vec<Vec<Arc<Queue>>> = (0..n)
-        .map(|_| (0..n).map(|_| Queue::new()).collect())
-        .collect();
+    let queues: Vec<Vec<Arc<Queue>>> = (0..n).map(|_| (0..n).map(|_| Queue::new()).collect()).collect();
     (0..n)
         .map(|r| ThreadEndpoint {
             rank: r,
