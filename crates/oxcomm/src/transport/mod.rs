@@ -20,6 +20,8 @@ use std::time::Instant;
 
 use crate::error::Result;
 
+#[cfg(target_os = "linux")]
+pub mod shm;
 pub mod threads;
 
 /// A bidirectional ordered byte stream to one peer. See the [module docs](self).

@@ -8,3 +8,6 @@ mod rendezvous;
 
 mod reduce;
 mod compression_kernels;
+//! The one integration-test binary of oxcomm; one module per library module.
+
+mod shm;

@@ -1,0 +1,160 @@
+//! The shared-memory doorbell: a counter in a mapped segment that peers ring and the owner
+//! sleeps on with a process-shared futex.
+//!
+//! This file owns the wait/ring protocol on a [`Bell`]; it does not know where the bell lives
+//! (the segment does) or which links ring it.
+//!
+//! # Protocol
+//!
+//! Ringing increments `epoch` and, only when `waiters` is non-zero, issues `FUTEX_WAKE`. The
+//! owner waits by spinning briefly on `epoch`, yielding a few times, then registering in
+//! `waiters` and calling `FUTEX_WAIT(epoch, expected)` with a timeout bounded by the deadline.
+//! Both sides use `SeqCst` for "store mine, then load theirs" (ringer: `epoch` then `waiters`;
+//! sleeper: `waiters` then `epoch`), so at least one of them sees the other: either the ringer
+//! sees a waiter and wakes it, or the sleeper sees the new epoch and does not sleep (and the
+//! kernel re-checks `epoch` atomically inside `FUTEX_WAIT` anyway). The futex is *shared* (no
+//! `FUTEX_PRIVATE_FLAG`) because ringers live in other processes.
+//!
+//! The spin phase is short (a few µs, [`super::ShmConfig::spin`]) because ranks often
+//! outnumber cores: a long spin would steal the core from the very peer we wait for.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::thread::futex;
+
+use super::segment::Segment;
+use crate::transport::Doorbell;
+
+/// The doorbell words, on their own 128-byte line in the owner's segment.
+#[repr(C, align(128))]
+#[derive(Default)]
+pub(crate) struct Bell {
+    /// The counter rung by peers; also the futex word.
+    pub(crate) epoch: AtomicU32,
+    /// How many threads of the owner are (about to be) inside `FUTEX_WAIT`.
+    pub(crate) waiters: AtomicU32,
+}
+
+/// Yields after the spin phase, before sleeping.
+const YIELDS: u32 = 4;
+
+impl Bell {
+    /// Increments the counter; wakes sleepers if any are registered.
+    pub(crate) fn ring(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            // Errors (none expected for a valid, mapped address) leave sleepers to their
+            // timeout, which is bounded by their deadline.
+            let _ = futex::wake(&self.epoch, futex::Flags::empty(), u32::MAX >> 1);
+        }
+    }
+
+    /// Sleeps until `epoch` differs from `seen` or `until` passes (see the module docs).
+    pub(crate) fn wait(&self, seen: u32, until: Instant, spin: Duration) {
+        let start = Instant::now();
+        let mut i = 0u32;
+        loop {
+            if self.epoch.load(Ordering::Acquire) != seen {
+                return;
+            }
+            i = i.wrapping_add(1);
+            if i % 32 == 0 {
+                let now = Instant::now();
+                if now >= until {
+                    return;
+                }
+                if now.duration_since(start) >= spin {
+                    break;
+                }
+            }
+            std::hint::spin_loop();
+        }
+        for _ in 0..YIELDS {
+            std::thread::yield_now();
+            if self.epoch.load(Ordering::Acquire) != seen {
+                return;
+            }
+        }
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        while self.epoch.load(Ordering::SeqCst) == seen {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            let left = until - now;
+            let ts = futex::Timespec {
+                tv_sec: left.as_secs().min(i64::MAX as u64) as i64,
+                tv_nsec: i64::from(left.subsec_nanos()),
+            };
+            match futex::wait(&self.epoch, futex::Flags::empty(), seen, Some(&ts)) {
+                // Woken, value changed (EAGAIN), timed out or interrupted: re-check above.
+                Ok(()) | Err(Errno::AGAIN) | Err(Errno::TIMEDOUT) | Err(Errno::INTR) => {}
+                // No futex (seccomp, odd kernels): degrade to short sleeps, still bounded.
+                Err(_) => std::thread::sleep(left.min(Duration::from_millis(1))),
+            }
+        }
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A rank's doorbell over the bell in its own shared-memory segment. Peers ring it from
+/// their processes: an increment, plus a shared `FUTEX_WAKE` only when someone sleeps. A wait
+/// spins for [`ShmConfig::spin`](super::ShmConfig::spin), yields a few times, then sleeps in
+/// `FUTEX_WAIT` no later than its deadline.
+pub struct ShmDoorbell {
+    seg: Arc<Segment>,
+    spin: Duration,
+}
+
+impl ShmDoorbell {
+    pub(crate) fn new(seg: Arc<Segment>, spin: Duration) -> ShmDoorbell {
+        ShmDoorbell { seg, spin }
+    }
+
+    /// Increments the counter and wakes sleepers (as a peer would), e.g. to interrupt this
+    /// rank's own wait from another thread.
+    pub fn ring(&self) {
+        self.seg.bell().ring();
+    }
+}
+
+impl Doorbell for ShmDoorbell {
+    fn epoch(&self) -> u32 {
+        self.seg.bell().epoch.load(Ordering::SeqCst)
+    }
+
+    fn wait(&self, epoch: u32, until: Instant) {
+        self.seg.bell().wait(epoch, until, self.spin);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_returns_at_deadline_and_on_ring() {
+        let bell = Arc::new(Bell::default());
+        let t0 = Instant::now();
+        bell.wait(0, t0 + Duration::from_millis(50), Duration::from_micros(5));
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(50) && took < Duration::from_millis(1000),
+            "{took:?}"
+        );
+
+        let b2 = bell.clone();
+        let ringer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            b2.ring();
+        });
+        let t0 = Instant::now();
+        bell.wait(0, t0 + Duration::from_secs(10), Duration::from_micros(5));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert_eq!(bell.waiters.load(Ordering::SeqCst), 0);
+        ringer.join().unwrap();
+    }
+}

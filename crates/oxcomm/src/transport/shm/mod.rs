@@ -1,0 +1,581 @@
+//! Shared-memory transport for ranks (processes, or threads in tests) on one host.
+//!
+//! This module owns the setup of per-rank POSIX shared-memory segments and the [`ShmLink`] /
+//! [`ShmDoorbell`] that implement the [transport contract](crate::transport) over them. It
+//! knows nothing about collectives, and nothing about how ranks find each other: the caller
+//! coordinates the two setup phases (for example through a key-value store).
+//!
+//! # Design
+//!
+//! Each rank creates ONE segment, `/dev/shm/oxcomm-{job}-{rank}`, holding a versioned header,
+//! its doorbell (a process-shared futex word) and one inbound single-producer/single-consumer
+//! byte ring per local peer: peer `p` writes into ring `p` of my segment and only I read it.
+//! So a message is copied once into the receiver's segment and once out of it (or consumed in
+//! place with [`Link::recv_with`]). Ring counters sit on separate 128-byte lines; a sender
+//! rings the receiver's doorbell after writing, a receiver rings the sender's after freeing
+//! space; a waiter spins a few µs, yields, then sleeps on the futex (ranks often outnumber
+//! cores).
+//!
+//! # Setup
+//!
+//! 1. Every rank calls [`ShmEndpoint::create`] (creation must precede attaching).
+//! 2. Every rank calls [`ShmEndpoint::attach`] with its local peers (retries until their
+//!    segments appear, up to a deadline, and validates their headers).
+//! 3. Once *every* rank has attached (the caller knows through its store, or by
+//!    [`ShmEndpoint::wait_attached`]), each calls [`ShmEndpoint::unlink_own`]; mappings stay
+//!    valid, and nothing is left in `/dev/shm` even if a process is killed later.
+//! 4. [`ShmEndpoint::into_parts`] hands out the links and the doorbell.
+//!
+//! A segment's name is also unlinked when its owner drops it, so a failed setup leaves no file
+//! behind (unless the process is killed between steps 1 and 3).
+//!
+//! # Peer failure
+//!
+//! A link notices a peer that dropped its link (a flag in the ring), and a peer *process* that
+//! died (a `pidfd` polled by [`Link::check_peer`], falling back to `kill(pid, 0)`), and reports
+//! [`ErrorKind::PeerGone`] naming the peer once the bytes it sent are drained. Pids are
+//! compared within one pid namespace: ranks sharing `/dev/shm` across pid namespaces are not
+//! supported.
+//!
+//! # Not guaranteed
+//!
+//! A peer process is trusted not to write into the data of rings it does not own; a corrupt
+//! ring *counter* is detected and reported as [`ErrorKind::Protocol`], corrupt bytes are not.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::fd::OwnedFd;
+use rustix::io::Errno;
+use rustix::process::{pidfd_open, test_kill_process, Pid, PidfdFlags};
+
+use super::{Doorbell, Link};
+use crate::error::{Error, ErrorKind, Result};
+
+mod futex;
+mod ring;
+mod segment;
+
+pub use futex::ShmDoorbell;
+
+use ring::{Consumer, Corrupt, Producer};
+use segment::{Layout, Segment, MAX_RING_BYTES, MIN_RING_BYTES};
+
+/// Longest accepted job name.
+pub const MAX_JOB_LEN: usize = 64;
+
+/// Settings of the shared-memory transport.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmConfig {
+    /// Bytes of each inbound ring (one per local peer), a power of two from 4 KiB to 1 GiB.
+    /// Env `OXCOMM_SHM_RING_BYTES`; default 1 MiB.
+    pub ring_bytes: usize,
+    /// How long a doorbell wait spins before yielding and sleeping on the futex.
+    /// Env `OXCOMM_SHM_SPIN_US` (µs); default 5 µs.
+    pub spin: Duration,
+}
+
+impl Default for ShmConfig {
+    fn default() -> ShmConfig {
+        ShmConfig {
+            ring_bytes: 1 << 20,
+            spin: Duration::from_micros(5),
+        }
+    }
+}
+
+impl ShmConfig {
+    /// The defaults, overridden by `OXCOMM_SHM_RING_BYTES` and `OXCOMM_SHM_SPIN_US` where set.
+    pub fn from_env() -> Result<ShmConfig> {
+        let mut c = ShmConfig::default();
+        let parse = |var: &str| -> Result<Option<u64>> {
+            match std::env::var(var) {
+                Ok(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
+                    Error::invalid(format!("{var}={v:?} is not a non-negative integer"))
+                }),
+                Err(_) => Ok(None),
+            }
+        };
+        if let Some(b) = parse("OXCOMM_SHM_RING_BYTES")? {
+            c.ring_bytes = usize::try_from(b).unwrap_or(usize::MAX);
+        }
+        if let Some(us) = parse("OXCOMM_SHM_SPIN_US")? {
+            c.spin = Duration::from_micros(us);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if !self.ring_bytes.is_power_of_two()
+            || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&self.ring_bytes)
+        {
+            return Err(Error::invalid(format!(
+                "shm ring size {} must be a power of two from {MIN_RING_BYTES} to {MAX_RING_BYTES}",
+                self.ring_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `job` is 1..=64 characters of `[A-Za-z0-9_-]`.
+pub fn validate_job(job: &str) -> Result<()> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if job.is_empty() || job.len() > MAX_JOB_LEN || !job.chars().all(ok_char) {
+        return Err(Error::invalid(format!(
+            "job name {job:?} must be 1 to {MAX_JOB_LEN} characters of [A-Za-z0-9_-]"
+        )));
+    }
+    Ok(())
+}
+
+/// The POSIX shared-memory name of rank `rank`'s segment in `job` (`/oxcomm-{job}-{rank}`,
+/// i.e. the file `/dev/shm/oxcomm-{job}-{rank}`).
+pub fn segment_name(job: &str, rank: usize) -> String {
+    format!("/oxcomm-{job}-{rank}")
+}
+
+/// One rank's shared-memory transport during setup: its own segment, and the links to the
+/// peers attached so far. See the [module docs](self) for the setup sequence.
+pub struct ShmEndpoint {
+    job: String,
+    rank: usize,
+    world: usize,
+    config: ShmConfig,
+    own: Arc<Segment>,
+    links: Vec<Option<ShmLink>>,
+}
+
+impl std::fmt::Debug for ShmEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmEndpoint")
+            .field("segment", &self.own.name())
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShmEndpoint {
+    /// Creates this rank's segment with one inbound ring per rank in `local_peers` (ranks of
+    /// other hosts are simply left out). Fails if a segment of that name exists already (a
+    /// stale one from an earlier run with the same job name: remove it or pick another name).
+    pub fn create(
+        job: &str,
+        rank: usize,
+        world: usize,
+        local_peers: &[usize],
+        config: &ShmConfig,
+    ) -> Result<ShmEndpoint> {
+        validate_job(job)?;
+        config.validate()?;
+        if rank >= world {
+            return Err(Error::invalid(format!(
+                "rank {rank} is not below world size {world}"
+            )));
+        }
+        let mut ring_of = vec![None; world];
+        for (slot, &p) in local_peers.iter().enumerate() {
+            if p >= world || p == rank {
+                return Err(Error::invalid(format!(
+                    "local peer {p} of rank {rank} must be another rank below {world}"
+                ))
+                .with_rank(rank));
+            }
+            if ring_of[p].replace(slot).is_some() {
+                return Err(Error::invalid(format!("local peer {p} listed twice")).with_rank(rank));
+            }
+        }
+        let layout = Layout::new(world, local_peers.len(), config.ring_bytes).ok_or_else(|| {
+            Error::invalid(format!(
+                "shm segment for world {world} with {} rings of {} bytes is too large",
+                local_peers.len(),
+                config.ring_bytes
+            ))
+        })?;
+        let name = segment_name(job, rank);
+        let own = Segment::create(&name, rank, layout, &ring_of).map_err(|e| e.with_rank(rank))?;
+        tracing::debug!(target: "oxcomm::shm", rank, world, segment = %name,
+            bytes = layout.total_bytes, "created segment");
+        Ok(ShmEndpoint {
+            job: job.to_string(),
+            rank,
+            world,
+            config: config.clone(),
+            own: Arc::new(own),
+            links: (0..world).map(|_| None).collect(),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The world size.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// Opens and maps every listed peer's segment, waiting for it to be created until
+    /// `deadline` ([`ErrorKind::Timeout`] then), validates its header (magic, version, world,
+    /// owner rank, layout; [`ErrorKind::Protocol`] if stale or foreign) and builds the link.
+    /// Each peer must have been listed in `local_peers` at [`ShmEndpoint::create`], and must
+    /// list this rank likewise. May be called more than once, with different peers.
+    pub fn attach(&mut self, peers: &[usize], deadline: Instant) -> Result<()> {
+        for &p in peers {
+            self.attach_one(p, deadline)
+                .map_err(|e| e.with_peer(p).with_rank(self.rank))?;
+        }
+        Ok(())
+    }
+
+    fn attach_one(&mut self, p: usize, deadline: Instant) -> Result<()> {
+        let my_slot = self.own.slot_of(p).ok_or_else(|| {
+            Error::invalid(format!(
+                "rank {p} was not among the local peers given when creating the segment"
+            ))
+        })?;
+        if self.links[p].is_some() {
+            return Err(Error::invalid(format!("rank {p} is already attached")));
+        }
+        let seg = Segment::attach(&segment_name(&self.job, p), p, self.world, deadline)?;
+        let their_slot = seg.slot_of(self.rank).ok_or_else(|| {
+            Error::protocol(format!(
+                "rank {p}'s segment has no ring for rank {}: it was created without this \
+                 rank among its local peers",
+                self.rank
+            ))
+        })?;
+        let process = PeerProcess::open(seg.owner_pid()).map_err(|why| {
+            Error::protocol(format!(
+                "shared-memory segment /dev/shm{} is stale: {why}",
+                seg.name()
+            ))
+        })?;
+        let seg = Arc::new(seg);
+        let tx = seg.producer(their_slot);
+        // Tell the owner we have mapped its segment (see `wait_attached`).
+        tx.ctrl()
+            .flags
+            .0
+            .writer_attached
+            .store(1, Ordering::Release);
+        seg.bell().ring();
+        let link = ShmLink {
+            rank: self.rank,
+            peer: p,
+            tx,
+            rx: self.own.consumer(my_slot),
+            peer_seg: seg,
+            process,
+            process_gone: false,
+        };
+        tracing::debug!(target: "oxcomm::shm", rank = self.rank, peer = p, "attached");
+        self.links[p] = Some(link);
+        Ok(())
+    }
+
+    /// Waits until each of `peers` has attached to this rank's segment (each attach sets a
+    /// flag in its ring here and rings this rank's doorbell), so that [`unlink_own`] is safe
+    /// without another round through the caller's store. [`ErrorKind::Timeout`] naming the
+    /// first missing peer at `deadline`.
+    ///
+    /// [`unlink_own`]: ShmEndpoint::unlink_own
+    pub fn wait_attached(&self, peers: &[usize], deadline: Instant) -> Result<()> {
+        let bell = self.own.bell();
+        loop {
+            let epoch = bell.epoch.load(Ordering::SeqCst);
+            let mut missing = None;
+            for &p in peers {
+                let slot = self.own.slot_of(p).ok_or_else(|| {
+                    Error::invalid(format!("rank {p} is not a local peer of this segment"))
+                        .with_rank(self.rank)
+                })?;
+                let flags = &self.own.ring_ctrl(slot).flags.0;
+                if flags.writer_attached.load(Ordering::Acquire) == 0 {
+                    missing = Some(p);
+                    break;
+                }
+            }
+            let Some(p) = missing else { return Ok(()) };
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("timed out waiting for rank {p} to attach to this rank's segment"),
+                )
+                .with_peer(p)
+                .with_rank(self.rank));
+            }
+            bell.wait(epoch, deadline, self.config.spin);
+        }
+    }
+
+    /// Removes this rank's segment name from `/dev/shm`. Call once every peer has attached
+    /// (later attaches would fail); the mappings stay valid. Idempotent.
+    pub fn unlink_own(&self) -> Result<()> {
+        self.own.unlink().map_err(|e| e.with_rank(self.rank))
+    }
+
+    /// The links indexed by world rank (`None` for this rank and unattached ranks), and this
+    /// rank's doorbell.
+    #[allow(clippy::type_complexity)] // the shape every transport hands to the communicator
+    pub fn into_parts(mut self) -> (Vec<Option<Box<dyn Link>>>, Arc<dyn Doorbell>) {
+        let (links, bell) = self.take_parts();
+        let links = links
+            .into_iter()
+            .map(|l| l.map(|l| Box::new(l) as Box<dyn Link>))
+            .collect();
+        (links, bell)
+    }
+
+    /// As [`ShmEndpoint::into_parts`], with the concrete types.
+    pub fn into_shm_parts(mut self) -> (Vec<Option<ShmLink>>, Arc<ShmDoorbell>) {
+        self.take_parts()
+    }
+
+    fn take_parts(&mut self) -> (Vec<Option<ShmLink>>, Arc<ShmDoorbell>) {
+        let links = std::mem::take(&mut self.links);
+        let bell = Arc::new(ShmDoorbell::new(self.own.clone(), self.config.spin));
+        (links, bell)
+    }
+}
+
+/// How a link tells whether the peer's process is still alive.
+enum PeerProcess {
+    /// The peer is a thread of this process: only its close flags tell.
+    SameProcess,
+    /// A pidfd, readable once the process has exited (zombies included).
+    Pidfd(OwnedFd),
+    /// No pidfd support: `kill(pid, 0)` (a zombie still counts as alive until reaped).
+    Pid(Pid),
+}
+
+impl PeerProcess {
+    /// Opens a handle on process `pid`; `Err` if it does not exist (a stale segment).
+    fn open(pid: u32) -> std::result::Result<PeerProcess, String> {
+        let me = rustix::process::getpid();
+        let pid = i32::try_from(pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or_else(|| format!("owner pid {pid} is invalid"))?;
+        if pid == me {
+            return Ok(PeerProcess::SameProcess);
+        }
+        match pidfd_open(pid, PidfdFlags::empty()) {
+            Ok(fd) => Ok(PeerProcess::Pidfd(fd)),
+            Err(Errno::SRCH) => Err(format!(
+                "its owner process {} is not running",
+                pid.as_raw_pid()
+            )),
+            Err(_) => match test_kill_process(pid) {
+                Err(Errno::SRCH) => Err(format!(
+                    "its owner process {} is not running",
+                    pid.as_raw_pid()
+                )),
+                _ => Ok(PeerProcess::Pid(pid)),
+            },
+        }
+    }
+
+    /// `true` once the process is known to have exited. One non-blocking syscall.
+    fn gone(&self) -> bool {
+        match self {
+            PeerProcess::SameProcess => false,
+            PeerProcess::Pidfd(fd) => {
+                let mut fds = [PollFd::new(fd, PollFlags::IN)];
+                let zero = rustix::event::Timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+            }
+            PeerProcess::Pid(pid) => matches!(test_kill_process(*pid), Err(Errno::SRCH)),
+        }
+    }
+}
+
+/// This rank's end of a shared-memory link to one peer: writes go into this rank's ring in
+/// the peer's segment, reads come from the peer's ring in this rank's segment.
+///
+/// A send that took bytes always rings the peer's doorbell. A receive that freed space rings
+/// it only if the peer found the ring full since (the only case in which it can be waiting
+/// for space), so streaming does not wake a busy sender for nothing.
+pub struct ShmLink {
+    rank: usize,
+    peer: usize,
+    /// Into the peer's segment.
+    tx: Producer,
+    /// From this rank's segment.
+    rx: Consumer,
+    /// Keeps the peer's mapping (and its doorbell) alive.
+    peer_seg: Arc<Segment>,
+    process: PeerProcess,
+    /// Set once `check_peer` saw the process exit.
+    process_gone: bool,
+}
+
+impl std::fmt::Debug for ShmLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmLink")
+            .field("rank", &self.rank)
+            .field("peer", &self.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ShmLink {
+    fn drop(&mut self) {
+        self.tx
+            .ctrl()
+            .flags
+            .0
+            .writer_closed
+            .store(1, Ordering::Release);
+        self.rx
+            .ctrl()
+            .flags
+            .0
+            .reader_closed
+            .store(1, Ordering::Release);
+        self.peer_seg.bell().ring();
+    }
+}
+
+impl ShmLink {
+    fn gone(&self, why: &str) -> Error {
+        Error::new(
+            ErrorKind::PeerGone,
+            format!("rank {} is gone ({why})", self.peer),
+        )
+        .with_peer(self.peer)
+        .with_rank(self.rank)
+    }
+
+    fn corrupt(&self, c: Corrupt, dir: &str) -> Error {
+        Error::protocol(format!("shm ring {dir} rank {}: {c}", self.peer))
+            .with_peer(self.peer)
+            .with_rank(self.rank)
+    }
+
+    /// Why the peer can no longer read, if it cannot.
+    fn reader_gone(&self) -> Option<&'static str> {
+        if self.tx.ctrl().flags.0.reader_closed.load(Ordering::Acquire) != 0 {
+            Some("it closed its shared-memory link")
+        } else if self.process_gone {
+            Some("its process exited")
+        } else {
+            None
+        }
+    }
+
+    /// Why the peer will send no more, if it will not.
+    fn writer_gone(&self) -> Option<&'static str> {
+        if self.rx.ctrl().flags.0.writer_closed.load(Ordering::Acquire) != 0 {
+            Some("it closed its shared-memory link")
+        } else if self.process_gone {
+            Some("its process exited")
+        } else {
+            None
+        }
+    }
+}
+
+impl Link for ShmLink {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn try_send(&mut self, data: &[u8]) -> Result<usize> {
+        if let Some(why) = self.reader_gone() {
+            return Err(self.gone(why));
+        }
+        let n = self.tx.try_write(data).map_err(|c| self.corrupt(c, "to"))?;
+        if n > 0 {
+            self.peer_seg.bell().ring();
+        }
+        Ok(n)
+    }
+
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let n = self.rx.try_read(buf).map_err(|c| self.corrupt(c, "from"))?;
+        self.after_recv(n, buf.is_empty())
+    }
+
+    fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8])) -> Result<usize> {
+        let n = self
+            .rx
+            .read_with(max, consume)
+            .map_err(|c| self.corrupt(c, "from"))?;
+        self.after_recv(n, max == 0)
+    }
+
+    fn check_peer(&mut self) -> Result<()> {
+        if !self.process_gone && self.process.gone() {
+            self.process_gone = true;
+        }
+        if let Some(why) = self.writer_gone() {
+            // Bytes already in the ring may still be read; report once drained.
+            let left = self.rx.available().map_err(|c| self.corrupt(c, "from"))?;
+            if left == 0 {
+                return Err(self.gone(why));
+            }
+        }
+        Ok(())
+    }
+
+    fn kind(&self) -> &'static str {
+        "shm"
+    }
+}
+
+impl ShmLink {
+    fn after_recv(&mut self, n: usize, asked_none: bool) -> Result<usize> {
+        if n > 0 {
+            // Ring only if the peer found its ring full and may wait for this space.
+            if self.rx.take_writer_blocked() {
+                self.peer_seg.bell().ring();
+            }
+        } else if !asked_none {
+            if let Some(why) = self.writer_gone() {
+                // Re-check: bytes may have landed between the read and the flag.
+                if self.rx.available().map_err(|c| self.corrupt(c, "from"))? == 0 {
+                    return Err(self.gone(why));
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_names() {
+        assert!(validate_job("job_1-a").is_ok());
+        assert!(validate_job("").is_err());
+        assert!(validate_job("a/b").is_err());
+        assert!(validate_job("a.b").is_err());
+        assert!(validate_job(&"x".repeat(65)).is_err());
+        assert!(validate_job(&"x".repeat(64)).is_ok());
+    }
+
+    #[test]
+    fn config_checks_ring_size() {
+        let bad = ShmConfig {
+            ring_bytes: 5000,
+            ..ShmConfig::default()
+        };
+        assert_eq!(
+            ShmEndpoint::create("cfgcheck", 0, 2, &[1], &bad)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::InvalidArgument
+        );
+    }
+}

@@ -1,0 +1,460 @@
+//! A single-producer / single-consumer byte ring over raw memory.
+//!
+//! This file owns the ring *protocol* only: a control block ([`RingCtrl`]) plus a data area of
+//! `cap` bytes (a power of two), reached through raw pointers so the same code runs on a heap
+//! buffer in unit tests and on a mapped shared-memory segment in production. It knows nothing
+//! about segments, doorbells or peers.
+//!
+//! # Protocol
+//!
+//! `tail` and `head` are monotonic byte counters (`u64`, never wrapping in practice: 2^64 bytes)
+//! on separate 128-byte lines. Only the producer stores `tail`; only the consumer stores `head`.
+//! Byte `i` of the stream lives at `data[i & (cap - 1)]`. The producer may write the
+//! `cap - (tail - head)` free bytes after `tail`; the consumer may read the `tail - head` bytes
+//! after `head`.
+//!
+//! Ordering: the producer copies bytes into the data area, then stores `tail` with `Release`;
+//! the consumer loads `tail` with `Acquire` before reading them, so it sees the bytes. The
+//! consumer finishes reading, then stores `head` with `Release`; the producer loads `head` with
+//! `Acquire` before overwriting that space, so its writes cannot overtake the reads. Each side
+//! caches the other's counter and reloads it only when the cached value says "no room" or "no
+//! bytes", so the other side's line is touched once per batch, not per call.
+//!
+//! A producer that finds the ring full sets `writer_blocked`, then (after a `SeqCst` fence)
+//! reloads `head`; a consumer that advanced `head` fences likewise, then reads and clears the
+//! flag. One of the two sees the other, so either the producer finds the freed space itself or
+//! the consumer learns that it must ring the producer's doorbell. Space freed while nobody is
+//! blocked costs no doorbell ring (and wakes no spinning producer for nothing).
+//!
+//! Counters come from another process and are not trusted: a `head` or `tail` that breaks
+//! `0 <= tail - head <= cap` is reported as [`Corrupt`] instead of being used.
+
+use std::any::Any;
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// One 128-byte line (two 64-byte lines: adjacent-line prefetch pairs them on x86).
+#[repr(C, align(128))]
+#[derive(Default)]
+pub(crate) struct Line<T>(pub(crate) T);
+
+/// Close flags of one ring, each set once by its side when that side's link is dropped.
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct RingFlags {
+    /// Set by the producer's side when it goes away.
+    pub(crate) writer_closed: AtomicU32,
+    /// Set by the consumer's side when it goes away.
+    pub(crate) reader_closed: AtomicU32,
+    /// Set by the producer's side once it has mapped the ring (so the owner may unlink).
+    pub(crate) writer_attached: AtomicU32,
+    /// Set by the producer when it found the ring full; cleared by the consumer, which then
+    /// owes it a doorbell ring (see [`Consumer::take_writer_blocked`]).
+    writer_blocked: AtomicU32,
+}
+
+/// The control block of one ring, placed right before its data area. All zero is the valid
+/// initial state (fresh shared memory is zero-filled).
+#[repr(C)]
+#[derive(Default)]
+pub(crate) struct RingCtrl {
+    /// Bytes ever written (stored by the producer only).
+    tail: Line<AtomicU64>,
+    /// Bytes ever read (stored by the consumer only).
+    head: Line<AtomicU64>,
+    /// Close flags.
+    pub(crate) flags: Line<RingFlags>,
+}
+
+/// Bytes the control block takes before the data area (a multiple of 128).
+pub(crate) const CTRL_BYTES: usize = std::mem::size_of::<RingCtrl>();
+
+/// The ring's counters broke the protocol (a peer wrote garbage or the memory is not a ring).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Corrupt {
+    /// The counters seen, for the message.
+    pub(crate) head: u64,
+    /// The counters seen, for the message.
+    pub(crate) tail: u64,
+}
+
+impl std::fmt::Display for Corrupt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ring counters are corrupt (head {}, tail {})",
+            self.head, self.tail
+        )
+    }
+}
+
+/// The memory a ring end points into, and what keeps it alive.
+struct Raw {
+    /// Keeps the memory mapped (a segment, or a heap buffer in tests).
+    _owner: Arc<dyn Any + Send + Sync>,
+    ctrl: NonNull<RingCtrl>,
+    data: NonNull<u8>,
+    cap: u64,
+}
+
+// SAFETY: `Raw` only points into memory kept alive by `_owner` (which is Send + Sync); the
+// control block is accessed through atomics and the data area only under the SPSC protocol
+// above, with exactly one producer and one consumer end per ring.
+unsafe impl Send for Raw {}
+
+impl Raw {
+    /// # Safety
+    /// `ctrl` must point to a `RingCtrl` and `data` to `cap` bytes, both valid for reads and
+    /// writes while `owner` lives; `cap` must be a power of two; only atomic accesses may touch
+    /// the control block from anywhere else.
+    unsafe fn new(
+        owner: Arc<dyn Any + Send + Sync>,
+        ctrl: NonNull<RingCtrl>,
+        data: NonNull<u8>,
+        cap: usize,
+    ) -> Raw {
+        debug_assert!(cap.is_power_of_two());
+        Raw {
+            _owner: owner,
+            ctrl,
+            data,
+            cap: cap as u64,
+        }
+    }
+
+    fn ctrl(&self) -> &RingCtrl {
+        // SAFETY: `ctrl` is valid while `_owner` lives (constructor contract), and `RingCtrl`
+        // holds only atomics, so a shared reference is sound even with another process writing.
+        unsafe { self.ctrl.as_ref() }
+    }
+
+    /// Checks `0 <= tail - head <= cap`.
+    fn check(&self, head: u64, tail: u64) -> Result<u64, Corrupt> {
+        match tail.checked_sub(head) {
+            Some(used) if used <= self.cap => Ok(used),
+            _ => Err(Corrupt { head, tail }),
+        }
+    }
+}
+
+/// The writing end of a ring. Exactly one may exist per ring.
+pub(crate) struct Producer {
+    raw: Raw,
+    /// Our own `tail` (the shared copy is only stored, never re-read).
+    tail: u64,
+    /// Last `head` loaded from the consumer.
+    head_cache: u64,
+}
+
+/// The reading end of a ring. Exactly one may exist per ring.
+pub(crate) struct Consumer {
+    raw: Raw,
+    /// Our own `head`.
+    head: u64,
+    /// Last `tail` loaded from the producer.
+    tail_cache: u64,
+}
+
+impl Producer {
+    /// # Safety
+    /// As for the memory: `ctrl` points to a `RingCtrl` (all-zero or left by an earlier
+    /// producer/consumer of this same ring) and `data` to `cap` bytes, both valid while `owner`
+    /// lives; `cap` is a power of two; no other `Producer` exists for this ring.
+    pub(crate) unsafe fn new(
+        owner: Arc<dyn Any + Send + Sync>,
+        ctrl: NonNull<RingCtrl>,
+        data: NonNull<u8>,
+        cap: usize,
+    ) -> Producer {
+        // SAFETY: forwarded from this function's contract.
+        let raw = unsafe { Raw::new(owner, ctrl, data, cap) };
+        let tail = raw.ctrl().tail.0.load(Ordering::Acquire);
+        let head_cache = raw.ctrl().head.0.load(Ordering::Acquire);
+        Producer {
+            raw,
+            tail,
+            head_cache,
+        }
+    }
+
+    /// The ring's control block (for its close flags).
+    pub(crate) fn ctrl(&self) -> &RingCtrl {
+        self.raw.ctrl()
+    }
+
+    /// Copies a prefix of `data` into the ring; returns how many bytes (0 when full).
+    pub(crate) fn try_write(&mut self, data: &[u8]) -> Result<usize, Corrupt> {
+        let cap = self.raw.cap;
+        let mut free = cap - self.raw.check(self.head_cache, self.tail)?;
+        if free < data.len() as u64 {
+            // Acquire: the consumer's reads of the space it freed happen before our writes.
+            self.head_cache = self.raw.ctrl().head.0.load(Ordering::Acquire);
+            free = cap - self.raw.check(self.head_cache, self.tail)?;
+        }
+        if free == 0 && !data.is_empty() {
+            // Full: ask for a ring when space is freed, then look once more (see module docs).
+            let flags = &self.raw.ctrl().flags.0;
+            flags.writer_blocked.store(1, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            self.head_cache = self.raw.ctrl().head.0.load(Ordering::Acquire);
+            free = cap - self.raw.check(self.head_cache, self.tail)?;
+        }
+        let n = free.min(data.len() as u64) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        let pos = (self.tail & (cap - 1)) as usize;
+        let first = n.min(cap as usize - pos);
+        // SAFETY: `pos + first <= cap` and `n - first <= pos`, so both copies stay inside the
+        // data area; the `n` bytes after `tail` are free (not readable by the consumer until we
+        // publish `tail` below), so nobody else touches them; `data` is a separate allocation
+        // (a caller's slice cannot alias the ring, which only this end and the consumer reach).
+        unsafe {
+            let base = self.raw.data.as_ptr();
+            std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(pos), first);
+            std::ptr::copy_nonoverlapping(data.as_ptr().add(first), base, n - first);
+        }
+        self.tail += n as u64;
+        // Release: publishes the bytes copied above.
+        self.raw.ctrl().tail.0.store(self.tail, Ordering::Release);
+        Ok(n)
+    }
+}
+
+impl Consumer {
+    /// # Safety
+    /// As for [`Producer::new`], with "no other `Consumer`".
+    pub(crate) unsafe fn new(
+        owner: Arc<dyn Any + Send + Sync>,
+        ctrl: NonNull<RingCtrl>,
+        data: NonNull<u8>,
+        cap: usize,
+    ) -> Consumer {
+        // SAFETY: forwarded from this function's contract.
+        let raw = unsafe { Raw::new(owner, ctrl, data, cap) };
+        let head = raw.ctrl().head.0.load(Ordering::Acquire);
+        let tail_cache = raw.ctrl().tail.0.load(Ordering::Acquire);
+        Consumer {
+            raw,
+            head,
+            tail_cache,
+        }
+    }
+
+    /// The ring's control block (for its close flags).
+    pub(crate) fn ctrl(&self) -> &RingCtrl {
+        self.raw.ctrl()
+    }
+
+    /// Bytes readable now (reloads the producer's counter).
+    pub(crate) fn available(&mut self) -> Result<u64, Corrupt> {
+        self.tail_cache = self.raw.ctrl().tail.0.load(Ordering::Acquire);
+        self.raw.check(self.head, self.tail_cache)
+    }
+
+    /// Offers up to `max` readable bytes in place to `f` (at most two calls, split at the wrap
+    /// point), then frees them; returns how many. `f` must take every byte it is offered.
+    pub(crate) fn read_with(
+        &mut self,
+        max: usize,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, Corrupt> {
+        let cap = self.raw.cap;
+        let mut avail = self.raw.check(self.head, self.tail_cache)?;
+        if avail < max as u64 {
+            // Acquire: makes the producer's bytes up to `tail` visible.
+            self.tail_cache = self.raw.ctrl().tail.0.load(Ordering::Acquire);
+            avail = self.raw.check(self.head, self.tail_cache)?;
+        }
+        let n = avail.min(max as u64) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        let pos = (self.head & (cap - 1)) as usize;
+        let first = n.min(cap as usize - pos);
+        let base = self.raw.data.as_ptr();
+        // SAFETY: `pos + first <= cap`: inside the data area. These bytes lie in
+        // `[head, tail)`, published by the producer (Acquire above) and not writable by it
+        // until we store `head` below, so nobody writes them while the slice lives.
+        f(unsafe { std::slice::from_raw_parts(base.add(pos), first) });
+        if n > first {
+            // SAFETY: `n - first <= pos <= cap` bytes from the start of the data area, the
+            // wrapped rest of the same readable range.
+            f(unsafe { std::slice::from_raw_parts(base, n - first) });
+        }
+        self.head += n as u64;
+        // Release: our reads above happen before the producer may reuse this space.
+        self.raw.ctrl().head.0.store(self.head, Ordering::Release);
+        Ok(n)
+    }
+
+    /// After freeing space: `true` if the producer found the ring full since the last call,
+    /// so it may be waiting for a doorbell ring. Clears the request.
+    pub(crate) fn take_writer_blocked(&self) -> bool {
+        // Orders our `head` store before the flag load (pairs with the producer's fence).
+        fence(Ordering::SeqCst);
+        let flag = &self.raw.ctrl().flags.0.writer_blocked;
+        flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::Relaxed) != 0
+    }
+
+    /// Copies readable bytes into a prefix of `buf`; returns how many (0 when none).
+    pub(crate) fn try_read(&mut self, buf: &mut [u8]) -> Result<usize, Corrupt> {
+        let mut at = 0;
+        self.read_with(buf.len(), &mut |chunk| {
+            buf[at..at + chunk.len()].copy_from_slice(chunk);
+            at += chunk.len();
+        })
+    }
+}
+
+/// A ring on the heap, for tests: returns both ends.
+#[cfg(test)]
+pub(crate) fn heap_pair(cap: usize) -> (Producer, Consumer) {
+    use std::alloc::{alloc_zeroed, dealloc, Layout};
+
+    struct Heap {
+        ptr: NonNull<u8>,
+        layout: Layout,
+    }
+    // SAFETY: the buffer is plain memory only reached through the ring ends.
+    unsafe impl Send for Heap {}
+    // SAFETY: as above; shared access goes through atomics and the SPSC protocol.
+    unsafe impl Sync for Heap {}
+    impl Drop for Heap {
+        fn drop(&mut self) {
+            // SAFETY: allocated in `heap_pair` with this layout.
+            unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
+        }
+    }
+
+    assert!(cap.is_power_of_two());
+    let layout = Layout::from_size_align(CTRL_BYTES + cap, 128).expect("layout");
+    // SAFETY: the layout has a non-zero size.
+    let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).expect("allocation failed");
+    let heap: Arc<dyn Any + Send + Sync> = Arc::new(Heap { ptr, layout });
+    let ctrl = ptr.cast::<RingCtrl>();
+    // SAFETY: `CTRL_BYTES < CTRL_BYTES + cap`, inside the allocation.
+    let data = unsafe { NonNull::new_unchecked(ptr.as_ptr().add(CTRL_BYTES)) };
+    // SAFETY: zeroed memory is a valid `RingCtrl`; both areas live as long as `heap`; one
+    // producer and one consumer are made.
+    unsafe {
+        (
+            Producer::new(heap.clone(), ctrl, data, cap),
+            Consumer::new(heap, ctrl, data, cap),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn layout_is_three_lines() {
+        assert_eq!(CTRL_BYTES, 384);
+        assert_eq!(std::mem::align_of::<RingCtrl>(), 128);
+    }
+
+    #[test]
+    fn fills_then_drains() {
+        let (mut tx, mut rx) = heap_pair(4096);
+        let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        assert_eq!(tx.try_write(&data).unwrap(), 4096);
+        assert_eq!(tx.try_write(&data[4096..]).unwrap(), 0);
+        let mut out = vec![0u8; 5000];
+        assert_eq!(rx.try_read(&mut out[..100]).unwrap(), 100);
+        assert_eq!(tx.try_write(&data[4096..]).unwrap(), 100);
+        assert_eq!(rx.try_read(&mut out[100..]).unwrap(), 4096);
+        assert_eq!(&out[..4196], &data[..4196]);
+        assert_eq!(rx.try_read(&mut out).unwrap(), 0);
+    }
+
+    #[test]
+    fn read_with_splits_at_the_wrap_point_only() {
+        let (mut tx, mut rx) = heap_pair(4096);
+        tx.try_write(&[1u8; 4000]).unwrap();
+        rx.try_read(&mut [0u8; 4000]).unwrap();
+        tx.try_write(&[2u8; 200]).unwrap();
+        let mut calls = Vec::new();
+        let n = rx.read_with(1000, &mut |c| calls.push(c.len())).unwrap();
+        assert_eq!(n, 200);
+        assert_eq!(calls, vec![96, 104]);
+    }
+
+    #[test]
+    fn a_full_ring_asks_for_a_ring_once() {
+        let (mut tx, mut rx) = heap_pair(4096);
+        assert_eq!(tx.try_write(&[7u8; 4096]).unwrap(), 4096);
+        rx.try_read(&mut [0u8; 10]).unwrap();
+        assert!(!rx.take_writer_blocked(), "nobody was blocked");
+        assert_eq!(tx.try_write(&[7u8; 100]).unwrap(), 10);
+        assert_eq!(tx.try_write(&[7u8; 100]).unwrap(), 0);
+        rx.try_read(&mut [0u8; 10]).unwrap();
+        assert!(rx.take_writer_blocked());
+        assert!(!rx.take_writer_blocked());
+    }
+
+    #[test]
+    fn corrupt_counters_are_reported_not_used() {
+        let (mut tx, mut rx) = heap_pair(4096);
+        rx.ctrl().tail.0.store(5000, Ordering::Release);
+        assert!(rx.available().is_err());
+        assert!(rx.try_read(&mut [0u8; 8]).is_err());
+        tx.ctrl().head.0.store(7, Ordering::Release);
+        assert!(tx.try_write(&[0u8; 8192]).is_err());
+    }
+
+    #[test]
+    fn two_threads_stream_in_order() {
+        let (mut tx, mut rx) = heap_pair(4096);
+        const TOTAL: usize = 4 << 20;
+        let writer = std::thread::spawn(move || {
+            let mut sent = 0usize;
+            let chunk: Vec<u8> = (0..3001u32).map(|i| i as u8).collect();
+            while sent < TOTAL {
+                let off = sent % 3001;
+                let end = (off + 1000).min(3001).min(off + TOTAL - sent);
+                sent += tx.try_write(&chunk[off..end]).unwrap();
+                std::thread::yield_now();
+            }
+        });
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 777];
+        while got < TOTAL {
+            let n = rx.try_read(&mut buf).unwrap();
+            for (i, b) in buf[..n].iter().enumerate() {
+                assert_eq!(*b, ((got + i) % 3001) as u8);
+            }
+            got += n;
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        writer.join().unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn wraps_with_random_chunks(
+            ops in proptest::collection::vec((1usize..700, 1usize..700), 1..200)
+        ) {
+            let (mut tx, mut rx) = heap_pair(4096);
+            let mut next_w = 0u64;
+            let mut next_r = 0u64;
+            for (w, r) in ops {
+                let data: Vec<u8> = (0..w as u64).map(|i| ((next_w + i) * 7 % 251) as u8).collect();
+                next_w += tx.try_write(&data).unwrap() as u64;
+                let mut buf = vec![0u8; r];
+                let n = rx.try_read(&mut buf).unwrap();
+                for (i, b) in buf[..n].iter().enumerate() {
+                    prop_assert_eq!(*b, ((next_r + i as u64) * 7 % 251) as u8);
+                }
+                next_r += n as u64;
+                prop_assert!(next_w - next_r <= 4096);
+            }
+        }
+    }
+}
