@@ -68,95 +68,36 @@ fn main() {
     row("unpack_scaled_add", bytes, t);
     let sym = QuantType::Symmetric;
     let t = median_time(runs, || {
-        quant::quantize(
-            black_box(&src),
-            GROUP,
-            QuantBits::Int4,
-            sym,
-            &mut q4,
-            &mut params,
-        )
-        .unwrap();
+        quant::quantize(black_box(&src), GROUP, QuantBits::Int4, sym, &mut q4, &mut params).unwrap();
     });
     row("quantize int4 sym", bytes, t);
     let t = median_time(runs, || {
-        quant::quantize(
-            black_box(&src),
-            GROUP,
-            QuantBits::Int8,
-            sym,
-            &mut q8,
-            &mut params,
-        )
-        .unwrap();
+        quant::quantize(black_box(&src), GROUP, QuantBits::Int8, sym, &mut q8, &mut params).unwrap();
     });
     row("quantize int8 sym", bytes, t);
     quant::quantize(&src, GROUP, QuantBits::Int4, sym, &mut q4, &mut params).unwrap();
     let t = median_time(runs, || {
-        quant::dequantize(
-            black_box(&q4),
-            &params,
-            GROUP,
-            QuantBits::Int4,
-            sym,
-            &mut dst,
-        )
-        .unwrap();
+        quant::dequantize(black_box(&q4), &params, GROUP, QuantBits::Int4, sym, &mut dst).unwrap();
     });
     row("dequantize int4 sym", bytes, t);
     let t = median_time(runs, || {
-        quant::dequantize_add_f32(
-            black_box(&q4),
-            &params,
-            GROUP,
-            QuantBits::Int4,
-            sym,
-            &mut dst,
-        )
-        .unwrap();
+        quant::dequantize_add_f32(black_box(&q4), &params, GROUP, QuantBits::Int4, sym, &mut dst).unwrap();
     });
     row("dequantize_add_f32 int4 sym", bytes, t);
     let t = median_time(runs, || {
-        quant::quantize(
-            black_box(&src),
-            64,
-            QuantBits::Int4,
-            sym,
-            &mut q4,
-            &mut params64,
-        )
-        .unwrap();
+        quant::quantize(black_box(&src), 64, QuantBits::Int4, sym, &mut q4, &mut params64).unwrap();
     });
     row("quantize int4 sym, group 64", bytes, t);
     let t = median_time(runs, || {
-        quant::quantize(
-            black_box(&src16),
-            GROUP,
-            QuantBits::Int4,
-            sym,
-            &mut q4,
-            &mut params,
-        )
-        .unwrap();
+        quant::quantize(black_box(&src16), GROUP, QuantBits::Int4, sym, &mut q4, &mut params).unwrap();
     });
     row("quantize int4 sym, f16 input (f32-equiv. bytes)", bytes, t);
 
     let copy = rows[0].2.as_secs_f64();
-    println!(
-        "compress kernels: {n} f32 elements ({} MiB), group {GROUP}, median of {runs} runs",
-        (n * 4) >> 20
-    );
-    println!(
-        "{:<50} {:>10} {:>10} {:>10}",
-        "kernel", "ms", "GB/s", "vs copy"
-    );
+    println!("compress kernels: {n} f32 elements ({} MiB), group {GROUP}, median of {runs} runs", (n * 4) >> 20);
+    println!("{:<50} {:>10} {:>10} {:>10}", "kernel", "ms", "GB/s", "vs copy");
     for (name, b, t) in &rows {
         let s = t.as_secs_f64();
-        println!(
-            "{name:<50} {:>10.3} {:>10.2} {:>9.2}x",
-            s * 1e3,
-            b / s / 1e9,
-            copy / s
-        );
+        println!("{name:<50} {:>10.3} {:>10.2} {:>9.2}x", s * 1e3, b / s / 1e9, copy / s);
     }
 }

@@ -64,10 +64,7 @@ fn sum_case<T: Element>(name: &str) -> Duration {
 }
 
 fn main() {
-    println!(
-        "oxcomm reduce bench: {} MiB buffers, median of {RUNS} runs after 1 warm-up, one thread",
-        BYTES >> 20
-    );
+    println!("oxcomm reduce bench: {} MiB buffers, median of {RUNS} runs after 1 warm-up, one thread", BYTES >> 20);
 
     let kernel = sum_case::<f32>("f32 sum kernel (dst += src)");
 
@@ -77,12 +74,7 @@ fn main() {
     line("copy_from_slice", copy, 2);
 
     let (k, c) = (kernel.as_secs_f64(), copy.as_secs_f64());
-    println!(
-        "ratio kernel/copy: time {:.2}; GB/s buf {:.2}; GB/s r+w {:.2}",
-        k / c,
-        c / k,
-        1.5 * c / k
-    );
+    println!("ratio kernel/copy: time {:.2}; GB/s buf {:.2}; GB/s r+w {:.2}", k / c, c / k, 1.5 * c / k);
 
     let (a, b) = (buffer::<f32>(0.0), buffer::<f32>(1.0));
     let t = median(|| {
@@ -101,10 +93,7 @@ fn main() {
     sum_case::<bf16>("bf16 sum kernel (dst += src)");
     sum_case::<i32>("i32 sum kernel (dst += src)");
 
-    println!(
-        "in cache: {} KiB buffers, {CACHE_REPS} calls per run (compute-bound cost)",
-        CACHE_BYTES >> 10
-    );
+    println!("in cache: {} KiB buffers, {CACHE_REPS} calls per run (compute-bound cost)", CACHE_BYTES >> 10);
     cached_case::<f32>("f32 sum kernel, in cache");
     cached_case::<f16>("f16 sum kernel, in cache");
     cached_case::<bf16>("bf16 sum kernel, in cache");

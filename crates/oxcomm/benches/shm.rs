@@ -135,10 +135,7 @@ fn stream(config: &ShmConfig, chunk: usize, total: usize) -> f64 {
 
 fn main() {
     let config = ShmConfig::from_env().expect("OXCOMM_SHM_* settings");
-    let iters = std::env::var("OXCOMM_BENCH_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000usize);
+    let iters = std::env::var("OXCOMM_BENCH_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000usize);
     println!(
         "shm bench: ring {} B, spin {:?}, {} CPUs",
         config.ring_bytes,
@@ -146,9 +143,7 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     let (med, p99) = ping_pong(&config, iters);
-    println!(
-        "ping-pong 8 B: one-way latency median {med:.3} us, p99 {p99:.3} us ({iters} round trips)"
-    );
+    println!("ping-pong 8 B: one-way latency median {med:.3} us, p99 {p99:.3} us ({iters} round trips)");
     let chunk = 1 << 20;
     let total = 2usize << 30;
     let mut runs: Vec<f64> = (0..5).map(|_| stream(&config, chunk, total)).collect();

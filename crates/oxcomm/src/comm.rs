@@ -577,9 +577,7 @@ impl Communicator {
         let fp = self.fingerprint(OpKind::Barrier);
         let algo = self.algorithm(&fp, opts, 0, 0)?;
         match algo {
-            Algorithm::Dissemination => {
-                self.collective(fp, opts, false, |ctx, fp| algorithms::barrier::dissemination(ctx, fp))
-            }
+            Algorithm::Dissemination => self.collective(fp, opts, false, algorithms::barrier::dissemination),
             _ => self.collective(fp, opts, true, |_, _| Ok(())),
         }
     }

@@ -122,11 +122,7 @@ pub mod scalar {
     pub fn unpack_scaled(src: &[u8], dst: &mut [f32], scale: f32, order: BitOrder) {
         for (&byte, chunk) in src.iter().zip(dst.chunks_exact_mut(8)) {
             for (j, out) in chunk.iter_mut().enumerate() {
-                let sign = if (byte >> order.shift(j)) & 1 == 1 {
-                    1.0
-                } else {
-                    -1.0
-                };
+                let sign = if (byte >> order.shift(j)) & 1 == 1 { 1.0 } else { -1.0 };
                 *out = scale * sign;
             }
         }
@@ -136,11 +132,7 @@ pub mod scalar {
     pub fn unpack_scaled_add(src: &[u8], acc: &mut [f32], scale: f32, order: BitOrder) {
         for (&byte, chunk) in src.iter().zip(acc.chunks_exact_mut(8)) {
             for (j, out) in chunk.iter_mut().enumerate() {
-                let sign = if (byte >> order.shift(j)) & 1 == 1 {
-                    1.0
-                } else {
-                    -1.0
-                };
+                let sign = if (byte >> order.shift(j)) & 1 == 1 { 1.0 } else { -1.0 };
                 *out += scale * sign;
             }
         }
@@ -165,12 +157,7 @@ mod fast {
         super::portable::pack(src, dst, order);
     }
 
-    pub(super) fn unpack<const ADD: bool>(
-        src: &[u8],
-        dst: &mut [f32],
-        scale: f32,
-        order: BitOrder,
-    ) {
+    pub(super) fn unpack<const ADD: bool>(src: &[u8], dst: &mut [f32], scale: f32, order: BitOrder) {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2") {
@@ -201,12 +188,7 @@ mod portable {
         }
     }
 
-    pub(super) fn unpack<const ADD: bool>(
-        src: &[u8],
-        dst: &mut [f32],
-        scale: f32,
-        order: BitOrder,
-    ) {
+    pub(super) fn unpack<const ADD: bool>(src: &[u8], dst: &mut [f32], scale: f32, order: BitOrder) {
         let s = scale.to_bits();
         for (&byte, chunk) in src.iter().zip(dst.chunks_exact_mut(8)) {
             for (j, out) in chunk.iter_mut().enumerate() {
@@ -284,11 +266,7 @@ mod x86 {
         for (chunk, byte) in src.chunks_exact(8).zip(dst.iter_mut()) {
             // `chunk` has 8 floats: the unaligned 8-float load is in bounds.
             let v = _mm256_loadu_ps(chunk.as_ptr());
-            let v = if BIG {
-                _mm256_permutevar8x32_ps(v, reverse)
-            } else {
-                v
-            };
+            let v = if BIG { _mm256_permutevar8x32_ps(v, reverse) } else { v };
             // `!(x < 0)`, unordered-quiet: true for x ≥ 0, ±0 and NaN.
             let m = _mm256_cmp_ps::<_CMP_NLT_UQ>(v, zero);
             *byte = _mm256_movemask_ps(m) as u8;
@@ -304,12 +282,7 @@ mod x86 {
         m
     }
 
-    pub(super) fn unpack_sse2<const ADD: bool>(
-        src: &[u8],
-        dst: &mut [f32],
-        scale: f32,
-        order: BitOrder,
-    ) {
+    pub(super) fn unpack_sse2<const ADD: bool>(src: &[u8], dst: &mut [f32], scale: f32, order: BitOrder) {
         let bits = lane_bits(order);
         for (&byte, chunk) in src.iter().zip(dst.chunks_exact_mut(8)) {
             // SAFETY: SSE2 is part of the x86-64 baseline; `chunk` has 8 floats, so both
@@ -340,12 +313,7 @@ mod x86 {
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn unpack_avx2<const ADD: bool>(
-        src: &[u8],
-        dst: &mut [f32],
-        scale: f32,
-        order: BitOrder,
-    ) {
+    pub(super) unsafe fn unpack_avx2<const ADD: bool>(src: &[u8], dst: &mut [f32], scale: f32, order: BitOrder) {
         let bits = lane_bits(order);
         let m = _mm256_loadu_si256(bits.as_ptr().cast());
         let sign = _mm256_set1_ps(-0.0);
@@ -371,14 +339,7 @@ mod tests {
     use super::*;
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
-        let special = [
-            0.0,
-            -0.0,
-            f32::NAN,
-            -f32::NAN,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-        ];
+        let special = [0.0, -0.0, f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
         let mut x = seed.wrapping_mul(2654435761) | 1;
         (0..n)
             .map(|i| {

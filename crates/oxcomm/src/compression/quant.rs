@@ -244,15 +244,7 @@ pub fn quantize<T: QuantFloat>(
     out_q: &mut [u8],
     out_params: &mut [f32],
 ) -> Result<()> {
-    let f = Format::check(
-        "quantize",
-        src.len(),
-        group_size,
-        bits,
-        ty,
-        out_q.len(),
-        out_params.len(),
-    )?;
+    let f = Format::check("quantize", src.len(), group_size, bits, ty, out_q.len(), out_params.len())?;
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
@@ -277,15 +269,7 @@ pub fn dequantize<T: QuantFloat>(
     ty: QuantType,
     out: &mut [T],
 ) -> Result<()> {
-    let f = Format::check(
-        "dequantize",
-        out.len(),
-        group_size,
-        bits,
-        ty,
-        q.len(),
-        params.len(),
-    )?;
+    let f = Format::check("dequantize", out.len(), group_size, bits, ty, q.len(), params.len())?;
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
@@ -308,15 +292,7 @@ pub fn dequantize_add_f32(
     ty: QuantType,
     acc: &mut [f32],
 ) -> Result<()> {
-    let f = Format::check(
-        "dequantize_add_f32",
-        acc.len(),
-        group_size,
-        bits,
-        ty,
-        q.len(),
-        params.len(),
-    )?;
+    let f = Format::check("dequantize_add_f32", acc.len(), group_size, bits, ty, q.len(), params.len())?;
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
@@ -349,9 +325,7 @@ impl Format {
             return Err(Error::invalid(format!("{what}: group size is 0")));
         }
         if n % group_size != 0 {
-            return Err(Error::invalid(format!(
-                "{what}: {n} elements do not split into groups of {group_size}"
-            )));
+            return Err(Error::invalid(format!("{what}: {n} elements do not split into groups of {group_size}")));
         }
         if bits == QuantBits::Int4 && group_size % 2 != 0 {
             return Err(Error::invalid(format!(
@@ -372,11 +346,7 @@ impl Format {
                 n / group_size
             )));
         }
-        Ok(Format {
-            group_size,
-            bits,
-            ty,
-        })
+        Ok(Format { group_size, bits, ty })
     }
 
     /// Bytes of codes per group.
@@ -396,21 +366,13 @@ struct GroupParams {
 fn symmetric_params(amax: f32, bits: QuantBits) -> GroupParams {
     let half_range = (1u32 << (bits.bits() - 1)) as f32;
     let q_scale = if amax == 0.0 { 1.0 } else { half_range / amax };
-    GroupParams {
-        q_scale,
-        stored_scale: 1.0 / q_scale,
-        offset: 0.0,
-    }
+    GroupParams { q_scale, stored_scale: 1.0 / q_scale, offset: 0.0 }
 }
 
 fn asymmetric_params(min: f32, max: f32, bits: QuantBits) -> GroupParams {
     let range = (1u32 << bits.bits()) as f32;
     let q_scale = if max == min { 1.0 } else { range / (max - min) };
-    GroupParams {
-        q_scale,
-        stored_scale: 1.0 / q_scale,
-        offset: (max + min) / 2.0,
-    }
+    GroupParams { q_scale, stored_scale: 1.0 / q_scale, offset: (max + min) / 2.0 }
 }
 
 /// Elements widened/produced per step for f16/bf16 (a 4 KiB f32 scratch; even, so an int4
@@ -424,12 +386,7 @@ const CHUNK: usize = 1024;
 /// `AVX2` selects the explicit AVX2 code pass; it is `true` only in the instantiation made by
 /// [`avx2::quantize`], whose caller has checked that the CPU supports AVX2.
 #[inline(always)]
-fn quantize_driver<T: QuantFloat, const AVX2: bool>(
-    src: &[T],
-    f: Format,
-    out_q: &mut [u8],
-    out_params: &mut [f32],
-) {
+fn quantize_driver<T: QuantFloat, const AVX2: bool>(src: &[T], f: Format, out_q: &mut [u8], out_params: &mut [f32]) {
     let mut buf = [0f32; CHUNK];
     let chunk_bytes = quantized_len(CHUNK, f.bits);
     let groups = src
@@ -438,9 +395,7 @@ fn quantize_driver<T: QuantFloat, const AVX2: bool>(
         .zip(out_params.chunks_exact_mut(f.ty.params_per_group()));
     for (gi, ((group, q), stored)) in groups.enumerate() {
         // The next group, which the AVX2 code pass prefetches while it works on this one.
-        let next = src
-            .get((gi + 1) * f.group_size..(gi + 2) * f.group_size)
-            .unwrap_or(&[]);
+        let next = src.get((gi + 1) * f.group_size..(gi + 2) * f.group_size).unwrap_or(&[]);
         #[cfg(not(target_arch = "x86_64"))]
         let _ = next;
         // Pass 1: statistics.
@@ -477,18 +432,10 @@ fn quantize_driver<T: QuantFloat, const AVX2: bool>(
             #[cfg(not(target_arch = "x86_64"))]
             let _ = ahead;
             match (f.bits, f.ty) {
-                (QuantBits::Int8, QuantType::Symmetric) => {
-                    kernel::quantize_i8::<false>(x, p.offset, p.q_scale, qc)
-                }
-                (QuantBits::Int8, QuantType::Asymmetric) => {
-                    kernel::quantize_i8::<true>(x, p.offset, p.q_scale, qc)
-                }
-                (QuantBits::Int4, QuantType::Symmetric) => {
-                    kernel::quantize_i4::<false>(x, p.offset, p.q_scale, qc)
-                }
-                (QuantBits::Int4, QuantType::Asymmetric) => {
-                    kernel::quantize_i4::<true>(x, p.offset, p.q_scale, qc)
-                }
+                (QuantBits::Int8, QuantType::Symmetric) => kernel::quantize_i8::<false>(x, p.offset, p.q_scale, qc),
+                (QuantBits::Int8, QuantType::Asymmetric) => kernel::quantize_i8::<true>(x, p.offset, p.q_scale, qc),
+                (QuantBits::Int4, QuantType::Symmetric) => kernel::quantize_i4::<false>(x, p.offset, p.q_scale, qc),
+                (QuantBits::Int4, QuantType::Asymmetric) => kernel::quantize_i4::<true>(x, p.offset, p.q_scale, qc),
             }
         }
         match stored {
@@ -526,18 +473,10 @@ fn dequantize_driver<T: QuantFloat>(q: &[u8], params: &[f32], f: Format, out: &m
         for (dc, qc) in group.chunks_mut(CHUNK).zip(qg.chunks(chunk_bytes)) {
             let o = T::out(dc, &mut buf);
             match (f.bits, asym) {
-                (QuantBits::Int8, false) => {
-                    kernel::dequantize_i8::<false, false>(qc, scale, offset, o)
-                }
-                (QuantBits::Int8, true) => {
-                    kernel::dequantize_i8::<false, true>(qc, scale, offset, o)
-                }
-                (QuantBits::Int4, false) => {
-                    kernel::dequantize_i4::<false, false>(qc, scale, offset, o)
-                }
-                (QuantBits::Int4, true) => {
-                    kernel::dequantize_i4::<false, true>(qc, scale, offset, o)
-                }
+                (QuantBits::Int8, false) => kernel::dequantize_i8::<false, false>(qc, scale, offset, o),
+                (QuantBits::Int8, true) => kernel::dequantize_i8::<false, true>(qc, scale, offset, o),
+                (QuantBits::Int4, false) => kernel::dequantize_i4::<false, false>(qc, scale, offset, o),
+                (QuantBits::Int4, true) => kernel::dequantize_i4::<false, true>(qc, scale, offset, o),
             }
             T::finish(&buf, dc);
         }
@@ -570,24 +509,14 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn quantize<T: QuantFloat>(
-        src: &[T],
-        f: Format,
-        out_q: &mut [u8],
-        out_params: &mut [f32],
-    ) {
+    pub(super) unsafe fn quantize<T: QuantFloat>(src: &[T], f: Format, out_q: &mut [u8], out_params: &mut [f32]) {
         super::quantize_driver::<T, true>(src, f, out_q, out_params)
     }
 
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dequantize<T: QuantFloat>(
-        q: &[u8],
-        params: &[f32],
-        f: Format,
-        out: &mut [T],
-    ) {
+    pub(super) unsafe fn dequantize<T: QuantFloat>(q: &[u8], params: &[f32], f: Format, out: &mut [T]) {
         super::dequantize_driver(q, params, f, out)
     }
 
@@ -615,26 +544,12 @@ mod x86 {
     /// The CPU must support AVX2, and `out.len()` must be `quantized_len(x.len(), f.bits)`
     /// with `x.len()` even for int4.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn quantize(
-        x: &[f32],
-        p: GroupParams,
-        f: Format,
-        out: &mut [u8],
-        ahead: &[u8],
-    ) {
+    pub(super) unsafe fn quantize(x: &[f32], p: GroupParams, f: Format, out: &mut [u8], ahead: &[u8]) {
         match (f.bits, f.ty) {
-            (QuantBits::Int8, QuantType::Symmetric) => {
-                quantize_blocks::<false, false>(x, p, out, ahead)
-            }
-            (QuantBits::Int8, QuantType::Asymmetric) => {
-                quantize_blocks::<false, true>(x, p, out, ahead)
-            }
-            (QuantBits::Int4, QuantType::Symmetric) => {
-                quantize_blocks::<true, false>(x, p, out, ahead)
-            }
-            (QuantBits::Int4, QuantType::Asymmetric) => {
-                quantize_blocks::<true, true>(x, p, out, ahead)
-            }
+            (QuantBits::Int8, QuantType::Symmetric) => quantize_blocks::<false, false>(x, p, out, ahead),
+            (QuantBits::Int8, QuantType::Asymmetric) => quantize_blocks::<false, true>(x, p, out, ahead),
+            (QuantBits::Int4, QuantType::Symmetric) => quantize_blocks::<true, false>(x, p, out, ahead),
+            (QuantBits::Int4, QuantType::Asymmetric) => quantize_blocks::<true, true>(x, p, out, ahead),
         }
     }
 
@@ -668,10 +583,7 @@ mod x86 {
         ahead: &[u8],
     ) {
         // Bytes of `ahead` to prefetch per 32-element block (whole cache lines).
-        let per_block = ahead
-            .len()
-            .div_ceil((x.len() / 32).max(1))
-            .next_multiple_of(64);
+        let per_block = ahead.len().div_ceil((x.len() / 32).max(1)).next_multiple_of(64);
         let mut lines = ahead.chunks(per_block.max(64));
         let (lo, hi) = if INT4 { (-8.0, 7.0) } else { (-128.0, 127.0) };
         let (vlo, vhi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
@@ -702,8 +614,7 @@ mod x86 {
             let q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), natural);
             if INT4 {
                 let pairs = _mm256_maddubs_epi16(_mm256_and_si256(q, low_nibble), even_high);
-                let packed =
-                    _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_packus_epi16(pairs, pairs));
+                let packed = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_packus_epi16(pairs, pairs));
                 // `o` has 16 bytes.
                 _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(packed));
             } else {
@@ -754,11 +665,7 @@ mod kernel {
     /// The code of one element as the low bits of a `u32` (two's complement).
     #[inline(always)]
     fn code<const ASYM: bool>(x: f32, offset: f32, q_scale: f32, lo: f32, hi: f32) -> u32 {
-        let v = if ASYM {
-            (x - offset) * q_scale
-        } else {
-            x * q_scale
-        };
+        let v = if ASYM { (x - offset) * q_scale } else { x * q_scale };
         #[allow(clippy::eq_op)] // NaN test that vectorises to one compare
         let v = if v == v { v } else { 0.0 };
         let v = if v < lo { lo } else { v };
@@ -767,24 +674,14 @@ mod kernel {
     }
 
     #[inline(always)]
-    pub(super) fn quantize_i8<const ASYM: bool>(
-        x: &[f32],
-        offset: f32,
-        q_scale: f32,
-        out: &mut [u8],
-    ) {
+    pub(super) fn quantize_i8<const ASYM: bool>(x: &[f32], offset: f32, q_scale: f32, out: &mut [u8]) {
         for (o, &v) in out.iter_mut().zip(x) {
             *o = code::<ASYM>(v, offset, q_scale, -128.0, 127.0) as u8;
         }
     }
 
     #[inline(always)]
-    pub(super) fn quantize_i4<const ASYM: bool>(
-        x: &[f32],
-        offset: f32,
-        q_scale: f32,
-        out: &mut [u8],
-    ) {
+    pub(super) fn quantize_i4<const ASYM: bool>(x: &[f32], offset: f32, q_scale: f32, out: &mut [u8]) {
         for (o, pair) in out.iter_mut().zip(x.chunks_exact(2)) {
             let even = code::<ASYM>(pair[0], offset, q_scale, -8.0, 7.0);
             let odd = code::<ASYM>(pair[1], offset, q_scale, -8.0, 7.0);
@@ -812,24 +709,14 @@ mod kernel {
     }
 
     #[inline(always)]
-    pub(super) fn dequantize_i8<const ADD: bool, const ASYM: bool>(
-        q: &[u8],
-        scale: f32,
-        offset: f32,
-        out: &mut [f32],
-    ) {
+    pub(super) fn dequantize_i8<const ADD: bool, const ASYM: bool>(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
         for (o, &b) in out.iter_mut().zip(q) {
             put::<ADD>(o, value::<ASYM>(b as i8, scale, offset));
         }
     }
 
     #[inline(always)]
-    pub(super) fn dequantize_i4<const ADD: bool, const ASYM: bool>(
-        q: &[u8],
-        scale: f32,
-        offset: f32,
-        out: &mut [f32],
-    ) {
+    pub(super) fn dequantize_i4<const ADD: bool, const ASYM: bool>(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
         for (pair, &b) in out.chunks_exact_mut(2).zip(q) {
             let even = (b as i8) >> 4;
             let odd = ((b << 4) as i8) >> 4;
@@ -858,15 +745,7 @@ pub mod scalar {
         out_q: &mut [u8],
         out_params: &mut [f32],
     ) -> Result<()> {
-        let f = Format::check(
-            "quantize",
-            src.len(),
-            group_size,
-            bits,
-            ty,
-            out_q.len(),
-            out_params.len(),
-        )?;
+        let f = Format::check("quantize", src.len(), group_size, bits, ty, out_q.len(), out_params.len())?;
         let (q_min, q_max) = (bits.q_min() as f32, bits.q_max() as f32);
         let ppg = ty.params_per_group();
         for (g, group) in src.chunks_exact(f.group_size).enumerate() {
@@ -888,22 +767,14 @@ pub mod scalar {
                     QuantType::Asymmetric => (v - p.offset) * p.q_scale,
                 };
                 let r = scaled.round_ties_even();
-                let code = if r.is_nan() {
-                    0
-                } else {
-                    r.clamp(q_min, q_max) as i32
-                };
+                let code = if r.is_nan() { 0 } else { r.clamp(q_min, q_max) as i32 };
                 let k = g * f.group_size + i;
                 match bits {
                     QuantBits::Int8 => out_q[k] = code as u8,
                     QuantBits::Int4 => {
                         let nibble = (code & 0xF) as u8;
                         let byte = &mut out_q[k / 2];
-                        *byte = if k % 2 == 0 {
-                            (*byte & 0x0F) | (nibble << 4)
-                        } else {
-                            (*byte & 0xF0) | nibble
-                        };
+                        *byte = if k % 2 == 0 { (*byte & 0x0F) | (nibble << 4) } else { (*byte & 0xF0) | nibble };
                     }
                 }
             }
@@ -939,15 +810,7 @@ pub mod scalar {
         ty: QuantType,
         out: &mut [f32],
     ) -> Result<()> {
-        let f = Format::check(
-            "dequantize",
-            out.len(),
-            group_size,
-            bits,
-            ty,
-            q.len(),
-            params.len(),
-        )?;
+        let f = Format::check("dequantize", out.len(), group_size, bits, ty, q.len(), params.len())?;
         let ppg = ty.params_per_group();
         for (k, o) in out.iter_mut().enumerate() {
             let g = k / f.group_size;

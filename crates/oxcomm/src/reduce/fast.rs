@@ -50,9 +50,7 @@ impl Isa {
     #[inline]
     pub(crate) fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c") {
             return Isa::Avx2;
         }
         Isa::Baseline
@@ -239,11 +237,7 @@ fn zip_from2<T: Copy>(dst: &mut [T], a: &[T], b: &[T], f: impl Fn(T, T) -> T) {
         }
     }
     let rest = d_steps.into_remainder();
-    for ((o, x), y) in rest
-        .iter_mut()
-        .zip(a_steps.remainder())
-        .zip(b_steps.remainder())
-    {
+    for ((o, x), y) in rest.iter_mut().zip(a_steps.remainder()).zip(b_steps.remainder()) {
         *o = f(*x, *y);
     }
 }
@@ -316,12 +310,7 @@ impl Convert<f16> for F16c {
         for (s, d) in (&mut s8).zip(&mut d8) {
             // SAFETY: `s` holds 8 f16 (16 bytes, the unaligned load's width) and `d` 8 f32 (the
             // unaligned store's width); the caller guarantees F16C and AVX.
-            unsafe {
-                _mm256_storeu_ps(
-                    d.as_mut_ptr(),
-                    _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast())),
-                )
-            }
+            unsafe { _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(s.as_ptr().cast()))) }
         }
         for (s, d) in s8.remainder().iter().zip(d8.into_remainder()) {
             *d = s.to_f32();
@@ -332,9 +321,7 @@ impl Convert<f16> for F16c {
     /// The CPU must support AVX and F16C.
     #[inline(always)]
     unsafe fn narrow(src: &[f32], dst: &mut [f16]) {
-        use std::arch::x86_64::{
-            _mm256_cvtps_ph, _mm256_loadu_ps, _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT,
-        };
+        use std::arch::x86_64::{_mm256_cvtps_ph, _mm256_loadu_ps, _mm_storeu_si128, _MM_FROUND_TO_NEAREST_INT};
         let mut s8 = src.chunks_exact(8);
         let mut d8 = dst.chunks_exact_mut(8);
         for (s, d) in (&mut s8).zip(&mut d8) {
@@ -410,17 +397,9 @@ unsafe fn half_in_place<H, C: Convert<H>, F: Fn(f32, f32) -> f32>(dst: &mut [H],
 /// # Safety
 /// The CPU must have the features `C` names.
 #[inline(always)]
-unsafe fn half_from2<H, C: Convert<H>, F: Fn(f32, f32) -> f32>(
-    dst: &mut [H],
-    a: &[H],
-    b: &[H],
-    f: F,
-) {
+unsafe fn half_from2<H, C: Convert<H>, F: Fn(f32, f32) -> f32>(dst: &mut [H], a: &[H], b: &[H], f: F) {
     let (mut wa, mut wb) = ([0f32; HALF_BLOCK], [0f32; HALF_BLOCK]);
-    let blocks = dst
-        .chunks_mut(HALF_BLOCK)
-        .zip(a.chunks(HALF_BLOCK))
-        .zip(b.chunks(HALF_BLOCK));
+    let blocks = dst.chunks_mut(HALF_BLOCK).zip(a.chunks(HALF_BLOCK)).zip(b.chunks(HALF_BLOCK));
     for ((d, x), y) in blocks {
         let (wa, wb) = (&mut wa[..d.len()], &mut wb[..d.len()]);
         // SAFETY: the caller guarantees `C`'s features; all slices have `d.len()` elements.
@@ -579,13 +558,7 @@ pub(crate) fn reduce_into_with<T: Element>(isa: Isa, dst: &mut [T], src: &[T], o
 }
 
 /// `dst[i] = op(a[i], b[i])` with the kernels for `isa`. Lengths must be equal.
-pub(crate) fn reduce_from2_with<T: Element>(
-    isa: Isa,
-    dst: &mut [T],
-    a: &[T],
-    b: &[T],
-    op: ReduceOp,
-) {
+pub(crate) fn reduce_from2_with<T: Element>(isa: Isa, dst: &mut [T], a: &[T], b: &[T], op: ReduceOp) {
     debug_assert!(dst.len() == a.len() && dst.len() == b.len());
     macro_rules! prim {
         ($t:ty, $which:ident) => {{
@@ -734,9 +707,7 @@ mod tests {
     fn same<T: Element>(a: &[T], b: &[T]) -> bool {
         let nan = |x: T| T::DTYPE.is_float() && x.to_f64().is_nan();
         a.len() == b.len()
-            && a.iter().zip(b).all(|(&x, &y)| {
-                (nan(x) && nan(y)) || bytemuck::bytes_of(&x) == bytemuck::bytes_of(&y)
-            })
+            && a.iter().zip(b).all(|(&x, &y)| (nan(x) && nan(y)) || bytemuck::bytes_of(&x) == bytemuck::bytes_of(&y))
     }
 
     fn every_isa_matches_scalar<T: Element>() {
@@ -755,22 +726,14 @@ mod tests {
                     assert!(same(&got, &want), "{isa:?} {} {op} len {len}", T::DTYPE);
                     let mut got = vec![T::default(); len];
                     reduce_from2_with(isa, &mut got, a, b, op);
-                    assert!(
-                        same(&got, &want),
-                        "{isa:?} {} {op} from2 len {len}",
-                        T::DTYPE
-                    );
+                    assert!(same(&got, &want), "{isa:?} {} {op} from2 len {len}", T::DTYPE);
                 }
                 for n in [1, 2, 3, 7, 1000, 1 << 24, (1 << 24) + 1, usize::MAX] {
                     let mut want = a.to_vec();
                     scalar::divide(&mut want, n);
                     let mut got = a.to_vec();
                     divide_with(isa, &mut got, n);
-                    assert!(
-                        same(&got, &want),
-                        "{isa:?} {} divide {n} len {len}",
-                        T::DTYPE
-                    );
+                    assert!(same(&got, &want), "{isa:?} {} divide {n} len {len}", T::DTYPE);
                 }
             }
         }
@@ -792,15 +755,7 @@ mod tests {
     fn int_division_in_float_is_exact_at_the_edges() {
         for isa in Isa::available() {
             let edges = vec![i32::MIN, i32::MAX, -1, 1, i32::MIN + 1, 0, 65_537 * 3 - 1];
-            for n in [
-                2usize,
-                3,
-                65_537,
-                (1 << 31) - 1,
-                1 << 31,
-                (1 << 31) + 1,
-                1 << 53,
-            ] {
+            for n in [2usize, 3, 65_537, (1 << 31) - 1, 1 << 31, (1 << 31) + 1, 1 << 53] {
                 let (mut v, mut want) = (edges.clone(), edges.clone());
                 scalar::divide(&mut want, n);
                 divide_with(isa, &mut v, n);

@@ -143,33 +143,9 @@ pub fn divide<T: Element>(buf: &mut [T], n: usize) {
         DType::F64 => cast_mut::<T, f64>(buf).iter_mut().for_each(|x| *x /= n as f64),
         DType::F16 => cast_mut::<T, f16>(buf).iter_mut().for_each(|x| *x = f16::from_f32(x.to_f32() / n as f32)),
         DType::BF16 => cast_mut::<T, bf16>(buf).iter_mut().for_each(|x| *x = bf16::from_f32(x.to_f32() / n as f32)),
-        DType::I8 => cast_mut::<T, i8>(buf).iter_mut().for_each(|x| *x = (*x as i64 / n as i64) as i8),
-        DType::U8 => cast_mut::<T, u8>(buf).iter_mut().for_each(|x| *x = (*x as u64 / n as u64) as u8),
-        DType::I32 => cast_mut::<T, i32>(buf).iter_mut().for_each(|x| *x = (*x as i64 / n as i64) as i32),
-        DType::I64 => cast_mut::<T, i64>(buf).iter_mut().for_each(|x| *x /= n as i64),
-        DType::F32 => cast_mut::<T, f32>(buf)
-            .iter_mut()
-            .for_each(|x| *x /= n as f32),
-        DType::F64 => cast_mut::<T, f64>(buf)
-            .iter_mut()
-            .for_each(|x| *x /= n as f64),
-        DType::F16 => cast_mut::<T, f16>(buf)
-            .iter_mut()
-            .for_each(|x| *x = f16::from_f32(x.to_f32() / n as f32)),
-        DType::BF16 => cast_mut::<T, bf16>(buf)
-            .iter_mut()
-            .for_each(|x| *x = bf16::from_f32(x.to_f32() / n as f32)),
-        DType::I8 => cast_mut::<T, i8>(buf)
-            .iter_mut()
-            .for_each(|x| *x = (*x as i128 / wide) as i8),
-        DType::U8 => cast_mut::<T, u8>(buf)
-            .iter_mut()
-            .for_each(|x| *x = (*x as i128 / wide) as u8),
-        DType::I32 => cast_mut::<T, i32>(buf)
-            .iter_mut()
-            .for_each(|x| *x = (*x as i128 / wide) as i32),
-        DType::I64 => cast_mut::<T, i64>(buf)
-            .iter_mut()
-            .for_each(|x| *x = (*x as i128 / wide) as i64),
+        DType::I8 => cast_mut::<T, i8>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as i8),
+        DType::U8 => cast_mut::<T, u8>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as u8),
+        DType::I32 => cast_mut::<T, i32>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as i32),
+        DType::I64 => cast_mut::<T, i64>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as i64),
     }
 }

@@ -35,16 +35,7 @@ fn pack_layout_big_and_little_by_hand() {
 
 #[test]
 fn zeros_and_nans_of_either_sign_pack_as_one() {
-    let specials = [
-        0.0f32,
-        -0.0,
-        f32::NAN,
-        -f32::NAN,
-        f32::from_bits(0xFFC0_0001),
-        0.0,
-        -0.0,
-        1e-45,
-    ];
+    let specials = [0.0f32, -0.0, f32::NAN, -f32::NAN, f32::from_bits(0xFFC0_0001), 0.0, -0.0, 1e-45];
     for order in [BitOrder::Big, BitOrder::Little] {
         let mut b = [0u8; 1];
         pack::pack_signs(&specials, &mut b, order).unwrap();
@@ -58,12 +49,8 @@ fn zeros_and_nans_of_either_sign_pack_as_one() {
 /// Spec §2.6: the packed worker sign chunks of both ranks (zero padding counts as ≥ 0).
 #[test]
 fn spec_onebit_worker_sign_bytes() {
-    let rank0 = [
-        -6.0f32, -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 0., 0., 0.,
-    ];
-    let rank1 = [
-        -3.0f32, 2., 0., -2., 3., 1., -1., -3., 2., 0., -2., 3., 1., 0., 0., 0.,
-    ];
+    let rank0 = [-6.0f32, -5., -4., -3., -2., -1., 0., 1., 2., 3., 4., 5., 6., 0., 0., 0.];
+    let rank1 = [-3.0f32, 2., 0., -2., 3., 1., -1., -3., 2., 0., -2., 3., 1., 0., 0., 0.];
     let mut b = [0u8; 2];
     pack::pack_signs(&rank0, &mut b, BitOrder::Big).unwrap();
     assert_eq!(b, [0x03, 0xFF]);
@@ -87,16 +74,7 @@ fn spec_onebit_server_average() {
     }
     let beta = (m.iter().map(|v| v * v).sum::<f32>() / 8.0).sqrt();
     assert!((beta - 1.462821).abs() < 1e-5, "beta {beta}");
-    let want_err = [
-        -1.150546f32,
-        0.703503,
-        0.703503,
-        -1.150546,
-        0.703503,
-        0.703503,
-        -0.703503,
-        -0.703503,
-    ];
+    let want_err = [-1.150546f32, 0.703503, 0.703503, -1.150546, 0.703503, 0.703503, -0.703503, -0.703503];
     for (k, (&mk, &w)) in m.iter().zip(&want_err).enumerate() {
         let s = if mk < 0.0 { -1.0 } else { 1.0 };
         let err = mk - beta * s;
@@ -217,12 +195,7 @@ const I4: QuantBits = QuantBits::Int4;
 const I8: QuantBits = QuantBits::Int8;
 
 /// Quantizes `x` (converted to `T`) and returns (codes, params, dequantized as f32).
-fn round_trip<T: QuantFloat>(
-    x: &[f32],
-    group: usize,
-    bits: QuantBits,
-    ty: QuantType,
-) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+fn round_trip<T: QuantFloat>(x: &[f32], group: usize, bits: QuantBits, ty: QuantType) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
     let src: Vec<T> = x.iter().map(|&v| T::from_f32(v)).collect();
     let mut q = vec![0u8; quant::quantized_len(x.len(), bits)];
     let mut p = vec![0f32; quant::params_len(x.len(), group, ty)];
@@ -274,8 +247,7 @@ fn stored_param_is_the_inverse_multiplier() {
 #[test]
 fn all_zero_group_stores_one() {
     for bits in [I4, I8] {
-        let (q, p, out) =
-            round_trip::<f32>(&[0.0, -0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], 4, bits, SYM);
+        let (q, p, out) = round_trip::<f32>(&[0.0, -0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], 4, bits, SYM);
         assert_eq!(p[0], 1.0, "{bits:?}");
         assert_eq!(codes(&q, 8, bits)[..4], [0, 0, 0, 0]);
         assert_eq!(out[..4], [0.0; 4]);
@@ -373,9 +345,7 @@ fn check_bound<T: QuantFloat>(bits: QuantBits, ty: QuantType, out_half_ulp: f32)
         let g = k / group;
         let scale = p[g * ppg];
         let offset = if ty == ASYM { p[g * ppg + 1] } else { 0.0 };
-        let amax = x[g * group..(g + 1) * group]
-            .iter()
-            .fold(0f32, |m, v| m.max(v.abs()));
+        let amax = x[g * group..(g + 1) * group].iter().fold(0f32, |m, v| m.max(v.abs()));
         let clamped = (xi - offset) / scale > q_max + 0.5;
         let step_bound = if clamped { scale } else { scale / 2.0 };
         // f32 rounding of x·q_scale, 1/q_scale and q·stored; the output rounding (relative,
@@ -414,11 +384,7 @@ fn dequantize_add_accumulates() {
         let mut acc = acc0.clone();
         quant::dequantize_add_f32(&q, &p, 32, bits, ty, &mut acc).unwrap();
         for i in 0..256 {
-            assert_eq!(
-                acc[i].to_bits(),
-                (acc0[i] + deq[i]).to_bits(),
-                "{bits:?} {ty:?} {i}"
-            );
+            assert_eq!(acc[i].to_bits(), (acc0[i] + deq[i]).to_bits(), "{bits:?} {ty:?} {i}");
         }
     }
 }
@@ -459,17 +425,11 @@ fn size_helpers() {
     assert_eq!(quant::params_len(12, 4, SYM), 3);
     assert_eq!(quant::params_len(12, 4, ASYM), 6);
     assert_eq!(quant::params_len(12, 0, ASYM), 0);
-    assert_eq!(
-        (I4.q_min(), I4.q_max(), I8.q_min(), I8.q_max()),
-        (-8, 7, -128, 127)
-    );
+    assert_eq!((I4.q_min(), I4.q_max(), I8.q_min(), I8.q_max()), (-8, 7, -128, 127));
 }
 
 fn same_f32(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
 }
 
 /// The fast quantizer and dequantizer against the scalar reference, bit for bit.
@@ -481,23 +441,12 @@ fn fast_matches_scalar<T: QuantFloat>(
 ) -> Result<(), TestCaseError> {
     let src: Vec<T> = x.iter().map(|&v| T::from_f32(v)).collect();
     let n = src.len();
-    let (ql, pl) = (
-        quant::quantized_len(n, bits),
-        quant::params_len(n, group, ty),
-    );
+    let (ql, pl) = (quant::quantized_len(n, bits), quant::params_len(n, group, ty));
     let (mut qf, mut pf) = (vec![0u8; ql], vec![0f32; pl]);
     let (mut qs, mut ps) = (vec![0u8; ql], vec![0f32; pl]);
     quant::quantize(&src, group, bits, ty, &mut qf, &mut pf).unwrap();
     quant::scalar::quantize(&src, group, bits, ty, &mut qs, &mut ps).unwrap();
-    prop_assert_eq!(
-        &qf,
-        &qs,
-        "codes {:?} {:?} {:?} group {}",
-        T::DTYPE,
-        bits,
-        ty,
-        group
-    );
+    prop_assert_eq!(&qf, &qs, "codes {:?} {:?} {:?} group {}", T::DTYPE, bits, ty, group);
     prop_assert!(same_f32(&pf, &ps), "params {:?} vs {:?}", pf, ps);
 
     let mut out = vec![T::default(); n];
@@ -526,23 +475,14 @@ fn fast_matches_scalar<T: QuantFloat>(
 }
 
 fn quant_case() -> impl Strategy<Value = (Vec<f32>, usize, QuantBits, QuantType)> {
-    (
-        1usize..40,
-        1usize..6,
-        prop_oneof![Just(I4), Just(I8)],
-        prop_oneof![Just(SYM), Just(ASYM)],
-    )
-        .prop_flat_map(|(half_group, groups, bits, ty)| {
+    (1usize..40, 1usize..6, prop_oneof![Just(I4), Just(I8)], prop_oneof![Just(SYM), Just(ASYM)]).prop_flat_map(
+        |(half_group, groups, bits, ty)| {
             // Even groups of 2..78 elements; longer than a kernel's vector width and chunk
             // boundaries are exercised by the larger fixed test below.
             let group = half_group * 2;
-            (
-                prop::collection::vec(any_f32(), group * groups),
-                Just(group),
-                Just(bits),
-                Just(ty),
-            )
-        })
+            (prop::collection::vec(any_f32(), group * groups), Just(group), Just(bits), Just(ty))
+        },
+    )
 }
 
 proptest! {
@@ -564,13 +504,7 @@ fn quant_fast_matches_scalar_on_long_groups() {
     x[5] = f32::NAN;
     x[2000] = -0.0;
     x[4000] = f32::INFINITY;
-    for (group, bits, ty) in [
-        (2600, I4, SYM),
-        (2600, I8, ASYM),
-        (1300, I4, ASYM),
-        (7800, I8, SYM),
-        (26, I4, SYM),
-    ] {
+    for (group, bits, ty) in [(2600, I4, SYM), (2600, I8, ASYM), (1300, I4, ASYM), (7800, I8, SYM), (26, I4, SYM)] {
         fast_matches_scalar::<f32>(&x, group, bits, ty).unwrap();
         fast_matches_scalar::<f16>(&x, group, bits, ty).unwrap();
         fast_matches_scalar::<bf16>(&x, group, bits, ty).unwrap();

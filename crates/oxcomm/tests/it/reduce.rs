@@ -135,18 +135,9 @@ impl<T: Gen> Case<T> {
             (
                 proptest::collection::vec(T::value(), len + a_off),
                 proptest::collection::vec(T::value(), len + b_off),
-                prop_oneof![
-                    1usize..=9,
-                    select(vec![16usize, 1000, 1 << 24, (1 << 24) + 1])
-                ],
+                prop_oneof![1usize..=9, select(vec![16usize, 1000, 1 << 24, (1 << 24) + 1])],
             )
-                .prop_map(move |(a, b, n)| Case {
-                    a,
-                    b,
-                    a_off,
-                    b_off,
-                    n,
-                })
+                .prop_map(move |(a, b, n)| Case { a, b, a_off, b_off, n })
         })
     }
 
@@ -168,14 +159,7 @@ fn same_bits<T: Element>(x: T, y: T) -> bool {
 fn assert_same<T: Element>(got: &[T], want: &[T], what: &str) -> Result<(), TestCaseError> {
     prop_assert_eq!(got.len(), want.len(), "{}: length", what);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        prop_assert!(
-            same_bits(g, w),
-            "{}: element {} is {:?}, scalar says {:?}",
-            what,
-            i,
-            g,
-            w
-        );
+        prop_assert!(same_bits(g, w), "{}: element {} is {:?}, scalar says {:?}", what, i, g, w);
     }
     Ok(())
 }
@@ -211,11 +195,7 @@ fn fast_equals_scalar<T: Gen>(case: &Case<T>) -> Result<(), TestCaseError> {
     for op in [ReduceOp::Sum, ReduceOp::Max] {
         let mut untouched = a.to_vec();
         finish_avg(&mut untouched, op, case.n);
-        assert_same(
-            &untouched,
-            a,
-            &format!("finish_avg with {op} changes nothing"),
-        )?;
+        assert_same(&untouched, a, &format!("finish_avg with {op} changes nothing"))?;
     }
     Ok(())
 }

@@ -16,11 +16,7 @@ const CHILD_ENV: &str = "OXCOMM_TEST_SHM_CHILD_JOB";
 /// A job name unique to this process and call, so parallel tests never collide.
 fn job(tag: &str) -> String {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "t{}-{tag}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("t{}-{tag}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Files in /dev/shm that belong to `job`.
@@ -156,11 +152,7 @@ fn exchange(
                     n
                 };
                 stream_bytes(p, rank, got[p], n, &mut want);
-                assert!(
-                    inbox[..n] == want[..],
-                    "rank {rank}: bytes from {p} at {} differ",
-                    got[p]
-                );
+                assert!(inbox[..n] == want[..], "rank {rank}: bytes from {p} at {} differ", got[p]);
                 got[p] += n;
                 moved |= n > 0;
             }
@@ -186,10 +178,7 @@ fn exchange(
 
 fn run_exchange(world: usize, ring_bytes: usize, total: usize, max_chunk: usize) {
     let job = job("x");
-    let config = ShmConfig {
-        ring_bytes,
-        ..ShmConfig::default()
-    };
+    let config = ShmConfig { ring_bytes, ..ShmConfig::default() };
     let parts = mesh(&job, world, &config);
     assert!(leftovers(&job).is_empty(), "names unlinked after setup");
     let handles: Vec<_> = parts
@@ -229,11 +218,7 @@ fn eight_ranks_share_few_cores_without_starving() {
     // More ranks than cores: waits must yield and sleep, not spin the peers off the CPU.
     let t0 = Instant::now();
     run_exchange(8, 16 << 10, 512 << 10, 9000);
-    assert!(
-        t0.elapsed() < Duration::from_secs(30),
-        "took {:?}",
-        t0.elapsed()
-    );
+    assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
 }
 
 #[test]
@@ -270,10 +255,7 @@ fn doorbell_wakes_promptly_when_a_peer_sends() {
     let (sent_at, _links1) = sender.join().unwrap();
     assert_ne!(bell0.epoch(), epoch);
     let late = woke_at.saturating_duration_since(sent_at);
-    assert!(
-        late < Duration::from_millis(200),
-        "woke {late:?} after the ring"
-    );
+    assert!(late < Duration::from_millis(200), "woke {late:?} after the ring");
     assert!(t0.elapsed() < Duration::from_secs(5));
 }
 
@@ -296,14 +278,8 @@ fn peer_that_closed_its_link_is_reported_gone_after_its_bytes() {
     assert_eq!(err.kind(), ErrorKind::PeerGone);
     assert_eq!(err.peer(), Some(1));
     assert!(err.to_string().contains("rank 1"), "{err}");
-    assert_eq!(
-        from1.try_recv(&mut buf).unwrap_err().kind(),
-        ErrorKind::PeerGone
-    );
-    assert_eq!(
-        from1.try_send(b"x").unwrap_err().kind(),
-        ErrorKind::PeerGone
-    );
+    assert_eq!(from1.try_recv(&mut buf).unwrap_err().kind(), ErrorKind::PeerGone);
+    assert_eq!(from1.try_send(b"x").unwrap_err().kind(), ErrorKind::PeerGone);
 }
 
 #[test]
@@ -313,9 +289,7 @@ fn foreign_segment_is_rejected() {
     let path = format!("/dev/shm{}", segment_name(&job, 1));
     std::fs::write(&path, vec![0xABu8; 8192]).unwrap();
     let mut ep = ShmEndpoint::create(&job, 0, 2, &[1], &ShmConfig::default()).unwrap();
-    let err = ep
-        .attach(&[1], Instant::now() + Duration::from_secs(5))
-        .unwrap_err();
+    let err = ep.attach(&[1], Instant::now() + Duration::from_secs(5)).unwrap_err();
     std::fs::remove_file(&path).unwrap();
     assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
     assert!(err.to_string().contains("magic"), "{err}");
@@ -329,14 +303,9 @@ fn segment_of_another_world_is_rejected() {
     let job = job("world");
     let other = ShmEndpoint::create(&job, 1, 3, &[0], &ShmConfig::default()).unwrap();
     let mut ep = ShmEndpoint::create(&job, 0, 2, &[1], &ShmConfig::default()).unwrap();
-    let err = ep
-        .attach(&[1], Instant::now() + Duration::from_secs(5))
-        .unwrap_err();
+    let err = ep.attach(&[1], Instant::now() + Duration::from_secs(5)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
-    assert!(
-        err.to_string().contains("world size 3, expected 2"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("world size 3, expected 2"), "{err}");
     drop((other, ep));
     assert!(leftovers(&job).is_empty());
 }
@@ -356,9 +325,7 @@ fn stale_segment_of_a_dead_process_is_rejected() {
     std::fs::write(&path, &bytes).unwrap();
 
     let mut ep = ShmEndpoint::create(&job, 0, 2, &[1], &ShmConfig::default()).unwrap();
-    let err = ep
-        .attach(&[1], Instant::now() + Duration::from_secs(5))
-        .unwrap_err();
+    let err = ep.attach(&[1], Instant::now() + Duration::from_secs(5)).unwrap_err();
     std::fs::remove_file(&path).unwrap();
     assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
     assert!(err.to_string().contains("not running"), "{err}");
@@ -379,9 +346,7 @@ fn attach_times_out_when_the_peer_never_comes() {
     let job = job("absent");
     let mut ep = ShmEndpoint::create(&job, 0, 2, &[1], &ShmConfig::default()).unwrap();
     let t0 = Instant::now();
-    let err = ep
-        .attach(&[1], t0 + Duration::from_millis(200))
-        .unwrap_err();
+    let err = ep.attach(&[1], t0 + Duration::from_millis(200)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     assert!(t0.elapsed() < Duration::from_secs(2));
 }
@@ -390,22 +355,10 @@ fn attach_times_out_when_the_peer_never_comes() {
 fn bad_arguments_are_rejected() {
     let c = ShmConfig::default();
     let bad = |r: Result<ShmEndpoint>| r.unwrap_err().kind();
-    assert_eq!(
-        bad(ShmEndpoint::create("a/b", 0, 2, &[1], &c)),
-        ErrorKind::InvalidArgument
-    );
-    assert_eq!(
-        bad(ShmEndpoint::create("ok", 2, 2, &[1], &c)),
-        ErrorKind::InvalidArgument
-    );
-    assert_eq!(
-        bad(ShmEndpoint::create("ok", 0, 2, &[0], &c)),
-        ErrorKind::InvalidArgument
-    );
-    assert_eq!(
-        bad(ShmEndpoint::create("ok", 0, 3, &[1, 1], &c)),
-        ErrorKind::InvalidArgument
-    );
+    assert_eq!(bad(ShmEndpoint::create("a/b", 0, 2, &[1], &c)), ErrorKind::InvalidArgument);
+    assert_eq!(bad(ShmEndpoint::create("ok", 2, 2, &[1], &c)), ErrorKind::InvalidArgument);
+    assert_eq!(bad(ShmEndpoint::create("ok", 0, 2, &[0], &c)), ErrorKind::InvalidArgument);
+    assert_eq!(bad(ShmEndpoint::create("ok", 0, 3, &[1, 1], &c)), ErrorKind::InvalidArgument);
 }
 
 #[test]
@@ -484,12 +437,7 @@ fn bytes_cross_a_real_process_boundary() {
     }
     let job = job("proc");
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "shm::child_process_role",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", "shm::child_process_role", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, &job)
         .stdout(std::process::Stdio::null())
         .spawn()

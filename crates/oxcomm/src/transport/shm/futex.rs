@@ -141,10 +141,7 @@ mod tests {
         let t0 = Instant::now();
         bell.wait(0, t0 + Duration::from_millis(50), Duration::from_micros(5));
         let took = t0.elapsed();
-        assert!(
-            took >= Duration::from_millis(50) && took < Duration::from_millis(1000),
-            "{took:?}"
-        );
+        assert!(took >= Duration::from_millis(50) && took < Duration::from_millis(1000), "{took:?}");
 
         let b2 = bell.clone();
         let ringer = std::thread::spawn(move || {

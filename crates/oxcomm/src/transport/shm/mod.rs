@@ -79,10 +79,7 @@ pub struct ShmConfig {
 
 impl Default for ShmConfig {
     fn default() -> ShmConfig {
-        ShmConfig {
-            ring_bytes: 1 << 20,
-            spin: Duration::from_micros(5),
-        }
+        ShmConfig { ring_bytes: 1 << 20, spin: Duration::from_micros(5) }
     }
 }
 
@@ -92,9 +89,11 @@ impl ShmConfig {
         let mut c = ShmConfig::default();
         let parse = |var: &str| -> Result<Option<u64>> {
             match std::env::var(var) {
-                Ok(v) => v.trim().parse::<u64>().map(Some).map_err(|_| {
-                    Error::invalid(format!("{var}={v:?} is not a non-negative integer"))
-                }),
+                Ok(v) => v
+                    .trim()
+                    .parse::<u64>()
+                    .map(Some)
+                    .map_err(|_| Error::invalid(format!("{var}={v:?} is not a non-negative integer"))),
                 Err(_) => Ok(None),
             }
         };
@@ -109,9 +108,7 @@ impl ShmConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        if !self.ring_bytes.is_power_of_two()
-            || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&self.ring_bytes)
-        {
+        if !self.ring_bytes.is_power_of_two() || !(MIN_RING_BYTES..=MAX_RING_BYTES).contains(&self.ring_bytes) {
             return Err(Error::invalid(format!(
                 "shm ring size {} must be a power of two from {MIN_RING_BYTES} to {MAX_RING_BYTES}",
                 self.ring_bytes
@@ -125,9 +122,7 @@ impl ShmConfig {
 pub fn validate_job(job: &str) -> Result<()> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
     if job.is_empty() || job.len() > MAX_JOB_LEN || !job.chars().all(ok_char) {
-        return Err(Error::invalid(format!(
-            "job name {job:?} must be 1 to {MAX_JOB_LEN} characters of [A-Za-z0-9_-]"
-        )));
+        return Err(Error::invalid(format!("job name {job:?} must be 1 to {MAX_JOB_LEN} characters of [A-Za-z0-9_-]")));
     }
     Ok(())
 }
@@ -173,9 +168,7 @@ impl ShmEndpoint {
         validate_job(job)?;
         config.validate()?;
         if rank >= world {
-            return Err(Error::invalid(format!(
-                "rank {rank} is not below world size {world}"
-            )));
+            return Err(Error::invalid(format!("rank {rank} is not below world size {world}")));
         }
         let mut ring_of = vec![None; world];
         for (slot, &p) in local_peers.iter().enumerate() {
@@ -227,17 +220,14 @@ impl ShmEndpoint {
     /// list this rank likewise. May be called more than once, with different peers.
     pub fn attach(&mut self, peers: &[usize], deadline: Instant) -> Result<()> {
         for &p in peers {
-            self.attach_one(p, deadline)
-                .map_err(|e| e.with_peer(p).with_rank(self.rank))?;
+            self.attach_one(p, deadline).map_err(|e| e.with_peer(p).with_rank(self.rank))?;
         }
         Ok(())
     }
 
     fn attach_one(&mut self, p: usize, deadline: Instant) -> Result<()> {
         let my_slot = self.own.slot_of(p).ok_or_else(|| {
-            Error::invalid(format!(
-                "rank {p} was not among the local peers given when creating the segment"
-            ))
+            Error::invalid(format!("rank {p} was not among the local peers given when creating the segment"))
         })?;
         if self.links[p].is_some() {
             return Err(Error::invalid(format!("rank {p} is already attached")));
@@ -250,20 +240,12 @@ impl ShmEndpoint {
                 self.rank
             ))
         })?;
-        let process = PeerProcess::open(seg.owner_pid()).map_err(|why| {
-            Error::protocol(format!(
-                "shared-memory segment /dev/shm{} is stale: {why}",
-                seg.name()
-            ))
-        })?;
+        let process = PeerProcess::open(seg.owner_pid())
+            .map_err(|why| Error::protocol(format!("shared-memory segment /dev/shm{} is stale: {why}", seg.name())))?;
         let seg = Arc::new(seg);
         let tx = seg.producer(their_slot);
         // Tell the owner we have mapped its segment (see `wait_attached`).
-        tx.ctrl()
-            .flags
-            .0
-            .writer_attached
-            .store(1, Ordering::Release);
+        tx.ctrl().flags.0.writer_attached.store(1, Ordering::Release);
         seg.bell().ring();
         let link = ShmLink {
             rank: self.rank,
@@ -292,8 +274,7 @@ impl ShmEndpoint {
             let mut missing = None;
             for &p in peers {
                 let slot = self.own.slot_of(p).ok_or_else(|| {
-                    Error::invalid(format!("rank {p} is not a local peer of this segment"))
-                        .with_rank(self.rank)
+                    Error::invalid(format!("rank {p} is not a local peer of this segment")).with_rank(self.rank)
                 })?;
                 let flags = &self.own.ring_ctrl(slot).flags.0;
                 if flags.writer_attached.load(Ordering::Acquire) == 0 {
@@ -325,10 +306,7 @@ impl ShmEndpoint {
     #[allow(clippy::type_complexity)] // the shape every transport hands to the communicator
     pub fn into_parts(mut self) -> (Vec<Option<Box<dyn Link>>>, Arc<dyn Doorbell>) {
         let (links, bell) = self.take_parts();
-        let links = links
-            .into_iter()
-            .map(|l| l.map(|l| Box::new(l) as Box<dyn Link>))
-            .collect();
+        let links = links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect();
         (links, bell)
     }
 
@@ -358,24 +336,16 @@ impl PeerProcess {
     /// Opens a handle on process `pid`; `Err` if it does not exist (a stale segment).
     fn open(pid: u32) -> std::result::Result<PeerProcess, String> {
         let me = rustix::process::getpid();
-        let pid = i32::try_from(pid)
-            .ok()
-            .and_then(Pid::from_raw)
-            .ok_or_else(|| format!("owner pid {pid} is invalid"))?;
+        let pid =
+            i32::try_from(pid).ok().and_then(Pid::from_raw).ok_or_else(|| format!("owner pid {pid} is invalid"))?;
         if pid == me {
             return Ok(PeerProcess::SameProcess);
         }
         match pidfd_open(pid, PidfdFlags::empty()) {
             Ok(fd) => Ok(PeerProcess::Pidfd(fd)),
-            Err(Errno::SRCH) => Err(format!(
-                "its owner process {} is not running",
-                pid.as_raw_pid()
-            )),
+            Err(Errno::SRCH) => Err(format!("its owner process {} is not running", pid.as_raw_pid())),
             Err(_) => match test_kill_process(pid) {
-                Err(Errno::SRCH) => Err(format!(
-                    "its owner process {} is not running",
-                    pid.as_raw_pid()
-                )),
+                Err(Errno::SRCH) => Err(format!("its owner process {} is not running", pid.as_raw_pid())),
                 _ => Ok(PeerProcess::Pid(pid)),
             },
         }
@@ -387,10 +357,7 @@ impl PeerProcess {
             PeerProcess::SameProcess => false,
             PeerProcess::Pidfd(fd) => {
                 let mut fds = [PollFd::new(fd, PollFlags::IN)];
-                let zero = rustix::event::Timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
+                let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
                 matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
             }
             PeerProcess::Pid(pid) => matches!(test_kill_process(*pid), Err(Errno::SRCH)),
@@ -420,45 +387,27 @@ pub struct ShmLink {
 
 impl std::fmt::Debug for ShmLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShmLink")
-            .field("rank", &self.rank)
-            .field("peer", &self.peer)
-            .finish_non_exhaustive()
+        f.debug_struct("ShmLink").field("rank", &self.rank).field("peer", &self.peer).finish_non_exhaustive()
     }
 }
 
 impl Drop for ShmLink {
     fn drop(&mut self) {
-        self.tx
-            .ctrl()
-            .flags
-            .0
-            .writer_closed
-            .store(1, Ordering::Release);
-        self.rx
-            .ctrl()
-            .flags
-            .0
-            .reader_closed
-            .store(1, Ordering::Release);
+        self.tx.ctrl().flags.0.writer_closed.store(1, Ordering::Release);
+        self.rx.ctrl().flags.0.reader_closed.store(1, Ordering::Release);
         self.peer_seg.bell().ring();
     }
 }
 
 impl ShmLink {
     fn gone(&self, why: &str) -> Error {
-        Error::new(
-            ErrorKind::PeerGone,
-            format!("rank {} is gone ({why})", self.peer),
-        )
-        .with_peer(self.peer)
-        .with_rank(self.rank)
+        Error::new(ErrorKind::PeerGone, format!("rank {} is gone ({why})", self.peer))
+            .with_peer(self.peer)
+            .with_rank(self.rank)
     }
 
     fn corrupt(&self, c: Corrupt, dir: &str) -> Error {
-        Error::protocol(format!("shm ring {dir} rank {}: {c}", self.peer))
-            .with_peer(self.peer)
-            .with_rank(self.rank)
+        Error::protocol(format!("shm ring {dir} rank {}: {c}", self.peer)).with_peer(self.peer).with_rank(self.rank)
     }
 
     /// Why the peer can no longer read, if it cannot.
@@ -506,10 +455,7 @@ impl Link for ShmLink {
     }
 
     fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8])) -> Result<usize> {
-        let n = self
-            .rx
-            .read_with(max, consume)
-            .map_err(|c| self.corrupt(c, "from"))?;
+        let n = self.rx.read_with(max, consume).map_err(|c| self.corrupt(c, "from"))?;
         self.after_recv(n, max == 0)
     }
 
@@ -567,15 +513,7 @@ mod tests {
 
     #[test]
     fn config_checks_ring_size() {
-        let bad = ShmConfig {
-            ring_bytes: 5000,
-            ..ShmConfig::default()
-        };
-        assert_eq!(
-            ShmEndpoint::create("cfgcheck", 0, 2, &[1], &bad)
-                .unwrap_err()
-                .kind(),
-            ErrorKind::InvalidArgument
-        );
+        let bad = ShmConfig { ring_bytes: 5000, ..ShmConfig::default() };
+        assert_eq!(ShmEndpoint::create("cfgcheck", 0, 2, &[1], &bad).unwrap_err().kind(), ErrorKind::InvalidArgument);
     }
 }

@@ -81,11 +81,7 @@ pub(crate) struct Corrupt {
 
 impl std::fmt::Display for Corrupt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "ring counters are corrupt (head {}, tail {})",
-            self.head, self.tail
-        )
+        write!(f, "ring counters are corrupt (head {}, tail {})", self.head, self.tail)
     }
 }
 
@@ -108,19 +104,9 @@ impl Raw {
     /// `ctrl` must point to a `RingCtrl` and `data` to `cap` bytes, both valid for reads and
     /// writes while `owner` lives; `cap` must be a power of two; only atomic accesses may touch
     /// the control block from anywhere else.
-    unsafe fn new(
-        owner: Arc<dyn Any + Send + Sync>,
-        ctrl: NonNull<RingCtrl>,
-        data: NonNull<u8>,
-        cap: usize,
-    ) -> Raw {
+    unsafe fn new(owner: Arc<dyn Any + Send + Sync>, ctrl: NonNull<RingCtrl>, data: NonNull<u8>, cap: usize) -> Raw {
         debug_assert!(cap.is_power_of_two());
-        Raw {
-            _owner: owner,
-            ctrl,
-            data,
-            cap: cap as u64,
-        }
+        Raw { _owner: owner, ctrl, data, cap: cap as u64 }
     }
 
     fn ctrl(&self) -> &RingCtrl {
@@ -171,11 +157,7 @@ impl Producer {
         let raw = unsafe { Raw::new(owner, ctrl, data, cap) };
         let tail = raw.ctrl().tail.0.load(Ordering::Acquire);
         let head_cache = raw.ctrl().head.0.load(Ordering::Acquire);
-        Producer {
-            raw,
-            tail,
-            head_cache,
-        }
+        Producer { raw, tail, head_cache }
     }
 
     /// The ring's control block (for its close flags).
@@ -235,11 +217,7 @@ impl Consumer {
         let raw = unsafe { Raw::new(owner, ctrl, data, cap) };
         let head = raw.ctrl().head.0.load(Ordering::Acquire);
         let tail_cache = raw.ctrl().tail.0.load(Ordering::Acquire);
-        Consumer {
-            raw,
-            head,
-            tail_cache,
-        }
+        Consumer { raw, head, tail_cache }
     }
 
     /// The ring's control block (for its close flags).
@@ -255,11 +233,7 @@ impl Consumer {
 
     /// Offers up to `max` readable bytes in place to `f` (at most two calls, split at the wrap
     /// point), then frees them; returns how many. `f` must take every byte it is offered.
-    pub(crate) fn read_with(
-        &mut self,
-        max: usize,
-        f: &mut dyn FnMut(&[u8]),
-    ) -> Result<usize, Corrupt> {
+    pub(crate) fn read_with(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> Result<usize, Corrupt> {
         let cap = self.raw.cap;
         let mut avail = self.raw.check(self.head, self.tail_cache)?;
         if avail < max as u64 {
@@ -338,12 +312,7 @@ pub(crate) fn heap_pair(cap: usize) -> (Producer, Consumer) {
     let data = unsafe { NonNull::new_unchecked(ptr.as_ptr().add(CTRL_BYTES)) };
     // SAFETY: zeroed memory is a valid `RingCtrl`; both areas live as long as `heap`; one
     // producer and one consumer are made.
-    unsafe {
-        (
-            Producer::new(heap.clone(), ctrl, data, cap),
-            Consumer::new(heap, ctrl, data, cap),
-        )
-    }
+    unsafe { (Producer::new(heap.clone(), ctrl, data, cap), Consumer::new(heap, ctrl, data, cap)) }
 }
 
 #[cfg(test)]

@@ -101,15 +101,7 @@ impl Layout {
         if total_bytes > isize::MAX as usize {
             return None;
         }
-        Some(Layout {
-            world,
-            slots,
-            ring_bytes,
-            table_offset: TABLE_OFFSET,
-            rings_offset,
-            ring_stride,
-            total_bytes,
-        })
+        Some(Layout { world, slots, ring_bytes, table_offset: TABLE_OFFSET, rings_offset, ring_stride, total_bytes })
     }
 }
 
@@ -141,17 +133,8 @@ fn map(fd: &OwnedFd, len: usize, name: &str) -> Result<NonNull<u8>> {
     // SAFETY: a fresh mapping chosen by the kernel (null hint), of a file we hold open; it
     // aliases no Rust object. Accesses beyond the file's size would fault, so callers map only
     // sizes the file has (ftruncate'd by us, or fstat'ed).
-    let ptr = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            len,
-            ProtFlags::READ | ProtFlags::WRITE,
-            MapFlags::SHARED,
-            fd,
-            0,
-        )
-    }
-    .map_err(|e| io_err(format_args!("mapping shared-memory segment {name}"), e))?;
+    let ptr = unsafe { mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, fd, 0) }
+        .map_err(|e| io_err(format_args!("mapping shared-memory segment {name}"), e))?;
     NonNull::new(ptr.cast::<u8>()).ok_or_else(|| Error::new(ErrorKind::Io, "mmap returned null"))
 }
 
@@ -172,12 +155,7 @@ fn path_of(name: &str) -> String {
 impl Segment {
     /// Creates, sizes, maps and initialises a new segment named `name` (`O_EXCL`: an existing
     /// one is an error). `ring_of[p]` is the inbound ring slot of rank `p`.
-    pub(crate) fn create(
-        name: &str,
-        owner_rank: usize,
-        layout: Layout,
-        ring_of: &[Option<usize>],
-    ) -> Result<Segment> {
+    pub(crate) fn create(name: &str, owner_rank: usize, layout: Layout, ring_of: &[Option<usize>]) -> Result<Segment> {
         let fd = shm::open(
             name,
             shm::OFlags::CREATE | shm::OFlags::EXCL | shm::OFlags::RDWR,
@@ -193,10 +171,7 @@ impl Segment {
                     path_of(name)
                 ),
             ),
-            e => io_err(
-                format_args!("creating shared-memory segment {}", path_of(name)),
-                e,
-            ),
+            e => io_err(format_args!("creating shared-memory segment {}", path_of(name)), e),
         })?;
         // From here on the name exists: remove it if anything below fails.
         let unlink_on_err = |err: Error| {
@@ -211,10 +186,7 @@ impl Segment {
             Ok(()) | Err(Errno::OPNOTSUPP) | Err(Errno::NOSYS) => {}
             Err(e) => {
                 return Err(unlink_on_err(io_err(
-                    format_args!(
-                        "reserving {total} bytes for {} (is /dev/shm large enough?)",
-                        path_of(name)
-                    ),
+                    format_args!("reserving {total} bytes for {} (is /dev/shm large enough?)", path_of(name)),
                     e,
                 )))
             }
@@ -234,19 +206,13 @@ impl Segment {
         h.header_bytes.store(HEADER_BYTES as u32, Ordering::Relaxed);
         h.world.store(layout.world as u64, Ordering::Relaxed);
         h.owner_rank.store(owner_rank as u64, Ordering::Relaxed);
-        h.owner_pid
-            .store(u64::from(seg.owner_pid), Ordering::Relaxed);
-        h.ring_bytes
-            .store(layout.ring_bytes as u64, Ordering::Relaxed);
+        h.owner_pid.store(u64::from(seg.owner_pid), Ordering::Relaxed);
+        h.ring_bytes.store(layout.ring_bytes as u64, Ordering::Relaxed);
         h.slots.store(layout.slots as u64, Ordering::Relaxed);
-        h.table_offset
-            .store(layout.table_offset as u64, Ordering::Relaxed);
-        h.rings_offset
-            .store(layout.rings_offset as u64, Ordering::Relaxed);
-        h.ring_stride
-            .store(layout.ring_stride as u64, Ordering::Relaxed);
-        h.total_bytes
-            .store(layout.total_bytes as u64, Ordering::Relaxed);
+        h.table_offset.store(layout.table_offset as u64, Ordering::Relaxed);
+        h.rings_offset.store(layout.rings_offset as u64, Ordering::Relaxed);
+        h.ring_stride.store(layout.ring_stride as u64, Ordering::Relaxed);
+        h.total_bytes.store(layout.total_bytes as u64, Ordering::Relaxed);
         for (p, slot) in ring_of.iter().enumerate().take(layout.world) {
             let v = slot.map_or(NO_SLOT, |s| s as u32);
             seg.table_entry(p).store(v, Ordering::Relaxed);
@@ -260,12 +226,7 @@ impl Segment {
     /// Opens and maps the segment `name` of rank `owner` and validates its header against
     /// `world`. Retries while it does not exist yet or is still being created, until
     /// `deadline`.
-    pub(crate) fn attach(
-        name: &str,
-        owner: usize,
-        world: usize,
-        deadline: Instant,
-    ) -> Result<Segment> {
+    pub(crate) fn attach(name: &str, owner: usize, world: usize, deadline: Instant) -> Result<Segment> {
         let mut pause = Duration::from_micros(200);
         loop {
             let why_not = match Self::try_attach(name, owner, world)? {
@@ -276,10 +237,7 @@ impl Segment {
             if now >= deadline {
                 return Err(Error::new(
                     ErrorKind::Timeout,
-                    format!(
-                        "timed out attaching to rank {owner}'s shared-memory segment {}: {why_not}",
-                        path_of(name)
-                    ),
+                    format!("timed out attaching to rank {owner}'s shared-memory segment {}: {why_not}", path_of(name)),
                 )
                 .with_peer(owner));
             }
@@ -289,19 +247,13 @@ impl Segment {
     }
 
     /// One attach attempt: `Ok(Err(reason))` means "not there yet, retry".
-    fn try_attach(
-        name: &str,
-        owner: usize,
-        world: usize,
-    ) -> Result<std::result::Result<Segment, &'static str>> {
+    fn try_attach(name: &str, owner: usize, world: usize) -> Result<std::result::Result<Segment, &'static str>> {
         let fd = match shm::open(name, shm::OFlags::RDWR, shm::Mode::empty()) {
             Ok(fd) => fd,
             Err(Errno::NOENT) => return Ok(Err("it does not exist yet")),
             Err(e) => return Err(io_err(format_args!("opening {}", path_of(name)), e)),
         };
-        let size = rustix::fs::fstat(&fd)
-            .map_err(|e| io_err(format_args!("stat of {}", path_of(name)), e))?
-            .st_size;
+        let size = rustix::fs::fstat(&fd).map_err(|e| io_err(format_args!("stat of {}", path_of(name)), e))?.st_size;
         let len = usize::try_from(size).unwrap_or(0);
         if len < TABLE_OFFSET {
             return Ok(Err("it is still being sized"));
@@ -328,9 +280,7 @@ impl Segment {
         match seg.header().magic.load(Ordering::Acquire) {
             0 => return Ok(Err("its header is not initialised yet")),
             MAGIC => {}
-            other => {
-                return Err(seg.reject(format!("bad magic {other:#018x} (expected {MAGIC:#018x})")))
-            }
+            other => return Err(seg.reject(format!("bad magic {other:#018x} (expected {MAGIC:#018x})"))),
         }
         seg.validate(owner, world)?;
         Ok(Ok(seg))
@@ -339,10 +289,7 @@ impl Segment {
     fn reject(&self, what: String) -> Error {
         Error::new(
             ErrorKind::Protocol,
-            format!(
-                "shared-memory segment {} is stale or foreign: {what}",
-                path_of(&self.name)
-            ),
+            format!("shared-memory segment {} is stale or foreign: {what}", path_of(&self.name)),
         )
     }
 
@@ -372,29 +319,16 @@ impl Segment {
             .zip(usize::try_from(ring_bytes).ok())
             .and_then(|(s, b)| Layout::new(world, s, b))
             .ok_or_else(|| self.reject(format!("{slots} rings of {ring_bytes} bytes")))?;
-        let stored = [
-            field(&h.table_offset),
-            field(&h.rings_offset),
-            field(&h.ring_stride),
-            field(&h.total_bytes),
-        ];
-        let expected = [
-            layout.table_offset,
-            layout.rings_offset,
-            layout.ring_stride,
-            layout.total_bytes,
-        ]
-        .map(|v| v as u64);
+        let stored = [field(&h.table_offset), field(&h.rings_offset), field(&h.ring_stride), field(&h.total_bytes)];
+        let expected =
+            [layout.table_offset, layout.rings_offset, layout.ring_stride, layout.total_bytes].map(|v| v as u64);
         if stored != expected {
-            return Err(self.reject(format!(
-                "layout (table, rings, stride, total) = {stored:?}, expected {expected:?}"
-            )));
+            return Err(
+                self.reject(format!("layout (table, rings, stride, total) = {stored:?}, expected {expected:?}"))
+            );
         }
         if layout.total_bytes != self.len {
-            return Err(self.reject(format!(
-                "file is {} bytes, header says {}",
-                self.len, layout.total_bytes
-            )));
+            return Err(self.reject(format!("file is {} bytes, header says {}", self.len, layout.total_bytes)));
         }
         if pid == 0 || pid > i32::MAX as u64 {
             return Err(self.reject(format!("owner pid {pid}")));
@@ -428,12 +362,7 @@ impl Segment {
         assert!(rank < self.layout.world, "slot table index out of range");
         // SAFETY: `rank < world`, and the table of `world` u32s ends before `rings_offset <=
         // len` (checked by `validate`, or by construction in `create`); 4-aligned.
-        unsafe {
-            self.base
-                .add(self.layout.table_offset + 4 * rank)
-                .cast::<AtomicU32>()
-                .as_ref()
-        }
+        unsafe { self.base.add(self.layout.table_offset + 4 * rank).cast::<AtomicU32>().as_ref() }
     }
 
     /// The inbound ring slot of `rank` in this segment, if it has one.
