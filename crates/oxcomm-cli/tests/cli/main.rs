@@ -1,0 +1,3 @@
+//! Integration tests of the `oxcomm` binary: one module per subcommand.
+
+mod launch;
