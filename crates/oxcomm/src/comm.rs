@@ -82,6 +82,8 @@ pub(crate) struct Core {
     worker: Mutex<Option<mpsc::Sender<Job>>>,
     /// Point-to-point ops issued with `isend`/`irecv` and not yet started.
     pending_p2p: Mutex<Vec<P2pJob>>,
+    /// Things that must live as long as the communicator (the store, its server).
+    keep: Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>,
 }
 
 struct State {
@@ -174,6 +176,7 @@ impl Communicator {
             transport,
             worker: Mutex::new(None),
             pending_p2p: Mutex::new(Vec::new()),
+            keep: Mutex::new(Vec::new()),
         });
         let group = Arc::new(Group { id: 0, members: (0..size).collect(), rank, seq: AtomicU64::new(0) });
         Ok(Communicator { core, group })
@@ -222,6 +225,11 @@ impl Communicator {
     /// The error that aborted this communicator, if any.
     pub fn abort_cause(&self) -> Option<Error> {
         self.core.cause.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Keeps `things` alive as long as this communicator (e.g. the rendezvous store).
+    pub(crate) fn keep_alive(&self, things: Vec<Box<dyn std::any::Any + Send + Sync>>) {
+        self.core.keep.lock().unwrap_or_else(|e| e.into_inner()).extend(things);
     }
 
     /// Aborts the communicator now: links close (peers notice) and every later op fails.
@@ -895,9 +903,12 @@ impl Core {
             }
         }
         self.aborted.store(true, Ordering::SeqCst);
+        let culprit = self.cause.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|e| e.peer());
         let mut state = self.lock_state();
         for l in state.links.iter_mut() {
-            *l = None;
+            if let Some(mut link) = l.take() {
+                link.close(culprit);
+            }
         }
     }
 

@@ -8,6 +8,8 @@ pub mod compression;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+#[cfg(target_os = "linux")]
+pub mod init;
 pub mod logging;
 pub mod reduce;
 pub mod rendezvous;
@@ -19,4 +21,6 @@ pub use algorithms::Algorithm;
 pub use comm::{CommConfig, Communicator, OpOptions, Work};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
+#[cfg(target_os = "linux")]
+pub use init::{init, Init};
 pub use reduce::ReduceOp;

@@ -55,6 +55,14 @@ pub trait Link: Send {
     /// gone. Cheap enough to call every few milliseconds while waiting.
     fn check_peer(&mut self) -> Result<()>;
 
+    /// Closes the link for good after this rank failed, telling the peer (where the transport
+    /// can) which rank caused the failure, so every rank's error names the original culprit
+    /// rather than the neighbour that gave up first. Dropping a link closes it too, without
+    /// a culprit.
+    fn close(&mut self, culprit: Option<usize>) {
+        let _ = culprit;
+    }
+
     /// A short name of the transport ("threads", "shm", "tcp"), for logs and plans.
     fn kind(&self) -> &'static str;
 }

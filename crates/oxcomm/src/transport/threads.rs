@@ -76,6 +76,8 @@ struct Queue {
     writer_gone: AtomicBool,
     /// Set when the receiving end is dropped.
     reader_gone: AtomicBool,
+    /// The rank whose failure made the writing end close (`usize::MAX`: none given).
+    culprit: AtomicUsize,
 }
 
 impl Queue {
@@ -84,6 +86,7 @@ impl Queue {
             bytes: Mutex::new(VecDeque::with_capacity(QUEUE_BYTES)),
             writer_gone: AtomicBool::new(false),
             reader_gone: AtomicBool::new(false),
+            culprit: AtomicUsize::new(usize::MAX),
         })
     }
 }
@@ -160,6 +163,13 @@ impl Link for ThreadLink {
             }
         }
         Ok(())
+    }
+
+    fn close(&mut self, culprit: Option<usize>) {
+        if let Some(c) = culprit {
+            self.out.culprit.store(c, Ordering::SeqCst);
+            self.inbox.culprit.store(c, Ordering::SeqCst);
+        }
     }
 
     fn kind(&self) -> &'static str {

@@ -393,16 +393,41 @@ impl std::fmt::Debug for ShmLink {
 
 impl Drop for ShmLink {
     fn drop(&mut self) {
-        self.tx.ctrl().flags.0.writer_closed.store(1, Ordering::Release);
-        self.rx.ctrl().flags.0.reader_closed.store(1, Ordering::Release);
-        self.peer_seg.bell().ring();
+        self.close_flags(1);
+    }
+}
+
+/// Close-flag values: 0 open, 1 closed, `2 + r` closed because rank `r` failed.
+const CLOSED: u32 = 1;
+
+fn closed_reason(flag: u32, peer: usize) -> Option<(String, usize)> {
+    match flag {
+        0 => None,
+        CLOSED => Some(("it closed its shared-memory link".to_string(), peer)),
+        v => {
+            let culprit = (v - 2) as usize;
+            if culprit == peer {
+                Some(("it closed its shared-memory link after failing".to_string(), peer))
+            } else {
+                Some((format!("it aborted because rank {culprit} failed; see rank {culprit}'s error"), culprit))
+            }
+        }
     }
 }
 
 impl ShmLink {
-    fn gone(&self, why: &str) -> Error {
+    /// Sets both close flags (first value wins) and wakes the peer.
+    fn close_flags(&self, value: u32) {
+        let flags = &self.tx.ctrl().flags.0;
+        let _ = flags.writer_closed.compare_exchange(0, value, Ordering::AcqRel, Ordering::Acquire);
+        let flags = &self.rx.ctrl().flags.0;
+        let _ = flags.reader_closed.compare_exchange(0, value, Ordering::AcqRel, Ordering::Acquire);
+        self.peer_seg.bell().ring();
+    }
+
+    fn gone(&self, (why, culprit): (String, usize)) -> Error {
         Error::new(ErrorKind::PeerGone, format!("rank {} is gone ({why})", self.peer))
-            .with_peer(self.peer)
+            .with_peer(culprit)
             .with_rank(self.rank)
     }
 
@@ -410,26 +435,16 @@ impl ShmLink {
         Error::protocol(format!("shm ring {dir} rank {}: {c}", self.peer)).with_peer(self.peer).with_rank(self.rank)
     }
 
-    /// Why the peer can no longer read, if it cannot.
-    fn reader_gone(&self) -> Option<&'static str> {
-        if self.tx.ctrl().flags.0.reader_closed.load(Ordering::Acquire) != 0 {
-            Some("it closed its shared-memory link")
-        } else if self.process_gone {
-            Some("its process exited")
-        } else {
-            None
-        }
+    /// Why the peer can no longer read, if it cannot, and the rank to blame.
+    fn reader_gone(&self) -> Option<(String, usize)> {
+        closed_reason(self.tx.ctrl().flags.0.reader_closed.load(Ordering::Acquire), self.peer)
+            .or_else(|| self.process_gone.then(|| ("its process exited".to_string(), self.peer)))
     }
 
-    /// Why the peer will send no more, if it will not.
-    fn writer_gone(&self) -> Option<&'static str> {
-        if self.rx.ctrl().flags.0.writer_closed.load(Ordering::Acquire) != 0 {
-            Some("it closed its shared-memory link")
-        } else if self.process_gone {
-            Some("its process exited")
-        } else {
-            None
-        }
+    /// Why the peer will send no more, if it will not, and the rank to blame.
+    fn writer_gone(&self) -> Option<(String, usize)> {
+        closed_reason(self.rx.ctrl().flags.0.writer_closed.load(Ordering::Acquire), self.peer)
+            .or_else(|| self.process_gone.then(|| ("its process exited".to_string(), self.peer)))
     }
 }
 
@@ -471,6 +486,10 @@ impl Link for ShmLink {
             }
         }
         Ok(())
+    }
+
+    fn close(&mut self, culprit: Option<usize>) {
+        self.close_flags(culprit.map_or(CLOSED, |c| c as u32 + 2));
     }
 
     fn kind(&self) -> &'static str {

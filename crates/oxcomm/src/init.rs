@@ -1,0 +1,202 @@
+//! Starting a communicator for ranks that are processes: [`init`] reads the environment that
+//! `oxcomm launch`, torchrun, mpirun or srun set, meets the other ranks through the
+//! authenticated key-value store, decides which peers share this host, and builds shared
+//! memory links to them (and TCP links to other hosts, where that transport is built).
+//!
+//! [`Init`] is the explicit builder for programs that know their rank and store address
+//! without the environment.
+//!
+//! Host identity is the hostname, the boot id and the network namespace, or
+//! [`ENV_HOST_ID`] when set; ranks with equal identities talk over shared memory.
+
+use std::any::Any;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::comm::{CommConfig, Communicator};
+use crate::error::{Error, ErrorKind, Result};
+use crate::rendezvous::env::{EnvInfo, Settings, TransportChoice};
+use crate::rendezvous::{PrefixStore, Store, StoreClient, StoreServer};
+use crate::transport::{Doorbell, Link};
+
+/// Environment variable: job id shared by all ranks (set by `oxcomm launch`); names shared
+/// memory segments and store keys. Default: derived from the token.
+pub const ENV_JOB_ID: &str = "OXCOMM_JOB_ID";
+/// Environment variable: `launcher` when the launcher already serves the store, so rank 0
+/// must not start one. Default: rank 0 serves the store at `MASTER_ADDR:MASTER_PORT`.
+pub const ENV_STORE: &str = "OXCOMM_STORE";
+/// Environment variable: overrides this process's host identity (ranks with equal ids use
+/// shared memory between them). Default: hostname + boot id + network namespace.
+pub const ENV_HOST_ID: &str = "OXCOMM_HOST_ID";
+
+/// How many communicators this process has initialised (part of segment names, so a second
+/// `init` in one process does not collide with the first).
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Builds a world communicator from the environment; see the [module docs](self).
+///
+/// ```no_run
+/// let comm = oxcomm::init()?;
+/// let mut grads = vec![1.0f32; 1024];
+/// comm.all_reduce(&mut grads, oxcomm::ReduceOp::Avg)?;
+/// # Ok::<(), oxcomm::Error>(())
+/// ```
+pub fn init() -> Result<Communicator> {
+    Init::from_env()?.connect()
+}
+
+/// Explicit settings for joining a job; [`Init::from_env`] fills them from the environment.
+#[derive(Debug, Clone)]
+pub struct Init {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Address of the key-value store (`MASTER_ADDR:MASTER_PORT`).
+    pub store_addr: SocketAddr,
+    /// Whether someone else (the launcher) serves the store; otherwise rank 0 does.
+    pub store_served: bool,
+    /// The job's shared secret.
+    pub token: Vec<u8>,
+    /// The job id (letters, digits, `-`, `_`).
+    pub job: String,
+    /// Which transports to use.
+    pub transport: TransportChoice,
+    /// Settings of the communicator (timeout, segment size, ...).
+    pub config: CommConfig,
+    /// Overrides host identity (see [`ENV_HOST_ID`]).
+    pub host_id: Option<String>,
+}
+
+impl Init {
+    /// Reads the environment (see [`EnvInfo`] and [`Settings`] for the variables).
+    pub fn from_env() -> Result<Init> {
+        Init::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// [`Init::from_env`] with an injectable lookup (for tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Init> {
+        let env = EnvInfo::from_lookup(&get)?;
+        let settings = Settings::from_lookup(&get)?;
+        let addr = env.master_addr.clone().ok_or_else(|| {
+            Error::new(ErrorKind::Rendezvous, "MASTER_ADDR is not set: every rank needs the store's address")
+        })?;
+        let port = env.master_port.ok_or_else(|| {
+            Error::new(ErrorKind::Rendezvous, "MASTER_PORT is not set: every rank needs the store's port")
+        })?;
+        let store_addr = (addr.as_str(), port)
+            .to_socket_addrs()
+            .map_err(|e| Error::new(ErrorKind::Rendezvous, format!("MASTER_ADDR={addr}: cannot resolve: {e}")))?
+            .next()
+            .ok_or_else(|| Error::new(ErrorKind::Rendezvous, format!("MASTER_ADDR={addr} resolves to nothing")))?;
+        let token = settings.token.clone().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Rendezvous,
+                "OXCOMM_TOKEN is not set: every rank must share the job's secret (oxcomm launch sets it; \
+                 with mpirun or srun export the same value to every rank, e.g. OXCOMM_TOKEN=$(openssl rand -hex 32))",
+            )
+        })?;
+        let job = get(ENV_JOB_ID).unwrap_or_else(|| job_from_token(&token));
+        let mut config = CommConfig::default();
+        config.timeout = settings.timeout;
+        Ok(Init {
+            rank: env.rank,
+            world_size: env.world_size,
+            store_addr,
+            store_served: get(ENV_STORE).is_some_and(|v| v == "launcher"),
+            token,
+            job,
+            transport: settings.transport,
+            config,
+            host_id: get(ENV_HOST_ID),
+        })
+    }
+
+    /// Joins the job: meets every rank through the store and builds the links.
+    pub fn connect(self) -> Result<Communicator> {
+        let deadline = Instant::now() + self.config.timeout;
+        let mut keep: Vec<Box<dyn Any + Send + Sync>> = Vec::new();
+        let client = if self.rank == 0 && !self.store_served {
+            let server = StoreServer::bind(self.store_addr, &self.token).map_err(|e| e.with_rank(0))?;
+            let addr = server.local_addr();
+            keep.push(Box::new(server));
+            StoreClient::connect(addr, &self.token, deadline)?
+        } else {
+            StoreClient::connect(self.store_addr, &self.token, deadline).map_err(|e| e.with_rank(self.rank))?
+        };
+        let store: Arc<dyn Store> = Arc::new(client);
+        keep.push(Box::new(store.clone()));
+        let comm = self.connect_with_store(store)?;
+        comm.keep_alive(keep);
+        // Nobody leaves setup (and rank 0 keeps serving the store) until everyone is in.
+        comm.barrier()?;
+        Ok(comm)
+    }
+
+    /// Joins the job through an existing store (e.g. an [`crate::rendezvous::InMemoryStore`]
+    /// shared by threads, or the launcher's).
+    pub fn connect_with_store(&self, store: Arc<dyn Store>) -> Result<Communicator> {
+        let (rank, world) = (self.rank, self.world_size);
+        if rank >= world {
+            return Err(Error::invalid(format!("rank {rank} out of range for world size {world}")));
+        }
+        crate::transport::shm::validate_job(&self.job)?;
+        let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
+        let job = format!("{}-{generation}", self.job);
+        let store = PrefixStore::new(format!("oxcomm/{job}"), store);
+        let deadline = Instant::now() + self.config.timeout;
+        let fail = |e: Error| e.with_rank(rank);
+
+        // Who shares this host?
+        let host = self.host_id.clone().unwrap_or_else(host_identity);
+        store.set(&format!("host/{rank}"), host.as_bytes()).map_err(fail)?;
+        let mut hosts = Vec::with_capacity(world);
+        for r in 0..world {
+            let h = store
+                .get(&format!("host/{r}"), deadline)
+                .map_err(|e| e.with_rank(rank).with_peer(r).with_op("init (waiting for every rank to join)"))?;
+            hosts.push(h);
+        }
+        let local: Vec<usize> = (0..world).filter(|r| hosts[*r] == host.as_bytes() && *r != rank).collect();
+        let remote = world - 1 - local.len();
+        let use_shm = !matches!(self.transport, TransportChoice::Tcp);
+        if remote > 0 || !use_shm {
+            return Err(Error::unsupported(format!(
+                "rank {rank}: {remote} peer(s) are on other hosts (or OXCOMM_TRANSPORT=tcp), and the TCP \
+                 transport is not built yet; every rank must run on one host"
+            )));
+        }
+        tracing::info!(target: "oxcomm::init", rank, world, job = %job, local = local.len(), "joining over shared memory");
+
+        // Shared memory: create, tell, attach, wait until attached, unlink.
+        let shm_config = crate::transport::shm::ShmConfig::from_env().map_err(fail)?;
+        let mut ep =
+            crate::transport::shm::ShmEndpoint::create(&job, rank, world, &local, &shm_config).map_err(fail)?;
+        store.set(&format!("shm/{rank}"), b"1").map_err(fail)?;
+        let keys: Vec<String> = local.iter().map(|r| format!("shm/{r}")).collect();
+        let keys: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+        store.wait(&keys, deadline).map_err(fail)?;
+        ep.attach(&local, deadline).map_err(fail)?;
+        ep.wait_attached(&local, deadline).map_err(fail)?;
+        ep.unlink_own().map_err(fail)?;
+        let (links, bell): (Vec<Option<Box<dyn Link>>>, Arc<dyn Doorbell>) = ep.into_parts();
+        Communicator::from_links(rank, links, bell, self.config.clone(), "shm")
+    }
+}
+
+/// A job id from the token: 16 hex digits of its SHA-256.
+pub fn job_from_token(token: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest([b"oxcomm-job/v1\0".as_slice(), token].concat());
+    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// This host's identity: hostname, boot id and network namespace.
+pub fn host_identity() -> String {
+    let name = rustix::system::uname().nodename().to_string_lossy().into_owned();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let netns = std::fs::read_link("/proc/self/ns/net").map(|p| p.display().to_string()).unwrap_or_default();
+    format!("{name}/{}/{netns}", boot.trim())
+}
