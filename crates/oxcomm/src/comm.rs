@@ -156,6 +156,7 @@ impl Communicator {
                 return Err(Error::invalid(format!("link table of rank {rank} is wrong at {p}")));
             }
         }
+        bell.heartbeat();
         let core = Arc::new(Core {
             world_rank: rank,
             world_size: size,
@@ -903,7 +904,8 @@ impl Core {
             }
         }
         self.aborted.store(true, Ordering::SeqCst);
-        let culprit = self.cause.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|e| e.peer());
+        let culprit =
+            self.cause.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|e| e.peer().map(|p| (p, e.kind())));
         let mut state = self.lock_state();
         for l in state.links.iter_mut() {
             if let Some(mut link) = l.take() {

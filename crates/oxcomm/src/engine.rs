@@ -21,6 +21,10 @@ use crate::transport::{Doorbell, Link};
 /// How often a waiting rank asks its stalled links whether their peer is still alive.
 const PEER_CHECK_INTERVAL: Duration = Duration::from_millis(50);
 
+/// A peer whose heartbeat is older than this (and than a quarter of the op's timeout) when a
+/// wait times out is named as the likely frozen rank.
+const FROZEN_AFTER: Duration = Duration::from_millis(500);
+
 /// Size of the aligned scratch used to reduce bytes that arrive unaligned.
 const REDUCE_SCRATCH_WORDS: usize = 8 * 1024;
 
@@ -130,6 +134,7 @@ impl<'c> Ctx<'c> {
         stats: &'c mut LinkStats,
         scratch: &'c mut Vec<u64>,
     ) -> Ctx<'c> {
+        bell.heartbeat();
         Ctx {
             rank,
             size: members.len(),
@@ -206,6 +211,7 @@ impl<'c> Ctx<'c> {
             }
             if now.duration_since(last_check) >= PEER_CHECK_INTERVAL {
                 last_check = now;
+                self.bell.heartbeat();
                 for x in xfers.iter().filter(|x| !x.finished()) {
                     let world = self.members[x.peer()];
                     self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
@@ -223,20 +229,45 @@ impl<'c> Ctx<'c> {
             .ok_or_else(|| Error::new(ErrorKind::PeerGone, format!("no link to rank {world}")).with_peer(world))
     }
 
-    fn timeout_error(&self, xfers: &[Xfer<'_>]) -> Error {
+    fn timeout_error(&mut self, xfers: &[Xfer<'_>]) -> Error {
         let stalled =
             xfers.iter().find(|x| !x.finished() && !x.is_send()).or_else(|| xfers.iter().find(|x| !x.finished()));
         let peer = stalled.map(|x| self.members[x.peer()]).unwrap_or(0);
         let what = match stalled {
-            Some(x) if x.is_send() => "to accept data from us",
+            Some(x) if x.is_send() => " to accept data from us",
             _ => "",
         };
-        let msg = if what.is_empty() {
-            format!("timed out after {:?} waiting for rank {peer}", self.timeout)
-        } else {
-            format!("timed out after {:?} waiting for rank {peer} {what}", self.timeout)
-        };
-        Error::new(ErrorKind::Timeout, msg).with_peer(peer)
+        let mut msg = format!("timed out after {:?} waiting for rank {peer}{what}", self.timeout);
+        // The rank we waited for may itself be waiting: blame the one that shows no life.
+        let mut blamed = peer;
+        if let Some((frozen, idle)) = self.most_idle_peer() {
+            if frozen != peer {
+                msg.push_str(&format!(
+                    "; rank {frozen} has shown no sign of life for {idle:.1?} (stopped, or busy outside oxcomm)"
+                ));
+                blamed = frozen;
+            }
+        }
+        Error::new(ErrorKind::Timeout, msg).with_peer(blamed)
+    }
+
+    /// The group member idle longest, if idle long enough to look frozen.
+    fn most_idle_peer(&mut self) -> Option<(usize, Duration)> {
+        let threshold = (self.timeout / 4).max(FROZEN_AFTER);
+        let mut worst: Option<(usize, Duration)> = None;
+        for m in 0..self.size {
+            let world = self.members[m];
+            if m == self.rank {
+                continue;
+            }
+            let Some(link) = self.links.get_mut(world).and_then(|l| l.as_mut()) else { continue };
+            if let Some(idle) = link.peer_idle() {
+                if idle >= threshold && worst.is_none_or(|(_, w)| idle > w) {
+                    worst = Some((world, idle));
+                }
+            }
+        }
+        worst
     }
 
     /// Makes what progress one transfer can make now; returns whether any byte moved.

@@ -18,7 +18,7 @@
 
 use std::time::Instant;
 
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 
 #[cfg(target_os = "linux")]
 pub mod shm;
@@ -56,15 +56,59 @@ pub trait Link: Send {
     fn check_peer(&mut self) -> Result<()>;
 
     /// Closes the link for good after this rank failed, telling the peer (where the transport
-    /// can) which rank caused the failure, so every rank's error names the original culprit
-    /// rather than the neighbour that gave up first. Dropping a link closes it too, without
-    /// a culprit.
-    fn close(&mut self, culprit: Option<usize>) {
-        let _ = culprit;
+    /// can) which rank caused the failure and how (`Timeout`, `PeerGone`, `Mismatch`, ...), so
+    /// every rank's error names the original culprit rather than the neighbour that gave up
+    /// first. Dropping a link closes it too, without a cause.
+    fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
+        let _ = cause;
+    }
+
+    /// How long ago the peer last showed life inside oxcomm (its doorbell heartbeat), where
+    /// the transport can tell; used to name a frozen rank when a wait times out.
+    fn peer_idle(&mut self) -> Option<std::time::Duration> {
+        None
     }
 
     /// A short name of the transport ("threads", "shm", "tcp"), for logs and plans.
     fn kind(&self) -> &'static str;
+}
+
+/// Small codes for the error kinds a close can carry (for transports that store a word).
+pub fn cause_code(kind: ErrorKind) -> u32 {
+    match kind {
+        ErrorKind::Timeout => 1,
+        ErrorKind::PeerGone => 2,
+        ErrorKind::Mismatch => 3,
+        ErrorKind::Protocol => 4,
+        _ => 0,
+    }
+}
+
+/// The error kind of a [`cause_code`].
+pub fn cause_kind(code: u32) -> ErrorKind {
+    match code {
+        1 => ErrorKind::Timeout,
+        2 => ErrorKind::PeerGone,
+        3 => ErrorKind::Mismatch,
+        4 => ErrorKind::Protocol,
+        _ => ErrorKind::Aborted,
+    }
+}
+
+/// The error a rank reports when `peer` closed its link because `culprit` failed with `kind`.
+pub fn cascaded(peer: usize, culprit: usize, kind: ErrorKind) -> Error {
+    let how = match kind {
+        ErrorKind::Timeout => format!("timed out waiting for rank {culprit}"),
+        ErrorKind::PeerGone => format!("lost rank {culprit}"),
+        ErrorKind::Mismatch => format!("found that rank {culprit} called a different collective"),
+        _ => format!("failed because of rank {culprit}"),
+    };
+    let kind = if matches!(kind, ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Mismatch) {
+        kind
+    } else {
+        ErrorKind::PeerGone
+    };
+    Error::new(kind, format!("rank {peer} aborted: it {how} (see rank {culprit}'s error)")).with_peer(culprit)
 }
 
 /// How one rank sleeps until any peer makes progress for it.
@@ -78,4 +122,20 @@ pub trait Doorbell: Send + Sync {
     /// Sleeps until the count differs from `epoch` or `until` has passed (spurious early
     /// returns are allowed). Implementations spin briefly before sleeping.
     fn wait(&self, epoch: u32, until: Instant);
+
+    /// Records that this rank is alive and inside oxcomm now (peers read it through
+    /// [`Link::peer_idle`]). Called at the start of every op and every few milliseconds
+    /// while waiting.
+    fn heartbeat(&self) {}
+}
+
+/// Nanoseconds of the host's monotonic clock (comparable across processes on one host).
+pub fn monotonic_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
+}
+
+/// How long ago a heartbeat stamped `stamp` (0: never) was.
+pub fn idle_since(stamp: u64) -> Option<std::time::Duration> {
+    (stamp != 0).then(|| std::time::Duration::from_nanos(monotonic_ns().saturating_sub(stamp)))
 }

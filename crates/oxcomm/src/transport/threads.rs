@@ -21,6 +21,7 @@ pub const QUEUE_BYTES: usize = 1 << 20;
 #[derive(Default)]
 pub struct ThreadDoorbell {
     epoch: AtomicU32,
+    heartbeat: std::sync::atomic::AtomicU64,
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     cond: Condvar,
@@ -67,6 +68,10 @@ impl Doorbell for ThreadDoorbell {
         }
         self.sleepers.fetch_sub(1, Ordering::SeqCst);
     }
+
+    fn heartbeat(&self) {
+        self.heartbeat.store(super::monotonic_ns(), Ordering::Relaxed);
+    }
 }
 
 /// One direction of a link.
@@ -78,6 +83,8 @@ struct Queue {
     reader_gone: AtomicBool,
     /// The rank whose failure made the writing end close (`usize::MAX`: none given).
     culprit: AtomicUsize,
+    /// [`super::cause_code`] of that failure.
+    cause: AtomicU32,
 }
 
 impl Queue {
@@ -87,6 +94,7 @@ impl Queue {
             writer_gone: AtomicBool::new(false),
             reader_gone: AtomicBool::new(false),
             culprit: AtomicUsize::new(usize::MAX),
+            cause: AtomicU32::new(0),
         })
     }
 }
@@ -109,6 +117,12 @@ impl Drop for ThreadLink {
 
 impl ThreadLink {
     fn gone(&self) -> Error {
+        for q in [&self.inbox, &self.out] {
+            let c = q.culprit.load(Ordering::SeqCst);
+            if c != usize::MAX && c != self.peer {
+                return super::cascaded(self.peer, c, super::cause_kind(q.cause.load(Ordering::SeqCst)));
+            }
+        }
         Error::new(ErrorKind::PeerGone, format!("rank {} is gone (its thread dropped its communicator)", self.peer))
             .with_peer(self.peer)
     }
@@ -165,11 +179,17 @@ impl Link for ThreadLink {
         Ok(())
     }
 
-    fn close(&mut self, culprit: Option<usize>) {
-        if let Some(c) = culprit {
-            self.out.culprit.store(c, Ordering::SeqCst);
-            self.inbox.culprit.store(c, Ordering::SeqCst);
+    fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
+        if let Some((c, kind)) = cause {
+            for q in [&self.out, &self.inbox] {
+                q.cause.store(super::cause_code(kind), Ordering::SeqCst);
+                q.culprit.store(c, Ordering::SeqCst);
+            }
         }
+    }
+
+    fn peer_idle(&mut self) -> Option<std::time::Duration> {
+        super::idle_since(self.peer_bell.heartbeat.load(Ordering::Relaxed))
     }
 
     fn kind(&self) -> &'static str {

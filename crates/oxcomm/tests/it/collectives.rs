@@ -91,6 +91,11 @@ impl CollectiveTester {
         self
     }
 
+    pub fn segments(mut self, s: &[usize]) -> Self {
+        self.segments = s.to_vec();
+        self
+    }
+
     fn wants(&self, label: &str) -> bool {
         self.filter.as_ref().is_none_or(|f| label.contains(f.as_str()))
     }
@@ -139,86 +144,101 @@ impl CollectiveTester {
         }
     }
 
-    pub fn run_all_reduce(&self) {
+    /// Runs the all_reduce cases on one rank; returns the failures.
+    pub fn rank_all_reduce(&self, comm: &Communicator) -> Vec<String> {
         let cases = self.cases(|d| ReduceOp::ALL.into_iter().filter(|o| o.fits(d)).collect());
-        self.each_world(|comm| {
-            let mut bad = Vec::new();
-            for &(count, d, op, seg) in &cases {
-                for algo in [Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Star] {
-                    let label = format!("all_reduce n={} {d} {op} count={count} {algo} seg={seg}", comm.size());
-                    if !self.wants(&label) {
-                        continue;
-                    }
-                    let opts = OpOptions { algorithm: Some(algo), max_segment_bytes: Some(seg), ..Default::default() };
-                    if let Err(e) = with_dtype!(d, all_reduce_case(&comm, count, op, &opts)) {
-                        bad.push(format!("{label}: {e}"));
-                    }
+        let comm = comm.clone();
+        let mut bad = Vec::new();
+        for &(count, d, op, seg) in &cases {
+            for algo in [Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Star] {
+                let label = format!("all_reduce n={} {d} {op} count={count} {algo} seg={seg}", comm.size());
+                if !self.wants(&label) {
+                    continue;
+                }
+                let opts = OpOptions { algorithm: Some(algo), max_segment_bytes: Some(seg), ..Default::default() };
+                if let Err(e) = with_dtype!(d, all_reduce_case(&comm, count, op, &opts)) {
+                    bad.push(format!("{label}: {e}"));
                 }
             }
-            bad
-        });
+        }
+        bad
     }
 
-    pub fn run_rooted(&self) {
+    pub fn run_all_reduce(&self) {
+        self.each_world(|comm| self.rank_all_reduce(&comm));
+    }
+
+    /// Runs the rooted cases on one rank; returns the failures.
+    pub fn rank_rooted(&self, comm: &Communicator) -> Vec<String> {
         let cases = self.cases(|d| {
             ReduceOp::ALL
                 .into_iter()
                 .filter(|o| o.fits(d) && matches!(o, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Max | ReduceOp::BXor))
                 .collect()
         });
-        self.each_world(|comm| {
-            let mut bad = Vec::new();
-            for &(count, d, op, seg) in &cases {
-                for root in [0, comm.size() / 2, comm.size() - 1] {
-                    let label = format!("rooted n={} {d} {op} count={count} root={root} seg={seg}", comm.size());
-                    if !self.wants(&label) {
-                        continue;
-                    }
-                    let opts = OpOptions { max_segment_bytes: Some(seg), ..Default::default() };
-                    if let Err(e) = with_dtype!(d, rooted_case(&comm, count, op, root, &opts)) {
-                        bad.push(format!("{label}: {e}"));
-                    }
-                }
-            }
-            bad
-        });
-    }
-
-    pub fn run_gather_scatter(&self) {
-        let cases = self.cases(|_| vec![ReduceOp::Sum]);
-        self.each_world(|comm| {
-            let mut bad = Vec::new();
-            for &(count, d, _, seg) in &cases {
-                let label =
-                    format!("gather/scatter/all_gather/all_to_all n={} {d} count={count} seg={seg}", comm.size());
+        let comm = comm.clone();
+        let mut bad = Vec::new();
+        for &(count, d, op, seg) in &cases {
+            for root in [0, comm.size() / 2, comm.size() - 1] {
+                let label = format!("rooted n={} {d} {op} count={count} root={root} seg={seg}", comm.size());
                 if !self.wants(&label) {
                     continue;
                 }
                 let opts = OpOptions { max_segment_bytes: Some(seg), ..Default::default() };
-                if let Err(e) = with_dtype!(d, movement_case(&comm, count, &opts)) {
+                if let Err(e) = with_dtype!(d, rooted_case(&comm, count, op, root, &opts)) {
                     bad.push(format!("{label}: {e}"));
                 }
             }
-            bad
-        });
+        }
+        bad
+    }
+
+    pub fn run_rooted(&self) {
+        self.each_world(|comm| self.rank_rooted(&comm));
+    }
+
+    /// Runs the gather_scatter cases on one rank; returns the failures.
+    pub fn rank_gather_scatter(&self, comm: &Communicator) -> Vec<String> {
+        let cases = self.cases(|_| vec![ReduceOp::Sum]);
+        let comm = comm.clone();
+        let mut bad = Vec::new();
+        for &(count, d, _, seg) in &cases {
+            let label = format!("gather/scatter/all_gather/all_to_all n={} {d} count={count} seg={seg}", comm.size());
+            if !self.wants(&label) {
+                continue;
+            }
+            let opts = OpOptions { max_segment_bytes: Some(seg), ..Default::default() };
+            if let Err(e) = with_dtype!(d, movement_case(&comm, count, &opts)) {
+                bad.push(format!("{label}: {e}"));
+            }
+        }
+        bad
+    }
+
+    pub fn run_gather_scatter(&self) {
+        self.each_world(|comm| self.rank_gather_scatter(&comm));
+    }
+
+    /// Runs the reduce_scatter cases on one rank; returns the failures.
+    pub fn rank_reduce_scatter(&self, comm: &Communicator) -> Vec<String> {
+        let cases = self.cases(|d| ReduceOp::ALL.into_iter().filter(|o| o.fits(d)).collect());
+        let comm = comm.clone();
+        let mut bad = Vec::new();
+        for &(count, d, op, seg) in &cases {
+            let label = format!("reduce_scatter n={} {d} {op} block={count} seg={seg}", comm.size());
+            if !self.wants(&label) || count > 10_000 {
+                continue;
+            }
+            let opts = OpOptions { max_segment_bytes: Some(seg), ..Default::default() };
+            if let Err(e) = with_dtype!(d, reduce_scatter_case(&comm, count, op, &opts)) {
+                bad.push(format!("{label}: {e}"));
+            }
+        }
+        bad
     }
 
     pub fn run_reduce_scatter(&self) {
-        let cases = self.cases(|d| ReduceOp::ALL.into_iter().filter(|o| o.fits(d)).collect());
-        self.each_world(|comm| {
-            let mut bad = Vec::new();
-            for &(count, d, op, seg) in &cases {
-                let label = format!("reduce_scatter n={} {d} {op} block={count} seg={seg}", comm.size());
-                if !self.wants(&label) || count > 10_000 {
-                    continue;
-                }
-                let opts = OpOptions { max_segment_bytes: Some(seg), ..Default::default() };
-                if let Err(e) = with_dtype!(d, reduce_scatter_case(&comm, count, op, &opts)) {
-                    bad.push(format!("{label}: {e}"));
-                }
-            }
-            bad
-        });
+        self.each_world(|comm| self.rank_reduce_scatter(&comm));
     }
 }
 

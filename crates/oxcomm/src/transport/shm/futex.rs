@@ -36,6 +36,8 @@ pub(crate) struct Bell {
     pub(crate) epoch: AtomicU32,
     /// How many threads of the owner are (about to be) inside `FUTEX_WAIT`.
     pub(crate) waiters: AtomicU32,
+    /// When the owner last showed life inside oxcomm (monotonic ns; 0 never).
+    pub(crate) heartbeat: std::sync::atomic::AtomicU64,
 }
 
 /// Yields after the spin phase, before sleeping.
@@ -128,6 +130,10 @@ impl Doorbell for ShmDoorbell {
 
     fn wait(&self, epoch: u32, until: Instant) {
         self.seg.bell().wait(epoch, until, self.spin);
+    }
+
+    fn heartbeat(&self) {
+        self.seg.bell().heartbeat.store(crate::transport::monotonic_ns(), Ordering::Relaxed);
     }
 }
 

@@ -397,19 +397,25 @@ impl Drop for ShmLink {
     }
 }
 
-/// Close-flag values: 0 open, 1 closed, `2 + r` closed because rank `r` failed.
+/// Close-flag values: 0 open, 1 closed, `2 + (r << 3 | code)` closed because rank `r` failed
+/// with the error kind of [`crate::transport::cause_code`] `code`.
 const CLOSED: u32 = 1;
 
-fn closed_reason(flag: u32, peer: usize) -> Option<(String, usize)> {
+fn closed_flag(cause: Option<(usize, ErrorKind)>) -> u32 {
+    cause.map_or(CLOSED, |(r, kind)| 2 + ((r as u32) << 3 | crate::transport::cause_code(kind)))
+}
+
+/// Why a link with close flag `flag` is gone: a plain reason, or the error naming the culprit.
+fn closed_reason(flag: u32, peer: usize) -> Option<std::result::Result<String, Error>> {
     match flag {
         0 => None,
-        CLOSED => Some(("it closed its shared-memory link".to_string(), peer)),
+        CLOSED => Some(Ok("it closed its shared-memory link".to_string())),
         v => {
-            let culprit = (v - 2) as usize;
+            let (culprit, code) = (((v - 2) >> 3) as usize, (v - 2) & 7);
             if culprit == peer {
-                Some(("it closed its shared-memory link after failing".to_string(), peer))
+                Some(Ok("it closed its shared-memory link after failing".to_string()))
             } else {
-                Some((format!("it aborted because rank {culprit} failed; see rank {culprit}'s error"), culprit))
+                Some(Err(crate::transport::cascaded(peer, culprit, crate::transport::cause_kind(code))))
             }
         }
     }
@@ -425,10 +431,13 @@ impl ShmLink {
         self.peer_seg.bell().ring();
     }
 
-    fn gone(&self, (why, culprit): (String, usize)) -> Error {
-        Error::new(ErrorKind::PeerGone, format!("rank {} is gone ({why})", self.peer))
-            .with_peer(culprit)
-            .with_rank(self.rank)
+    fn gone(&self, why: std::result::Result<String, Error>) -> Error {
+        match why {
+            Ok(why) => Error::new(ErrorKind::PeerGone, format!("rank {} is gone ({why})", self.peer))
+                .with_peer(self.peer)
+                .with_rank(self.rank),
+            Err(e) => e.with_rank(self.rank),
+        }
     }
 
     fn corrupt(&self, c: Corrupt, dir: &str) -> Error {
@@ -436,15 +445,15 @@ impl ShmLink {
     }
 
     /// Why the peer can no longer read, if it cannot, and the rank to blame.
-    fn reader_gone(&self) -> Option<(String, usize)> {
+    fn reader_gone(&self) -> Option<std::result::Result<String, Error>> {
         closed_reason(self.tx.ctrl().flags.0.reader_closed.load(Ordering::Acquire), self.peer)
-            .or_else(|| self.process_gone.then(|| ("its process exited".to_string(), self.peer)))
+            .or_else(|| self.process_gone.then(|| Ok("its process exited".to_string())))
     }
 
     /// Why the peer will send no more, if it will not, and the rank to blame.
-    fn writer_gone(&self) -> Option<(String, usize)> {
+    fn writer_gone(&self) -> Option<std::result::Result<String, Error>> {
         closed_reason(self.rx.ctrl().flags.0.writer_closed.load(Ordering::Acquire), self.peer)
-            .or_else(|| self.process_gone.then(|| ("its process exited".to_string(), self.peer)))
+            .or_else(|| self.process_gone.then(|| Ok("its process exited".to_string())))
     }
 }
 
@@ -488,8 +497,12 @@ impl Link for ShmLink {
         Ok(())
     }
 
-    fn close(&mut self, culprit: Option<usize>) {
-        self.close_flags(culprit.map_or(CLOSED, |c| c as u32 + 2));
+    fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
+        self.close_flags(closed_flag(cause));
+    }
+
+    fn peer_idle(&mut self) -> Option<std::time::Duration> {
+        crate::transport::idle_since(self.peer_seg.bell().heartbeat.load(Ordering::Relaxed))
     }
 
     fn kind(&self) -> &'static str {

@@ -1,0 +1,253 @@
+//! Ranks as real processes over shared memory: the test binary re-runs itself as the ranks
+//! (`child_entry`, selected by `OXCOMM_TEST_CHILD`), with the environment `oxcomm launch` would
+//! set and a store served by the parent test. Covers the CollectiveTester over shm for world
+//! sizes 2, 3, 4 and 8, and SIGKILL / SIGSTOP of one rank mid-collective.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oxcomm::rendezvous::{self, Settings, StoreServer};
+use oxcomm::ReduceOp;
+
+use crate::collectives::CollectiveTester;
+
+const CHILD: &str = "OXCOMM_TEST_CHILD";
+
+struct Job {
+    children: Vec<Child>,
+    job_id: String,
+    _server: StoreServer,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn_job(n: usize, role: &str, timeout_s: &str) -> Job {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let token = rendezvous::generate_token();
+    let token_bytes = Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
+    let server = StoreServer::bind("127.0.0.1:0".parse::<SocketAddr>().unwrap(), &token_bytes).unwrap();
+    let port = server.local_addr().port();
+    let job_id = format!("t{}x{}", std::process::id(), COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+    let exe = std::env::current_exe().unwrap();
+    let children = (0..n)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--exact", "multiproc::child_entry", "--nocapture", "--test-threads=1", "-q"])
+                .env(CHILD, role)
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("LOCAL_WORLD_SIZE", n.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("OXCOMM_TOKEN", &token)
+                .env("OXCOMM_STORE", "launcher")
+                .env("OXCOMM_JOB_ID", &job_id)
+                .env("OXCOMM_TIMEOUT", timeout_s)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    Job { children, job_id, _server: server }
+}
+
+/// Waits for every child until `deadline`; returns (exit code, output) per rank.
+fn wait_all(job: &mut Job, deadline: Instant) -> Vec<(Option<i32>, String)> {
+    let mut out = vec![None; job.children.len()];
+    while out.iter().any(|o| o.is_none()) {
+        for (r, c) in job.children.iter_mut().enumerate() {
+            if out[r].is_none() {
+                if let Some(status) = c.try_wait().unwrap() {
+                    out[r] = Some(status.code());
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            panic!("ranks still running at the deadline: {:?}", out);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    job.children
+        .iter_mut()
+        .zip(out)
+        .map(|(c, code)| {
+            let mut s = String::new();
+            c.stdout.take().unwrap().read_to_string(&mut s).unwrap();
+            c.stderr.take().unwrap().read_to_string(&mut s).unwrap();
+            (code.unwrap(), s)
+        })
+        .collect()
+}
+
+fn leftovers(job: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(job))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Entry point of the child ranks. It does nothing in a normal test run (no role set).
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(CHILD) else { return };
+    let comm = oxcomm::init().unwrap_or_else(|e| {
+        eprintln!("init failed: {e}");
+        std::process::exit(3)
+    });
+    match role.as_str() {
+        "tester" => {
+            let t = CollectiveTester::new().counts(&[0, 1, 7, 1000, 65537]);
+            let mut bad = t.rank_all_reduce(&comm);
+            bad.extend(t.rank_rooted(&comm));
+            bad.extend(t.rank_gather_scatter(&comm));
+            bad.extend(t.rank_reduce_scatter(&comm));
+            if !bad.is_empty() {
+                eprintln!("{} failures, first: {:#?}", bad.len(), &bad[..bad.len().min(5)]);
+                std::process::exit(1);
+            }
+            println!("rank {} ok", comm.rank());
+        }
+        "quick" => {
+            let t = CollectiveTester::new().counts(&[0, 7, 1000]).segments(&[1 << 20]);
+            let mut bad = t.rank_all_reduce(&comm);
+            bad.extend(t.rank_gather_scatter(&comm));
+            if !bad.is_empty() {
+                eprintln!("{} failures, first: {:#?}", bad.len(), &bad[..bad.len().min(5)]);
+                std::process::exit(1);
+            }
+            println!("rank {} ok", comm.rank());
+        }
+        "loop" => {
+            // All-reduce forever; the parent kills or stops one rank.
+            let mut buf = vec![1.0f32; 1 << 20];
+            println!("ready");
+            loop {
+                if let Err(e) = comm.all_reduce(&mut buf, ReduceOp::Sum) {
+                    eprintln!("ERROR: {e}");
+                    std::process::exit(7);
+                }
+                buf.fill(1.0);
+            }
+        }
+        other => panic!("unknown role {other}"),
+    }
+    drop(comm);
+    std::process::exit(0);
+}
+
+fn run_tester(n: usize, role: &str) {
+    let mut job = spawn_job(n, role, "60");
+    let results = wait_all(&mut job, Instant::now() + Duration::from_secs(240));
+    for (r, (code, out)) in results.iter().enumerate() {
+        assert_eq!(*code, Some(0), "rank {r} of {n} failed:\n{out}");
+    }
+    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+}
+
+#[test]
+fn shm_collectives_2_ranks() {
+    run_tester(2, "tester");
+}
+
+#[test]
+fn shm_collectives_3_ranks() {
+    run_tester(3, "tester");
+}
+
+#[test]
+fn shm_collectives_4_ranks() {
+    run_tester(4, "tester");
+}
+
+#[test]
+fn shm_collectives_8_ranks_on_2_cores() {
+    run_tester(8, "quick");
+}
+
+/// Waits until `n` children printed "ready" (they are inside the all-reduce loop).
+fn wait_ready(job: &mut Job, settle: Duration) {
+    // The loop prints "ready" before its first op; give the ops time to get going.
+    std::thread::sleep(settle);
+    for (r, c) in job.children.iter_mut().enumerate() {
+        assert!(c.try_wait().unwrap().is_none(), "rank {r} exited early");
+    }
+}
+
+#[test]
+fn killed_rank_is_named_by_every_survivor_within_2s() {
+    let mut job = spawn_job(4, "loop", "60");
+    wait_ready(&mut job, Duration::from_millis(1500));
+    let victim = 2;
+    let pid = job.children[victim].id() as i32;
+    let killed_at = Instant::now();
+    // SAFETY: plain syscall on a child we own.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let results = wait_all(&mut job, Instant::now() + Duration::from_secs(20));
+    let took = killed_at.elapsed();
+    for (r, (code, out)) in results.iter().enumerate() {
+        if r == victim {
+            continue;
+        }
+        assert_eq!(*code, Some(7), "rank {r}:\n{out}");
+        assert!(out.contains("rank 2"), "rank {r} does not name rank 2:\n{out}");
+    }
+    assert!(took < Duration::from_secs(2), "survivors took {took:?}");
+    assert!(leftovers(&job.job_id).is_empty(), "segments left: {:?}", leftovers(&job.job_id));
+}
+
+#[test]
+fn stopped_rank_times_out_at_the_deadline_naming_it() {
+    let mut job = spawn_job(3, "loop", "2");
+    wait_ready(&mut job, Duration::from_millis(1500));
+    let victim = 1;
+    let pid = job.children[victim].id() as i32;
+    let stopped_at = Instant::now();
+    // SAFETY: plain syscall on a child we own.
+    unsafe {
+        libc::kill(pid, libc::SIGSTOP);
+    }
+    // Survivors exit by themselves; the stopped one is killed by Job's drop.
+    let mut survivors: Vec<(usize, Child)> = job.children.drain(..).enumerate().filter(|(r, _)| *r != victim).collect();
+    for (r, c) in survivors.iter_mut() {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let status = loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "rank {r} still running");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let mut out = String::new();
+        c.stderr.take().unwrap().read_to_string(&mut out).unwrap();
+        assert_eq!(status.code(), Some(7), "rank {r}: {out}");
+        assert!(out.contains("timed out") && out.contains("rank 1"), "rank {r}: {out}");
+    }
+    let took = stopped_at.elapsed();
+    assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(6), "took {took:?}");
+    // SAFETY: plain syscalls on a child we own.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let _ = std::process::Command::new("true").status();
+    for (_, mut c) in survivors {
+        let _ = c.wait();
+    }
+}
