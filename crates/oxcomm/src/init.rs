@@ -19,7 +19,6 @@ use crate::comm::{CommConfig, Communicator};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rendezvous::env::{EnvInfo, Settings, TransportChoice};
 use crate::rendezvous::{PrefixStore, Store, StoreClient, StoreServer};
-use crate::transport::{Doorbell, Link};
 
 /// Environment variable: job id shared by all ranks (set by `oxcomm launch`); names shared
 /// memory segments and store keys. Default: derived from the token.
@@ -99,8 +98,7 @@ impl Init {
             )
         })?;
         let job = get(ENV_JOB_ID).unwrap_or_else(|| job_from_token(&token));
-        let mut config = CommConfig::default();
-        config.timeout = settings.timeout;
+        let config = CommConfig { timeout: settings.timeout, ..CommConfig::default() };
         Ok(Init {
             rank: env.rank,
             world_size: env.world_size,
@@ -181,7 +179,7 @@ impl Init {
         ep.attach(&local, deadline).map_err(fail)?;
         ep.wait_attached(&local, deadline).map_err(fail)?;
         ep.unlink_own().map_err(fail)?;
-        let (links, bell): (Vec<Option<Box<dyn Link>>>, Arc<dyn Doorbell>) = ep.into_parts();
+        let (links, bell) = ep.into_parts();
         Communicator::from_links(rank, links, bell, self.config.clone(), "shm")
     }
 }
