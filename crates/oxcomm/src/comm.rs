@@ -84,6 +84,9 @@ pub(crate) struct Core {
     pending_p2p: Mutex<Vec<P2pJob>>,
     /// Things that must live as long as the communicator (the store, its server).
     keep: Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>,
+    /// Every rank's shared-memory workspace, when all ranks share this host.
+    #[cfg(target_os = "linux")]
+    direct: Option<crate::transport::shm::direct::ShmDirect>,
 }
 
 struct State {
@@ -93,6 +96,8 @@ struct State {
     /// Messages sent to / received from each world rank (sequence numbers of send/recv).
     p2p_sent: Vec<u64>,
     p2p_received: Vec<u64>,
+    #[cfg(target_os = "linux")]
+    direct_state: crate::algorithms::shm_direct::DirectState,
 }
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -147,6 +152,19 @@ impl Communicator {
         config: CommConfig,
         transport: &'static str,
     ) -> Result<Communicator> {
+        Communicator::from_parts(rank, links, bell, config, transport, None)
+    }
+
+    /// [`Communicator::from_links`] plus the shared-memory workspaces for direct collectives.
+    pub(crate) fn from_parts(
+        rank: usize,
+        links: Vec<Option<Box<dyn Link>>>,
+        bell: Arc<dyn Doorbell>,
+        config: CommConfig,
+        transport: &'static str,
+        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::direct::ShmDirect>,
+        #[cfg(not(target_os = "linux"))] _direct: Option<()>,
+    ) -> Result<Communicator> {
         let size = links.len();
         if rank >= size {
             return Err(Error::invalid(format!("rank {rank} out of range for {size} links")));
@@ -167,6 +185,8 @@ impl Communicator {
                 scratch: Vec::new(),
                 p2p_sent: vec![0; size],
                 p2p_received: vec![0; size],
+                #[cfg(target_os = "linux")]
+                direct_state: Default::default(),
             }),
             turn: Mutex::new(0),
             turn_cv: Condvar::new(),
@@ -178,6 +198,8 @@ impl Communicator {
             worker: Mutex::new(None),
             pending_p2p: Mutex::new(Vec::new()),
             keep: Mutex::new(Vec::new()),
+            #[cfg(target_os = "linux")]
+            direct,
         });
         let group = Arc::new(Group { id: 0, members: (0..size).collect(), rank, seq: AtomicU64::new(0) });
         Ok(Communicator { core, group })
@@ -276,8 +298,16 @@ impl Communicator {
             (None, Some(a)) if plan::candidates(fp.kind).contains(&a) => Some(a),
             _ => None,
         };
-        plan::choose(fp.kind, bytes, count, self.size(), forced)
+        plan::choose(fp.kind, bytes, count, self.size(), forced, self.has_direct())
             .map_err(|e| e.with_op(self.describe(fp)).with_rank(self.core.world_rank))
+    }
+
+    /// Whether this communicator can use the direct shared-memory path.
+    fn has_direct(&self) -> bool {
+        #[cfg(target_os = "linux")]
+        return self.group.id == 0 && self.core.direct.is_some();
+        #[cfg(not(target_os = "linux"))]
+        false
     }
 
     /// Runs one collective: turn, sequence number, agreement (unless `agree` is false), body.
@@ -306,6 +336,9 @@ impl Communicator {
         fp.seq = self.group.seq.fetch_add(1, Ordering::SeqCst);
         self.core.check_alive(|| fp.to_string())?;
         let mut state = self.core.lock_state();
+        #[cfg(target_os = "linux")]
+        let State { links, stats, scratch, direct_state, .. } = &mut *state;
+        #[cfg(not(target_os = "linux"))]
         let State { links, stats, scratch, .. } = &mut *state;
         let mut ctx = Ctx::new(
             self.group.rank,
@@ -317,6 +350,11 @@ impl Communicator {
             stats,
             scratch,
         );
+        #[cfg(target_os = "linux")]
+        if self.group.id == 0 {
+            ctx.direct =
+                self.core.direct.as_ref().map(|shm| crate::algorithms::shm_direct::Direct { shm, state: direct_state });
+        }
         let result = (|| {
             if agree {
                 algorithms::star::agree(&mut ctx, fp)?;
@@ -345,8 +383,14 @@ impl Communicator {
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
         let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
         let n = self.size();
-        self.collective(fp, opts, true, |ctx, _| {
-            run_all_reduce(ctx, algo, buf, op.combiner())?;
+        self.collective(fp, opts, algo != Algorithm::ShmDirect, |ctx, fp| {
+            match algo {
+                #[cfg(target_os = "linux")]
+                Algorithm::ShmDirect => with_direct(ctx, |ctx, d| {
+                    crate::algorithms::shm_direct::all_reduce(ctx, d, fp, buf, op.combiner())
+                })?,
+                _ => run_all_reduce(ctx, algo, buf, op.combiner())?,
+            }
             reduce::finish_avg(buf, op, n);
             Ok(())
         })
@@ -385,8 +429,14 @@ impl Communicator {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Broadcast), buf.len());
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
-        self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
-        self.collective(fp, opts, true, |ctx, _| algorithms::tree::broadcast(ctx, buf, root))
+        let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
+        self.collective(fp, opts, algo != Algorithm::ShmDirect, |ctx, fp| match algo {
+            #[cfg(target_os = "linux")]
+            Algorithm::ShmDirect => {
+                with_direct(ctx, |ctx, d| crate::algorithms::shm_direct::broadcast(ctx, d, fp, buf, root))
+            }
+            _ => algorithms::tree::broadcast(ctx, buf, root),
+        })
     }
 
     /// Gathers every rank's `input` into `output` (size × input.len(), rank order).
@@ -587,6 +637,10 @@ impl Communicator {
         let algo = self.algorithm(&fp, opts, 0, 0)?;
         match algo {
             Algorithm::Dissemination => self.collective(fp, opts, false, algorithms::barrier::dissemination),
+            #[cfg(target_os = "linux")]
+            Algorithm::ShmDirect => self.collective(fp, opts, false, |ctx, fp| {
+                with_direct(ctx, |ctx, d| crate::algorithms::shm_direct::barrier(ctx, d, fp))
+            }),
             _ => self.collective(fp, opts, true, |_, _| Ok(())),
         }
     }
@@ -871,6 +925,18 @@ impl Communicator {
 thread_local! {
     /// A ticket issued when an async op was queued, consumed by the op when the worker runs it.
     static PRESET_TICKET: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the direct shared-memory view taken out of `ctx` (and puts it back).
+#[cfg(target_os = "linux")]
+fn with_direct<'c, R>(
+    ctx: &mut Ctx<'c>,
+    f: impl FnOnce(&mut Ctx<'c>, &mut crate::algorithms::shm_direct::Direct<'c>) -> Result<R>,
+) -> Result<R> {
+    let mut d = ctx.direct.take().ok_or_else(|| Error::invalid("the direct shared-memory path is not available"))?;
+    let r = f(ctx, &mut d);
+    ctx.direct = Some(d);
+    r
 }
 
 fn run_all_reduce<T: Element>(ctx: &mut Ctx<'_>, algo: Algorithm, buf: &mut [T], op: ReduceOp) -> Result<()> {

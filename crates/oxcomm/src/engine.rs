@@ -120,6 +120,9 @@ pub(crate) struct Ctx<'c> {
     pub max_segment: usize,
     stats: &'c mut LinkStats,
     scratch: &'c mut Vec<u64>,
+    /// The shared-memory workspaces, when the op may use the direct path (take it out while
+    /// using it, and put it back).
+    pub direct: Option<crate::algorithms::shm_direct::Direct<'c>>,
 }
 
 impl<'c> Ctx<'c> {
@@ -146,6 +149,7 @@ impl<'c> Ctx<'c> {
             max_segment: max_segment.max(64),
             stats,
             scratch,
+            direct: None,
         }
     }
 
@@ -222,6 +226,30 @@ impl<'c> Ctx<'c> {
         }
     }
 
+    /// Waits until `lagging` returns `None`; it returns the group rank still being waited for
+    /// (checked for liveness, and named on timeout). Peers ring this rank's doorbell when they
+    /// publish progress.
+    pub fn wait_until(&mut self, mut lagging: impl FnMut() -> Option<usize>) -> Result<()> {
+        let mut last_check = Instant::now();
+        loop {
+            let epoch = self.bell.epoch();
+            let Some(lag) = lagging() else { return Ok(()) };
+            let now = Instant::now();
+            let world = self.members[lag];
+            if now >= self.deadline {
+                return Err(self.timeout_for(world, false));
+            }
+            if now.duration_since(last_check) >= PEER_CHECK_INTERVAL {
+                last_check = now;
+                self.bell.heartbeat();
+                if world != self.members[self.rank] {
+                    self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
+                }
+            }
+            self.bell.wait(epoch, self.deadline.min(now + PEER_CHECK_INTERVAL));
+        }
+    }
+
     fn link(&mut self, world: usize) -> Result<&mut Box<dyn Link>> {
         self.links
             .get_mut(world)
@@ -233,10 +261,12 @@ impl<'c> Ctx<'c> {
         let stalled =
             xfers.iter().find(|x| !x.finished() && !x.is_send()).or_else(|| xfers.iter().find(|x| !x.finished()));
         let peer = stalled.map(|x| self.members[x.peer()]).unwrap_or(0);
-        let what = match stalled {
-            Some(x) if x.is_send() => " to accept data from us",
-            _ => "",
-        };
+        self.timeout_for(peer, stalled.is_some_and(|x| x.is_send()))
+    }
+
+    /// The timeout error of a wait on world rank `peer` (to send to it, or to hear from it).
+    fn timeout_for(&mut self, peer: usize, sending: bool) -> Error {
+        let what = if sending { " to accept data from us" } else { "" };
         let mut msg = format!("timed out after {:?} waiting for rank {peer}{what}", self.timeout);
         // The rank we waited for may itself be waiting: blame the one that shows no life.
         let mut blamed = peer;

@@ -179,8 +179,9 @@ impl Init {
         ep.attach(&local, deadline).map_err(fail)?;
         ep.wait_attached(&local, deadline).map_err(fail)?;
         ep.unlink_own().map_err(fail)?;
+        let direct = ep.direct();
         let (links, bell) = ep.into_parts();
-        Communicator::from_links(rank, links, bell, self.config.clone(), "shm")
+        Communicator::from_parts(rank, links, bell, self.config.clone(), "shm", direct)
     }
 }
 

@@ -11,6 +11,8 @@ pub(crate) mod pairwise;
 pub mod plan;
 pub(crate) mod ring;
 pub mod schedule;
+#[cfg(target_os = "linux")]
+pub(crate) mod shm_direct;
 pub(crate) mod star;
 pub(crate) mod tree;
 
@@ -35,11 +37,14 @@ pub enum Algorithm {
     Dissemination,
     /// Root talks to every rank directly (gather, scatter).
     Flat,
+    /// Ranks on one host read each other's shared memory directly (all_reduce, broadcast,
+    /// barrier); only on the shm transport, for the world group.
+    ShmDirect,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 7] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::Star,
@@ -47,9 +52,10 @@ impl Algorithm {
         Algorithm::Pairwise,
         Algorithm::Dissemination,
         Algorithm::Flat,
+        Algorithm::ShmDirect,
     ];
 
-    /// Short name for logs and the CLI (`ring`, `rd`, `star`, `tree`, `pairwise`, `dissem`, `flat`).
+    /// Short name for logs and the CLI (`ring`, `rd`, `star`, `tree`, `pairwise`, `dissem`, `flat`, `direct`).
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
@@ -59,6 +65,7 @@ impl Algorithm {
             Algorithm::Pairwise => "pairwise",
             Algorithm::Dissemination => "dissem",
             Algorithm::Flat => "flat",
+            Algorithm::ShmDirect => "direct",
         }
     }
 
@@ -72,6 +79,7 @@ impl Algorithm {
             "pairwise" => Algorithm::Pairwise,
             "dissem" | "dissemination" => Algorithm::Dissemination,
             "flat" => Algorithm::Flat,
+            "direct" | "shm_direct" => Algorithm::ShmDirect,
             _ => return None,
         })
     }

@@ -150,7 +150,10 @@ impl CollectiveTester {
         let comm = comm.clone();
         let mut bad = Vec::new();
         for &(count, d, op, seg) in &cases {
-            for algo in [Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Star] {
+            for algo in [Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Star, Algorithm::ShmDirect] {
+                if algo == Algorithm::ShmDirect && comm.transport() != "shm" {
+                    continue;
+                }
                 let label = format!("all_reduce n={} {d} {op} count={count} {algo} seg={seg}", comm.size());
                 if !self.wants(&label) {
                     continue;

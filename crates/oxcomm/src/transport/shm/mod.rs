@@ -54,6 +54,7 @@ use rustix::process::{pidfd_open, test_kill_process, Pid, PidfdFlags};
 use super::{Doorbell, Link};
 use crate::error::{Error, ErrorKind, Result};
 
+pub mod direct;
 mod futex;
 mod ring;
 mod segment;
@@ -299,6 +300,20 @@ impl ShmEndpoint {
     /// (later attaches would fail); the mappings stay valid. Idempotent.
     pub fn unlink_own(&self) -> Result<()> {
         self.own.unlink().map_err(|e| e.with_rank(self.rank))
+    }
+
+    /// The direct-collectives view of every rank's workspace, when every rank of the world
+    /// is attached (all on this host); `None` otherwise.
+    pub fn direct(&self) -> Option<direct::ShmDirect> {
+        let mut segs = Vec::with_capacity(self.world);
+        for r in 0..self.world {
+            if r == self.rank {
+                segs.push(self.own.clone());
+            } else {
+                segs.push(self.links[r].as_ref()?.peer_seg.clone());
+            }
+        }
+        Some(direct::ShmDirect::new(self.rank, segs))
     }
 
     /// The links indexed by world rank (`None` for this rank and unattached ranks), and this

@@ -5,7 +5,7 @@
 //! which peers attach or when names are unlinked (the endpoint does), nor the ring or doorbell
 //! protocols (`ring.rs`, `futex.rs`).
 //!
-//! # Layout (version 1)
+//! # Layout (version 2)
 //!
 //! | offset | what |
 //! | --- | --- |
@@ -13,6 +13,7 @@
 //! | 128 | the owner's doorbell ([`Bell`], one 128-byte line) |
 //! | 256 | slot table: `world` × `u32`, the inbound ring slot of each rank or `u32::MAX` |
 //! | `rings_offset` (page-aligned) | `slots` rings, each a 384-byte control block + `ring_bytes` of data |
+//! | `workspace_offset` (page-aligned) | [`super::direct::WORKSPACE_BYTES`] for the direct collectives |
 //!
 //! The creator writes everything, then stores `magic` last with `Release`; an attacher that
 //! loads `magic` with `Acquire` and finds it set sees the rest. A zero `magic` means "still
@@ -79,6 +80,7 @@ pub(crate) struct Layout {
     pub(crate) table_offset: usize,
     pub(crate) rings_offset: usize,
     pub(crate) ring_stride: usize,
+    pub(crate) workspace_offset: usize,
     pub(crate) total_bytes: usize,
 }
 
@@ -96,12 +98,23 @@ impl Layout {
         let table_end = TABLE_OFFSET.checked_add(world.checked_mul(4)?)?;
         let rings_offset = table_end.checked_next_multiple_of(PAGE)?;
         let ring_stride = CTRL_BYTES.checked_add(ring_bytes)?;
-        let total_bytes = rings_offset.checked_add(ring_stride.checked_mul(slots)?)?;
+        let rings_end = rings_offset.checked_add(ring_stride.checked_mul(slots)?)?;
+        let workspace_offset = rings_end.checked_next_multiple_of(PAGE)?;
+        let total_bytes = workspace_offset.checked_add(super::direct::WORKSPACE_BYTES)?;
         // mmap lengths and file sizes must fit in isize / i64.
         if total_bytes > isize::MAX as usize {
             return None;
         }
-        Some(Layout { world, slots, ring_bytes, table_offset: TABLE_OFFSET, rings_offset, ring_stride, total_bytes })
+        Some(Layout {
+            world,
+            slots,
+            ring_bytes,
+            table_offset: TABLE_OFFSET,
+            rings_offset,
+            ring_stride,
+            workspace_offset,
+            total_bytes,
+        })
     }
 }
 
@@ -270,6 +283,7 @@ impl Segment {
                 table_offset: TABLE_OFFSET,
                 rings_offset: len,
                 ring_stride: 0,
+                workspace_offset: len,
                 total_bytes: len,
             },
             name: name.to_string(),
@@ -410,6 +424,14 @@ impl Segment {
         let owner: Arc<dyn Any + Send + Sync> = self.clone();
         // SAFETY: as in `producer`, with one consumer per ring.
         unsafe { Consumer::new(owner, ctrl, data, self.layout.ring_bytes) }
+    }
+
+    /// The direct-collectives workspace: [`super::direct::WORKSPACE_BYTES`] bytes, page-aligned,
+    /// inside this mapping and alive as long as `self`.
+    pub(crate) fn workspace(&self) -> NonNull<u8> {
+        // SAFETY: `workspace_offset + WORKSPACE_BYTES == total_bytes == len` (by `Layout::new`,
+        // checked against the file size by `validate`), so the pointer is inside the mapping.
+        unsafe { self.base.add(self.layout.workspace_offset) }
     }
 
     /// The pid that created the segment.

@@ -1,0 +1,218 @@
+//! Direct shared-memory collectives: ranks on one host read each other's workspaces
+//! ([`ShmDirect`]) instead of sending bytes through rings.
+//!
+//! **Arrival** (every direct op starts with it): a rank writes its fingerprint (and, for small
+//! messages, its payload) into its slot for the op's parity and stamps it; it then waits for
+//! every rank's stamp and compares every fingerprint with its own before touching the user's
+//! buffer, so the agreement costs no extra round. A slot is rewritten two ops later, which
+//! is safe because finishing the op in between required every rank to arrive at it (so it had
+//! finished reading the older slot).
+//!
+//! **Small all-reduce** (≤ [`SMALL_BYTES`]): after arrival every rank reduces all payloads in
+//! rank order (identical results everywhere). One step; each rank writes S and reads n·S.
+//!
+//! **Large all-reduce**, per chunk of [`CHUNK_BYTES`] (two halves, so chunk g+1 overlaps
+//! with the tail of chunk g): copy the chunk into my input region → reduce my 1/n slice
+//! straight from every rank's input region into my result region → copy every rank's result
+//! slice into the user's buffer. Three steps per chunk; per rank S written + S read (copy-in),
+//! S read + S/n written (reduce), S read + S written (copy-out).
+//!
+//! **Broadcast**: small payloads travel in the root's slot; large ones chunk by chunk through
+//! the root's input region. **Barrier**: arrival alone.
+//!
+//! Progress counters (`copied_in`, `reduced`, `copied_out`) count chunks over the life of the
+//! communicator; every rank moves each of them by the same amount in every op.
+
+use super::schedule::chunk;
+use crate::dtype::{as_bytes, as_bytes_mut, Element};
+use crate::engine::Ctx;
+use crate::error::{Error, ErrorKind, Result};
+use crate::reduce::{self, ReduceOp};
+use crate::transport::shm::direct::{Counter, ShmDirect, CHUNK_BYTES, SMALL_BYTES};
+use crate::wire::{Fingerprint, FP_BYTES};
+
+/// Per-communicator progress of the direct protocol (identical on every rank).
+#[derive(Debug, Default)]
+pub(crate) struct DirectState {
+    /// Direct ops arrived at so far.
+    pub ops: u64,
+    /// Chunks processed so far.
+    pub chunks: u64,
+}
+
+/// The direct view and its state, as an algorithm sees them.
+pub(crate) struct Direct<'a> {
+    pub shm: &'a ShmDirect,
+    pub state: &'a mut DirectState,
+}
+
+/// Whether a buffer of `bytes` goes inline in the slot.
+pub(crate) fn is_small(bytes: usize) -> bool {
+    bytes <= SMALL_BYTES
+}
+
+/// Writes this rank's slot and waits for every rank's; checks the fingerprints. Returns the
+/// slot parity of this op.
+fn arrive(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint, payload: &[u8]) -> Result<usize> {
+    let parity = (d.state.ops & 1) as usize;
+    let stamp = d.state.ops + 1;
+    d.state.ops += 1;
+    let mut header = [0u8; FP_BYTES + 8];
+    header[..FP_BYTES].copy_from_slice(&fp.encode());
+    header[FP_BYTES..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    // SAFETY: parity protocol (module docs): every rank arrived at the previous op, so no one
+    // still reads the slot of the op before it, which this write replaces.
+    unsafe { d.shm.write_slot(parity, stamp, &header, payload) };
+    let shm = d.shm;
+    let n = ctx.size;
+    ctx.wait_until(|| (0..n).find(|r| shm.slot_stamp(*r, parity) != stamp))?;
+    for r in 0..n {
+        // SAFETY: rank r stamped this slot for this op; it rewrites it only two ops later.
+        let (h, _) = unsafe { shm.slot(r, parity, 0) };
+        let theirs = Fingerprint::decode(&h[..FP_BYTES]).map_err(|e| e.with_peer(r))?;
+        if theirs != *fp {
+            return Err(Error::new(
+                ErrorKind::Mismatch,
+                format!("ranks called different collectives: rank {r} called {theirs}, this rank called {fp}"),
+            )
+            .with_peer(r));
+        }
+    }
+    Ok(parity)
+}
+
+/// Waits until every rank's counter `c` is at least `value`.
+fn wait_counter(ctx: &mut Ctx<'_>, shm: &ShmDirect, c: Counter, value: u64) -> Result<()> {
+    let n = ctx.size;
+    ctx.wait_until(|| (0..n).find(|r| shm.counter(*r, c) < value))
+}
+
+/// Direct all-reduce (`op` is the combiner; `Avg` is finished by the caller).
+pub(crate) fn all_reduce<T: Element>(
+    ctx: &mut Ctx<'_>,
+    d: &mut Direct<'_>,
+    fp: &Fingerprint,
+    buf: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    let bytes = std::mem::size_of_val(buf);
+    if is_small(bytes) {
+        let parity = arrive(ctx, d, fp, as_bytes(buf))?;
+        for r in 0..ctx.size {
+            // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
+            // reused (two ops later).
+            let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
+            let theirs: &[T] = bytemuck::cast_slice(payload);
+            if r == 0 {
+                buf.copy_from_slice(theirs);
+            } else {
+                reduce::reduce_into(buf, theirs, op);
+            }
+        }
+        return Ok(());
+    }
+    arrive(ctx, d, fp, &[])?;
+    let (n, me, size) = (ctx.size, ctx.rank, std::mem::size_of::<T>());
+    let per_chunk = CHUNK_BYTES / size;
+    let total = buf.len();
+    for start in (0..total).step_by(per_chunk) {
+        let part = &mut buf[start..(start + per_chunk).min(total)];
+        let g = d.state.chunks;
+        let half = (g & 1) as usize;
+        let shm = d.shm;
+        // Half `half` was last used by chunk g-2: everyone must be done reading it.
+        wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
+        // SAFETY: my input region of this half is read by others only after I publish
+        // CopiedIn = g+1, and they finished with chunk g-2 (waited above).
+        unsafe { shm.chunk_mut(half, false, 0, std::mem::size_of_val(part)) }.copy_from_slice(as_bytes(part));
+        shm.publish(Counter::CopiedIn, g + 1);
+        wait_counter(ctx, shm, Counter::CopiedIn, g + 1)?;
+        let mine = chunk(part.len(), n, me);
+        if !mine.is_empty() {
+            let (off, len) = (mine.start * size, mine.len() * size);
+            // SAFETY: every rank published its input for chunk g; nobody writes an input
+            // region again before everyone published CopiedOut = g+1. My result slice is read
+            // by others only after I publish Reduced = g+1.
+            let dst: &mut [T] = bytemuck::cast_slice_mut(unsafe { shm.chunk_mut(half, true, off, len) });
+            let input = |r: usize| -> &[T] { bytemuck::cast_slice(unsafe { shm.chunk(r, half, false, off, len) }) };
+            if n == 1 {
+                dst.copy_from_slice(input(0));
+            } else {
+                reduce::reduce_from2(dst, input(0), input(1), op);
+                for r in 2..n {
+                    reduce::reduce_into(dst, input(r), op);
+                }
+            }
+        }
+        shm.publish(Counter::Reduced, g + 1);
+        wait_counter(ctx, shm, Counter::Reduced, g + 1)?;
+        for r in 0..n {
+            let theirs = chunk(part.len(), n, r);
+            if theirs.is_empty() {
+                continue;
+            }
+            // SAFETY: rank r published its result slice for chunk g and rewrites it only after
+            // everyone (me included) published CopiedOut = g+1.
+            let src = unsafe { shm.chunk(r, half, true, theirs.start * size, theirs.len() * size) };
+            as_bytes_mut(&mut part[theirs]).copy_from_slice(src);
+        }
+        shm.publish(Counter::CopiedOut, g + 1);
+        d.state.chunks += 1;
+    }
+    Ok(())
+}
+
+/// Direct broadcast from group rank `root`.
+pub(crate) fn broadcast<T: Element>(
+    ctx: &mut Ctx<'_>,
+    d: &mut Direct<'_>,
+    fp: &Fingerprint,
+    buf: &mut [T],
+    root: usize,
+) -> Result<()> {
+    let bytes = std::mem::size_of_val(buf);
+    let me = ctx.rank;
+    if is_small(bytes) {
+        let parity = arrive(ctx, d, fp, if me == root { as_bytes(buf) } else { &[] })?;
+        if me != root {
+            // SAFETY: the root stamped its slot for this op; it is reused two ops later.
+            let (_, payload) = unsafe { d.shm.slot(root, parity, bytes) };
+            as_bytes_mut(buf).copy_from_slice(payload);
+        }
+        return Ok(());
+    }
+    arrive(ctx, d, fp, &[])?;
+    let per_chunk = CHUNK_BYTES / std::mem::size_of::<T>();
+    let total = buf.len();
+    for start in (0..total).step_by(per_chunk) {
+        let part = &mut buf[start..(start + per_chunk).min(total)];
+        let g = d.state.chunks;
+        let half = (g & 1) as usize;
+        let shm = d.shm;
+        let len = std::mem::size_of_val(part);
+        if me == root {
+            wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
+            // SAFETY: as in all_reduce's copy-in.
+            unsafe { shm.chunk_mut(half, false, 0, len) }.copy_from_slice(as_bytes(part));
+            shm.publish(Counter::CopiedIn, g + 1);
+            shm.publish(Counter::Reduced, g + 1);
+            shm.publish(Counter::CopiedOut, g + 1);
+        } else {
+            shm.publish(Counter::CopiedIn, g + 1);
+            shm.publish(Counter::Reduced, g + 1);
+            let n = ctx.size;
+            ctx.wait_until(|| (shm.counter(root, Counter::CopiedIn) < g + 1).then_some(root.min(n - 1)))?;
+            // SAFETY: the root published chunk g and rewrites this half only after every rank
+            // published CopiedOut = g+1.
+            as_bytes_mut(part).copy_from_slice(unsafe { shm.chunk(root, half, false, 0, len) });
+            shm.publish(Counter::CopiedOut, g + 1);
+        }
+        d.state.chunks += 1;
+    }
+    Ok(())
+}
+
+/// Direct barrier: arrival alone.
+pub(crate) fn barrier(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint) -> Result<()> {
+    arrive(ctx, d, fp, &[]).map(|_| ())
+}
