@@ -4,6 +4,7 @@ mod collectives;
 mod compression_kernels;
 mod failures;
 mod logging;
+mod quant_collectives;
 mod reduce;
 mod rendezvous;
 mod shm;
