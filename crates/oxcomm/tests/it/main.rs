@@ -5,6 +5,7 @@ mod compression_kernels;
 mod failures;
 mod logging;
 mod multiproc;
+mod quant_collectives;
 mod reduce;
 mod rendezvous;
 mod shm;
