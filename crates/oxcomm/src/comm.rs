@@ -19,6 +19,7 @@ use crate::algorithms::{self, plan, Algorithm};
 use crate::dtype::{as_bytes, as_bytes_mut, DType, Element};
 use crate::engine::{Ctx, LinkStats, Xfer};
 use crate::error::{Error, ErrorKind, Result};
+use crate::logging::{CommsLogger, LoggerConfig, OpRecord};
 use crate::reduce::{self, ReduceOp};
 use crate::transport::{Doorbell, Link};
 use crate::wire::{Fingerprint, OpKind, FP_BYTES};
@@ -40,6 +41,8 @@ pub struct CommConfig {
     /// Use this algorithm for every op it applies to (tests and benchmarks); `None` lets
     /// [`plan`] choose.
     pub algorithm: Option<Algorithm>,
+    /// The comms logger's settings (default: from `OXCOMM_COMMS_LOGGER*`, off if unset).
+    pub logger: LoggerConfig,
 }
 
 impl Default for CommConfig {
@@ -50,7 +53,11 @@ impl Default for CommConfig {
             .filter(|s| s.is_finite() && *s > 0.0)
             .map(Duration::from_secs_f64)
             .unwrap_or(DEFAULT_TIMEOUT);
-        CommConfig { timeout, max_segment_bytes: DEFAULT_MAX_SEGMENT_BYTES, algorithm: None }
+        let logger = LoggerConfig::from_env().unwrap_or_else(|e| {
+            tracing::warn!(target: "oxcomm::comms", "ignoring the comms logger settings: {e}");
+            LoggerConfig::default()
+        });
+        CommConfig { timeout, max_segment_bytes: DEFAULT_MAX_SEGMENT_BYTES, algorithm: None, logger }
     }
 }
 
@@ -84,6 +91,10 @@ pub(crate) struct Core {
     pending_p2p: Mutex<Vec<P2pJob>>,
     /// Things that must live as long as the communicator (the store, its server).
     keep: Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>,
+    /// The comms logger (records nothing unless enabled).
+    logger: CommsLogger,
+    /// Set while `log_summary` runs its own collectives, which are not logged.
+    logging_paused: AtomicBool,
     /// Every rank's shared-memory workspace, when all ranks share this host.
     #[cfg(target_os = "linux")]
     direct: Option<crate::transport::shm::direct::ShmDirect>,
@@ -193,11 +204,13 @@ impl Communicator {
             next_ticket: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
             cause: Mutex::new(None),
-            config,
+            config: config.clone(),
             transport,
             worker: Mutex::new(None),
             pending_p2p: Mutex::new(Vec::new()),
             keep: Mutex::new(Vec::new()),
+            logger: CommsLogger::new(config.logger.clone()),
+            logging_paused: AtomicBool::new(false),
             #[cfg(target_os = "linux")]
             direct,
         });
@@ -248,6 +261,96 @@ impl Communicator {
     /// The error that aborted this communicator, if any.
     pub fn abort_cause(&self) -> Option<Error> {
         self.core.cause.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The comms logger: per-op records when enabled by [`CommConfig::logger`] or
+    /// `OXCOMM_COMMS_LOGGER=1`.
+    pub fn logger(&self) -> &CommsLogger {
+        &self.core.logger
+    }
+
+    /// Records an op that is built from other collectives (the compressed ones) under its own
+    /// name; `start_ns` comes from [`CommsLogger::now_ns`] taken when it began. The ops it ran
+    /// inside are recorded too, under their names.
+    pub fn log_op(&self, op: &'static str, dtype: Option<DType>, count: usize, bytes: u64, start_ns: u64) {
+        if self.core.logging(op) {
+            let end = self.core.logger.now_ns();
+            self.core.logger.record(OpRecord {
+                op,
+                dtype,
+                count,
+                bytes,
+                group_size: self.size(),
+                seq: self.group.seq.load(Ordering::SeqCst),
+                algorithm: "composite",
+                transport: self.core.transport,
+                start_ns,
+                latency_ns: end.saturating_sub(start_ns),
+                caller: None,
+            });
+        }
+    }
+
+    /// DeepSpeed's `log_summary`: the summary table of this rank's records (and, with
+    /// `show_straggler`, the straggler breakdown: latencies minus the element-wise minimum
+    /// across the group's ranks, which runs collectives and so must be called by every rank).
+    /// The collectives it runs are not logged.
+    pub fn log_summary(&self, show_straggler: bool) -> Result<String> {
+        let mut out = self.core.logger.summary().table();
+        if show_straggler {
+            self.core.logging_paused.store(true, Ordering::Relaxed);
+            let r = self.straggler_table();
+            self.core.logging_paused.store(false, Ordering::Relaxed);
+            out.push('\n');
+            out.push_str(&r?);
+        }
+        Ok(out)
+    }
+
+    /// The straggler breakdown. Ranks may have logged different (op, size) sets (groups, or
+    /// different histories): keys are matched by hash across ranks, and for each key the
+    /// element-wise minimum runs over the ranks that logged it, on the shortest common prefix.
+    fn straggler_table(&self) -> Result<String> {
+        const PAD: i64 = i64::MIN;
+        let input = self.core.logger.straggler_input();
+        let hash = |name: &str, bytes: u64| {
+            let mut h = DefaultHasher::new();
+            (name, bytes).hash(&mut h);
+            (h.finish() >> 1) as i64
+        };
+        let mine: Vec<i64> = input.iter().map(|(name, bytes, _)| hash(name, *bytes)).collect();
+        let mut most = [mine.len() as i64];
+        self.all_reduce(&mut most, ReduceOp::Max)?;
+        let mut padded = mine.clone();
+        padded.resize(most[0] as usize, PAD);
+        let mut all = vec![0i64; padded.len() * self.size()];
+        self.all_gather(&padded, &mut all)?;
+        let mut keys: Vec<i64> = all.into_iter().filter(|k| *k != PAD).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let position = |k: i64| mine.iter().position(|m| *m == k);
+        let mut lengths: Vec<i64> =
+            keys.iter().map(|k| position(*k).map_or(i64::MAX, |i| input[i].2.len() as i64)).collect();
+        self.all_reduce(&mut lengths, ReduceOp::Min)?;
+        let mut flat = Vec::with_capacity(lengths.iter().map(|l| *l as usize).sum());
+        for (k, len) in keys.iter().zip(&lengths) {
+            let lat = position(*k).map(|i| &input[i].2);
+            for j in 0..*len as usize {
+                flat.push(lat.map_or(i64::MAX, |l| l[j] as i64));
+            }
+        }
+        self.all_reduce(&mut flat, ReduceOp::Min)?;
+        let mut mins = Vec::new();
+        let mut at = 0;
+        for (k, len) in keys.iter().zip(&lengths) {
+            let len = *len as usize;
+            if let Some(i) = position(*k) {
+                let (name, bytes, _) = &input[i];
+                mins.push((name.clone(), *bytes, flat[at..at + len].iter().map(|v| *v as u64).collect()));
+            }
+            at += len;
+        }
+        Ok(self.core.logger.straggler_table(&mins))
     }
 
     /// Keeps `things` alive as long as this communicator (e.g. the rendezvous store).
@@ -311,16 +414,19 @@ impl Communicator {
     }
 
     /// Runs one collective: turn, sequence number, agreement (unless `agree` is false), body.
+    #[track_caller]
     fn collective<R>(
         &self,
         mut fp: Fingerprint,
         opts: &OpOptions,
         agree: bool,
+        algorithm: &'static str,
         body: impl FnOnce(&mut Ctx<'_>, &Fingerprint) -> Result<R>,
     ) -> Result<R> {
         self.core.check_alive(|| self.describe(&fp))?;
         let ticket = self.core.draw_ticket();
-        self.run_ticket(ticket, &mut fp, opts, agree, body)
+        let caller = std::panic::Location::caller();
+        self.run_ticket(ticket, &mut fp, opts, agree, (algorithm, caller), body)
     }
 
     fn run_ticket<R>(
@@ -329,11 +435,14 @@ impl Communicator {
         fp: &mut Fingerprint,
         opts: &OpOptions,
         agree: bool,
+        (algorithm, caller): (&'static str, &'static std::panic::Location<'static>),
         body: impl FnOnce(&mut Ctx<'_>, &Fingerprint) -> Result<R>,
     ) -> Result<R> {
         let timeout = opts.timeout.unwrap_or(self.core.config.timeout);
         let _turn = self.core.await_turn(ticket, timeout, || self.describe(fp))?;
         fp.seq = self.group.seq.fetch_add(1, Ordering::SeqCst);
+        let logged = self.core.logging(fp.kind.name());
+        let started = self.core.logger.now_ns();
         self.core.check_alive(|| fp.to_string())?;
         let mut state = self.core.lock_state();
         #[cfg(target_os = "linux")]
@@ -362,6 +471,9 @@ impl Communicator {
             body(&mut ctx, fp)
         })();
         drop(state);
+        if logged && result.is_ok() {
+            self.core.record(fp, self.size(), algorithm, started, caller);
+        }
         result.map_err(|e| {
             let e = e.with_op(fp.to_string()).with_rank(self.core.world_rank);
             self.core.fail(e.clone());
@@ -372,18 +484,20 @@ impl Communicator {
     // ---------------------------------------------------------------- collectives
 
     /// Reduces `buf` across the group with `op`; every rank gets the result in `buf`.
+    #[track_caller]
     pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         self.all_reduce_with(buf, op, &OpOptions::default())
     }
 
     /// [`Communicator::all_reduce`] with per-op options.
+    #[track_caller]
     pub fn all_reduce_with<T: Element>(&self, buf: &mut [T], op: ReduceOp, opts: &OpOptions) -> Result<()> {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), buf.len());
         fp.op = Some(op);
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
         let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
         let n = self.size();
-        self.collective(fp, opts, algo != Algorithm::ShmDirect, |ctx, fp| {
+        self.collective(fp, opts, algo != Algorithm::ShmDirect, algo.name(), |ctx, fp| {
             match algo {
                 #[cfg(target_os = "linux")]
                 Algorithm::ShmDirect => with_direct(ctx, |ctx, d| {
@@ -397,11 +511,13 @@ impl Communicator {
     }
 
     /// Reduces `buf` across the group into `root`'s `buf`; other ranks' buffers are unchanged.
+    #[track_caller]
     pub fn reduce<T: Element>(&self, buf: &mut [T], root: usize, op: ReduceOp) -> Result<()> {
         self.reduce_with(buf, root, op, &OpOptions::default())
     }
 
     /// [`Communicator::reduce`] with per-op options.
+    #[track_caller]
     pub fn reduce_with<T: Element>(&self, buf: &mut [T], root: usize, op: ReduceOp, opts: &OpOptions) -> Result<()> {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Reduce), buf.len());
         fp.op = Some(op);
@@ -410,7 +526,7 @@ impl Communicator {
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
         self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
         let (n, me) = (self.size(), self.rank());
-        self.collective(fp, opts, true, |ctx, _| {
+        self.collective(fp, opts, true, "tree", |ctx, _| {
             algorithms::tree::reduce(ctx, buf, root, op.combiner())?;
             if me == root {
                 reduce::finish_avg(buf, op, n);
@@ -420,17 +536,19 @@ impl Communicator {
     }
 
     /// Copies `root`'s `buf` into every rank's `buf`.
+    #[track_caller]
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
         self.broadcast_with(buf, root, &OpOptions::default())
     }
 
     /// [`Communicator::broadcast`] with per-op options.
+    #[track_caller]
     pub fn broadcast_with<T: Element>(&self, buf: &mut [T], root: usize, opts: &OpOptions) -> Result<()> {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Broadcast), buf.len());
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
         let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
-        self.collective(fp, opts, algo != Algorithm::ShmDirect, |ctx, fp| match algo {
+        self.collective(fp, opts, algo != Algorithm::ShmDirect, algo.name(), |ctx, fp| match algo {
             #[cfg(target_os = "linux")]
             Algorithm::ShmDirect => {
                 with_direct(ctx, |ctx, d| crate::algorithms::shm_direct::broadcast(ctx, d, fp, buf, root))
@@ -440,11 +558,13 @@ impl Communicator {
     }
 
     /// Gathers every rank's `input` into `output` (size × input.len(), rank order).
+    #[track_caller]
     pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
         self.all_gather_with(input, output, &OpOptions::default())
     }
 
     /// [`Communicator::all_gather`] with per-op options.
+    #[track_caller]
     pub fn all_gather_with<T: Element>(&self, input: &[T], output: &mut [T], opts: &OpOptions) -> Result<()> {
         let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllGather), input.len());
         if output.len() != input.len() * self.size() {
@@ -459,16 +579,18 @@ impl Communicator {
             ));
         }
         self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
-        self.collective(fp, opts, true, |ctx, _| algorithms::ring::all_gather(ctx, input, output))
+        self.collective(fp, opts, true, "ring", |ctx, _| algorithms::ring::all_gather(ctx, input, output))
     }
 
     /// Reduces `input` (size × output.len()) across the group; rank r gets block r of the
     /// result in `output`.
+    #[track_caller]
     pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
         self.reduce_scatter_with(input, output, op, &OpOptions::default())
     }
 
     /// [`Communicator::reduce_scatter`] with per-op options.
+    #[track_caller]
     pub fn reduce_scatter_with<T: Element>(
         &self,
         input: &[T],
@@ -492,7 +614,7 @@ impl Communicator {
         }
         self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
         let n = self.size();
-        self.collective(fp, opts, true, |ctx, _| {
+        self.collective(fp, opts, true, "ring", |ctx, _| {
             algorithms::ring::reduce_scatter(ctx, input, output, op.combiner())?;
             reduce::finish_avg(output, op, n);
             Ok(())
@@ -501,11 +623,13 @@ impl Communicator {
 
     /// All-to-all with equal blocks: block p of `send` goes to rank p; block p of `recv`
     /// comes from rank p. Both lengths must be equal and a multiple of the group size.
+    #[track_caller]
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         self.all_to_all_with(send, recv, &OpOptions::default())
     }
 
     /// [`Communicator::all_to_all`] with per-op options.
+    #[track_caller]
     pub fn all_to_all_with<T: Element>(&self, send: &[T], recv: &mut [T], opts: &OpOptions) -> Result<()> {
         let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllToAll), send.len());
         let n = self.size();
@@ -522,7 +646,7 @@ impl Communicator {
         self.algorithm(&fp, opts, std::mem::size_of_val(send), send.len())?;
         let c = send.len() / n;
         let ranges: Vec<_> = (0..n).map(|p| p * c..(p + 1) * c).collect();
-        self.collective(fp, opts, true, |ctx, _| {
+        self.collective(fp, opts, true, "pairwise", |ctx, _| {
             algorithms::pairwise::all_to_all(ctx, send, &ranges, recv, &ranges, false)
         })
     }
@@ -531,6 +655,7 @@ impl Communicator {
     /// rank order) go to rank p; `recv_counts[p]` elements from rank p land in `recv`. A
     /// count that disagrees with the peer's is an error naming the peer; nothing is written
     /// from that peer.
+    #[track_caller]
     pub fn all_to_all_v<T: Element>(
         &self,
         send: &[T],
@@ -573,13 +698,14 @@ impl Communicator {
                 ),
             ));
         }
-        self.collective(fp, &OpOptions::default(), true, |ctx, _| {
+        self.collective(fp, &OpOptions::default(), true, "pairwise", |ctx, _| {
             algorithms::pairwise::all_to_all(ctx, send, &sr, recv, &rr, true)
         })
     }
 
     /// Gathers every rank's `input` into `output` on `root` (size × input.len()); other
     /// ranks pass `None`.
+    #[track_caller]
     pub fn gather<T: Element>(&self, input: &[T], output: Option<&mut [T]>, root: usize) -> Result<()> {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Gather), input.len());
         fp.root = Some(root as u32);
@@ -599,11 +725,14 @@ impl Communicator {
         } else {
             output = None;
         }
-        self.collective(fp, &OpOptions::default(), true, |ctx, _| algorithms::star::gather(ctx, input, output, root))
+        self.collective(fp, &OpOptions::default(), true, "flat", |ctx, _| {
+            algorithms::star::gather(ctx, input, output, root)
+        })
     }
 
     /// Scatters block p of `root`'s `input` (size × output.len()) to rank p's `output`; other
     /// ranks pass `None`.
+    #[track_caller]
     pub fn scatter<T: Element>(&self, input: Option<&[T]>, output: &mut [T], root: usize) -> Result<()> {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Scatter), output.len());
         fp.root = Some(root as u32);
@@ -623,37 +752,43 @@ impl Communicator {
         } else {
             input = None;
         }
-        self.collective(fp, &OpOptions::default(), true, |ctx, _| algorithms::star::scatter(ctx, input, output, root))
+        self.collective(fp, &OpOptions::default(), true, "flat", |ctx, _| {
+            algorithms::star::scatter(ctx, input, output, root)
+        })
     }
 
     /// Blocks until every rank of the group has called `barrier`.
+    #[track_caller]
     pub fn barrier(&self) -> Result<()> {
         self.barrier_with(&OpOptions::default())
     }
 
     /// [`Communicator::barrier`] with per-op options (e.g. the dissemination algorithm).
+    #[track_caller]
     pub fn barrier_with(&self, opts: &OpOptions) -> Result<()> {
         let fp = self.fingerprint(OpKind::Barrier);
         let algo = self.algorithm(&fp, opts, 0, 0)?;
         match algo {
-            Algorithm::Dissemination => self.collective(fp, opts, false, algorithms::barrier::dissemination),
+            Algorithm::Dissemination => self.collective(fp, opts, false, "dissem", algorithms::barrier::dissemination),
             #[cfg(target_os = "linux")]
-            Algorithm::ShmDirect => self.collective(fp, opts, false, |ctx, fp| {
+            Algorithm::ShmDirect => self.collective(fp, opts, false, "direct", |ctx, fp| {
                 with_direct(ctx, |ctx, d| crate::algorithms::shm_direct::barrier(ctx, d, fp))
             }),
-            _ => self.collective(fp, opts, true, |_, _| Ok(())),
+            _ => self.collective(fp, opts, true, "star", |_, _| Ok(())),
         }
     }
 
     /// A barrier that waits at most `timeout` and, on failure, names every rank that did not
     /// arrive (rank 0 collects the arrivals).
+    #[track_caller]
     pub fn monitored_barrier(&self, timeout: Duration) -> Result<()> {
         let fp = self.fingerprint(OpKind::MonitoredBarrier);
         let opts = OpOptions { timeout: Some(timeout), ..OpOptions::default() };
-        self.collective(fp, &opts, true, |_, _| Ok(()))
+        self.collective(fp, &opts, true, "star", |_, _| Ok(()))
     }
 
     /// All-reduces several buffers as one op (one agreement, one algorithm run).
+    #[track_caller]
     pub fn all_reduce_coalesced<T: Element>(&self, bufs: &mut [&mut [T]], op: ReduceOp) -> Result<()> {
         let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduceCoalesced), total);
@@ -663,7 +798,7 @@ impl Communicator {
         let opts = OpOptions::default();
         let algo = self.algorithm(&fp, &opts, total * T::DTYPE.size(), total)?;
         let n = self.size();
-        self.collective(fp, &opts, true, |ctx, _| {
+        self.collective(fp, &opts, true, algo.name(), |ctx, _| {
             let mut flat: Vec<T> = Vec::with_capacity(total);
             for b in bufs.iter() {
                 flat.extend_from_slice(b);
@@ -681,6 +816,7 @@ impl Communicator {
 
     /// All-gathers several buffers as one op: `outputs[i]` (size × inputs[i].len()) receives
     /// every rank's `inputs[i]`.
+    #[track_caller]
     pub fn all_gather_coalesced<T: Element>(&self, inputs: &[&[T]], outputs: &mut [&mut [T]]) -> Result<()> {
         let total: usize = inputs.iter().map(|b| b.len()).sum();
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllGatherCoalesced), total);
@@ -696,7 +832,7 @@ impl Communicator {
                 );
             }
         }
-        self.collective(fp, &OpOptions::default(), true, |ctx, _| {
+        self.collective(fp, &OpOptions::default(), true, "ring", |ctx, _| {
             let mut flat: Vec<T> = Vec::with_capacity(total);
             for b in inputs {
                 flat.extend_from_slice(b);
@@ -720,6 +856,7 @@ impl Communicator {
     /// Creates a sub-group of the listed group ranks. Collective: every rank of this group
     /// must call it with the same list. Returns `None` on ranks outside the new group. Group
     /// ranks follow the order of `ranks`.
+    #[track_caller]
     pub fn new_group(&self, ranks: &[usize]) -> Result<Option<Communicator>> {
         let mut fp = self.fingerprint(OpKind::NewGroup);
         fp.count = ranks.len() as u64;
@@ -738,12 +875,13 @@ impl Communicator {
         if ranks.is_empty() {
             return Err(self.arg_error(&fp, "a group needs at least one rank"));
         }
-        self.collective(fp, &OpOptions::default(), true, |_, _| Ok(()))?;
+        self.collective(fp, &OpOptions::default(), true, "star", |_, _| Ok(()))?;
         Ok(self.subgroup(ranks, fp.extra))
     }
 
     /// Splits the group by `color` (ranks passing `None` join no group), ordering each new
     /// group by `key` then by current rank, as `MPI_Comm_split`. Collective.
+    #[track_caller]
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         let mine = [color.map_or(-1, i64::from), key];
         let mut all = vec![0i64; 2 * self.size()];
@@ -948,6 +1086,42 @@ fn run_all_reduce<T: Element>(ctx: &mut Ctx<'_>, algo: Algorithm, buf: &mut [T],
 }
 
 impl Core {
+    /// Whether an op named `op` is recorded now.
+    fn logging(&self, op: &str) -> bool {
+        self.logger.should_record(op) && !self.logging_paused.load(Ordering::Relaxed)
+    }
+
+    /// Records a finished op (message size by DeepSpeed's convention: see `logging`).
+    fn record(
+        &self,
+        fp: &Fingerprint,
+        group_size: usize,
+        algorithm: &'static str,
+        start_ns: u64,
+        caller: &'static std::panic::Location<'static>,
+    ) {
+        let elem = fp.dtype.map_or(0, |d| d.size()) as u64;
+        let count = fp.count as usize;
+        // Fingerprint counts already follow DeepSpeed's message-size convention: the whole
+        // tensor (all_reduce, broadcast, reduce), one rank's input (all_gather, gather), the
+        // full input (reduce_scatter, all_to_all), the output buffer (scatter).
+        let bytes = fp.count * elem;
+        let end = self.logger.now_ns();
+        self.logger.record(OpRecord {
+            op: fp.kind.name(),
+            dtype: fp.dtype,
+            count,
+            bytes,
+            group_size,
+            seq: fp.seq,
+            algorithm,
+            transport: self.transport,
+            start_ns,
+            latency_ns: end.saturating_sub(start_ns),
+            caller: self.logger.config().debug.then_some(caller),
+        });
+    }
+
     fn lock_state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

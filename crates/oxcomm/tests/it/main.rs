@@ -1,6 +1,7 @@
 //! The one integration-test binary of the oxcomm crate; modules mirror the source tree.
 
 mod collectives;
+mod comm_logging;
 mod compression_kernels;
 mod failures;
 mod logging;
