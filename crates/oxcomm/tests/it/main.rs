@@ -7,3 +7,5 @@ mod logging;
 mod reduce;
 mod rendezvous;
 mod shm;
+#[cfg(unix)]
+mod tcp;
