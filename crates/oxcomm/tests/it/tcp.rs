@@ -196,6 +196,8 @@ fn small_frames_and_recv_with_deliver_every_byte() {
     });
     let link = l1[0].as_mut().unwrap();
     let mut got = Vec::new();
+    let t0 = Instant::now();
+    // Waits after partial progress too: the next bytes must still wake this rank.
     while got.len() < 100_000 {
         let epoch = b1.epoch();
         let n = link.recv_with(100_000 - got.len(), &mut |c| got.extend_from_slice(c)).unwrap();
@@ -205,6 +207,7 @@ fn small_frames_and_recv_with_deliver_every_byte() {
         }
     }
     assert!(got == pattern(0, 1, 100_000));
+    assert!(t0.elapsed() < Duration::from_secs(10), "a wake-up was lost: took {:?}", t0.elapsed());
     drop(sender.join().unwrap());
 }
 
@@ -453,4 +456,83 @@ fn setup_arguments_are_checked() {
     let err = e.connect(&[(0, a)], Instant::now() + Duration::from_millis(200)).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     assert_eq!(err.peer(), Some(0));
+}
+
+/// Environment variable that turns [`child_process_role`] into rank 0 of
+/// [`a_killed_peer_process_is_reported_promptly`]; its value is `"{job} {rank 1's address}"`.
+const CHILD_ENV: &str = "OXCOMM_TEST_TCP_CHILD";
+
+/// Bytes the child sends before it waits to be killed.
+const CHILD_BYTES: usize = 1 << 20;
+
+#[test]
+fn child_process_role() {
+    let Ok(arg) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (job, addr) = arg.split_once(' ').unwrap();
+    let mut e = TcpEndpoint::listen(LOOPBACK, 0, 2, TOKEN, job).unwrap();
+    e.connect(&[(1, addr.parse().unwrap())], deadline(20)).unwrap();
+    let (mut links, bell) = e.into_parts();
+    let link = links[1].as_mut().unwrap();
+    let data = pattern(0, 1, CHILD_BYTES);
+    let mut at = 0;
+    let until = deadline(20);
+    while at < data.len() {
+        let epoch = bell.epoch();
+        let n = link.try_send(&data[at..]).unwrap();
+        at += n;
+        if n == 0 {
+            bell.wait(epoch, until);
+        }
+    }
+    // Wait to be killed (bounded, in case the parent died first).
+    std::thread::sleep(Duration::from_secs(30));
+    std::process::exit(0);
+}
+
+#[test]
+fn a_killed_peer_process_is_reported_promptly() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let job = job("kill");
+    let mut e = TcpEndpoint::listen(LOOPBACK, 1, 2, TOKEN, &job).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "tcp::child_process_role", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, format!("{job} {}", e.local_addr()))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Lower ranks' addresses are not used: the child connects to us.
+    let unused: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let formed = e.connect(&[(0, unused)], deadline(30));
+    if formed.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    formed.unwrap();
+    let (mut links, bell) = e.into_parts();
+    let link = links[0].as_mut().unwrap();
+    let mut buf = vec![0u8; CHILD_BYTES];
+    let mut got = 0;
+    let until = deadline(30);
+    let t0 = Instant::now();
+    while got < buf.len() {
+        let epoch = bell.epoch();
+        got += link.try_recv(&mut buf[got..]).unwrap();
+        if got < buf.len() {
+            assert!(Instant::now() < until);
+            bell.wait(epoch, until);
+        }
+    }
+    assert!(buf == pattern(0, 1, CHILD_BYTES));
+    assert!(t0.elapsed() < Duration::from_secs(10), "a wake-up was lost: took {:?}", t0.elapsed());
+    child.kill().unwrap(); // SIGKILL
+    let t0 = Instant::now();
+    let err = recv_until_error(link.as_mut(), bell.as_ref(), deadline(10));
+    child.wait().unwrap();
+    assert_eq!(err.kind(), ErrorKind::PeerGone, "{err}");
+    assert_eq!(err.peer(), Some(0));
+    assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
 }

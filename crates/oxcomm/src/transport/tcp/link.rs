@@ -199,7 +199,7 @@ impl TcpLink {
     }
 
     /// Reads what the socket has into the staging buffer (after moving staged bytes to its
-    /// front). `Ok(false)`: nothing available now (read interest registered).
+    /// front). `Ok(false)`: nothing available now.
     fn fill_stage(&mut self) -> Result<bool> {
         if self.stage_at > 0 {
             self.stage.copy_within(self.stage_at..self.stage_end, 0);
@@ -214,10 +214,7 @@ impl TcpLink {
                     self.stage_end += n;
                     return Ok(true);
                 }
-                Err(Errno::AGAIN) => {
-                    self.shared.want(WANT_READ);
-                    return Ok(false);
-                }
+                Err(Errno::AGAIN) => return Ok(false),
                 Err(Errno::INTR) => continue,
                 Err(e) => return Err(self.os_error("receiving from", e)),
             }
@@ -276,10 +273,7 @@ impl TcpLink {
                         break; // the socket is drained; don't pay a syscall to learn that
                     }
                 }
-                Err(Errno::AGAIN) => {
-                    self.shared.want(WANT_READ);
-                    break;
-                }
+                Err(Errno::AGAIN) => break,
                 Err(Errno::INTR) => {}
                 Err(e) => return Err(self.os_error("receiving from", e)),
             }
@@ -350,7 +344,12 @@ impl Link for TcpLink {
         if data.is_empty() {
             return Ok(0);
         }
-        self.send_inner(data).map_err(|e| self.fail(e))
+        let n = self.send_inner(data).map_err(|e| self.fail(e))?;
+        if n < data.len() {
+            // The socket is full (or nearly): wake the next wait when it has room again.
+            self.shared.want(WANT_WRITE);
+        }
+        Ok(n)
     }
 
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
@@ -358,11 +357,17 @@ impl Link for TcpLink {
         if buf.is_empty() {
             return Ok(0);
         }
+        // Whatever this call finds, the next wait watches this socket: a caller may wait for
+        // more after a partial (or even a full) read, and the next bytes must wake it.
+        self.shared.want(WANT_READ);
         self.recv_inner(buf).map_err(|e| self.fail(e))
     }
 
     fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8])) -> Result<usize> {
         self.check_failed()?;
+        if max > 0 {
+            self.shared.want(WANT_READ); // as in try_recv
+        }
         let mut got = 0;
         while got < max {
             match self.open_frame() {

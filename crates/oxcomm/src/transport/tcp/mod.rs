@@ -39,14 +39,18 @@
 //! into the caller's buffer and headers and small pieces through a 64 KiB staging buffer per
 //! link, allocated once. Nothing is allocated per message.
 //!
-//! A call that could not move a byte registers *interest* (readable or writable) on its
-//! socket. [`TcpDoorbell::wait`] polls exactly the sockets with interest, plus a wake-up pipe
+//! Every receive call, and every send call that could not take all its bytes, registers
+//! *interest* (readable or writable) on its socket (a caller may wait for more after partial
+//! progress, so "could not move a byte" is not enough). [`TcpDoorbell::wait`] polls exactly the sockets with interest, plus a wake-up pipe
 //! for [`TcpDoorbell::ring`], and clears the interest of each socket it saw ready (one-shot),
 //! so bytes that nobody waits for yet never make a waiter spin. Readiness is level-triggered,
 //! so a peer that moved between the failed call and the poll is never missed. This needs no
 //! thread hand-off on either side, which keeps small-message latency at about one loopback
 //! round of the kernel, and lets a rank send and receive on all its links at once (the
-//! progress engine interleaves the calls).
+//! progress engine interleaves the calls). A rank's links and its doorbell are meant to be
+//! driven by one thread at a time (as the communicator does): a link registering interest on
+//! one thread while the doorbell clears it on another could lose that one wake-up, which a
+//! deadline-bounded wait then turns into a delay, not a hang.
 //!
 //! # Faults
 //!
