@@ -22,6 +22,8 @@ use crate::error::{Error, ErrorKind, Result};
 
 #[cfg(target_os = "linux")]
 pub mod shm;
+#[cfg(unix)]
+pub mod tcp;
 pub mod threads;
 
 /// A bidirectional ordered byte stream to one peer. See the [module docs](self).

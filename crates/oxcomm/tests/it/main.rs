@@ -10,3 +10,5 @@ mod quant_collectives;
 mod reduce;
 mod rendezvous;
 mod shm;
+#[cfg(unix)]
+mod tcp;

@@ -1,0 +1,553 @@
+//! [`TcpLink`] and [`TcpDoorbell`]: the [transport contract](crate::transport) over connected,
+//! authenticated, non-blocking TCP sockets.
+//!
+//! This file owns the data path after the handshake: framing the byte stream into data
+//! frames ([`super::frame`]), the non-blocking send and receive calls, peer-loss detection and
+//! the poll-based doorbell. It knows nothing about how the sockets were connected.
+//!
+//! The design (no I/O threads, one-shot interest polled by the doorbell) is described in the
+//! [TCP module docs](crate::transport::tcp).
+
+use std::io::{IoSlice, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
+
+use super::frame::{self, HEADER_BYTES};
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::{Doorbell, Link};
+
+/// Bytes of a link's receive staging buffer (headers and small pieces are read through it).
+pub(crate) const STAGE_BYTES: usize = 64 << 10;
+/// Reads of at least this many payload bytes go straight into the caller's buffer.
+const DIRECT_MIN: usize = 16 << 10;
+
+/// Interest bits.
+const WANT_READ: u8 = 1;
+const WANT_WRITE: u8 = 2;
+
+/// What a link and the doorbell share: the socket and the link's interest.
+pub(crate) struct Shared {
+    pub(crate) sock: TcpStream,
+    interest: AtomicU8,
+}
+
+impl Shared {
+    pub(crate) fn new(sock: TcpStream) -> Arc<Shared> {
+        Arc::new(Shared { sock, interest: AtomicU8::new(0) })
+    }
+
+    fn want(&self, bits: u8) {
+        self.interest.fetch_or(bits, Ordering::SeqCst);
+    }
+}
+
+/// This rank's end of a TCP connection to one peer. See the [module docs](crate::transport::tcp).
+///
+/// Every outgoing piece of payload travels in a data frame whose 24-byte header is checked by
+/// the receiver (magic, version, tag, sequence number, length bound, check word); a peer that
+/// breaks the framing gets an [`ErrorKind::Protocol`] error, a closed or reset connection
+/// [`ErrorKind::PeerGone`] naming the peer. Dropping the link shuts the connection down, so
+/// the peer notices at once.
+pub struct TcpLink {
+    rank: usize,
+    peer: usize,
+    shared: Arc<Shared>,
+    /// Largest payload of an outgoing frame.
+    frame_bytes: usize,
+    // Sending.
+    send_seq: u64,
+    /// Header of the open outgoing frame and how much of it is written.
+    header: [u8; HEADER_BYTES],
+    header_sent: usize,
+    /// Payload bytes the open outgoing frame still expects.
+    send_left: usize,
+    // Receiving.
+    recv_seq: u64,
+    /// Payload bytes of the current incoming frame not yet handed out (staged ones included).
+    recv_left: usize,
+    stage: Box<[u8]>,
+    stage_at: usize,
+    stage_end: usize,
+    /// The first error; the link is unusable after it.
+    failed: Option<Error>,
+}
+
+impl std::fmt::Debug for TcpLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpLink")
+            .field("rank", &self.rank)
+            .field("peer", &self.peer)
+            .field("local", &self.shared.sock.local_addr().ok())
+            .field("remote", &self.shared.sock.peer_addr().ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for TcpLink {
+    fn drop(&mut self) {
+        self.shared.interest.store(0, Ordering::SeqCst);
+        let _ = self.shared.sock.shutdown(Shutdown::Both);
+    }
+}
+
+impl TcpLink {
+    /// Wraps an authenticated, non-blocking socket.
+    pub(crate) fn new(rank: usize, peer: usize, shared: Arc<Shared>, frame_bytes: usize) -> TcpLink {
+        TcpLink {
+            rank,
+            peer,
+            shared,
+            frame_bytes: frame_bytes.clamp(1, frame::MAX_FRAME_BYTES),
+            send_seq: 0,
+            header: [0; HEADER_BYTES],
+            header_sent: HEADER_BYTES,
+            send_left: 0,
+            recv_seq: 0,
+            recv_left: 0,
+            stage: vec![0u8; STAGE_BYTES].into_boxed_slice(),
+            stage_at: 0,
+            stage_end: 0,
+            failed: None,
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Writes `bytes` to the socket as they are, bypassing the framing, waiting (up to
+    /// `deadline`) for room. Only for tests that need a peer breaking the protocol; the link
+    /// is unusable for data afterwards.
+    #[doc(hidden)]
+    pub fn inject_raw(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<()> {
+        while !bytes.is_empty() {
+            match rustix::net::send(&self.shared.sock, bytes, SendFlags::DONTWAIT | SendFlags::NOSIGNAL) {
+                Ok(n) => bytes = &bytes[n..],
+                Err(Errno::AGAIN) | Err(Errno::INTR) => {
+                    if Instant::now() >= deadline {
+                        return Err(Error::new(ErrorKind::Timeout, "inject_raw: the socket stayed full"));
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => return Err(self.os_error("sending to", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The socket's local address, if the OS still knows it.
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.shared.sock.local_addr().ok()
+    }
+
+    /// The peer's address, if the OS still knows it.
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.shared.sock.peer_addr().ok()
+    }
+
+    fn fail(&mut self, err: Error) -> Error {
+        let err = err.with_peer(self.peer).with_rank(self.rank);
+        if self.failed.is_none() {
+            tracing::debug!(target: "oxcomm::tcp", rank = self.rank, peer = self.peer, error = %err, "link failed");
+            self.failed = Some(err.clone());
+        }
+        err
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn gone(&self, why: impl std::fmt::Display) -> Error {
+        Error::new(ErrorKind::PeerGone, format!("rank {} is gone ({why})", self.peer))
+    }
+
+    fn os_error(&self, what: &str, e: Errno) -> Error {
+        match e {
+            Errno::PIPE
+            | Errno::CONNRESET
+            | Errno::CONNABORTED
+            | Errno::NOTCONN
+            | Errno::TIMEDOUT
+            | Errno::HOSTUNREACH
+            | Errno::NETUNREACH => self.gone(format!("{what}: {}", std::io::Error::from(e))),
+            _ => Error::new(ErrorKind::Io, format!("{what} rank {}: {}", self.peer, std::io::Error::from(e))),
+        }
+    }
+
+    fn closed(&self) -> Error {
+        if self.recv_left > 0 {
+            self.gone(format!("it closed the connection in the middle of frame {}", self.recv_seq.wrapping_sub(1)))
+        } else {
+            self.gone("it closed the connection")
+        }
+    }
+
+    fn staged(&self) -> usize {
+        self.stage_end - self.stage_at
+    }
+
+    /// Reads what the socket has into the staging buffer (after moving staged bytes to its
+    /// front). `Ok(false)`: nothing available now.
+    fn fill_stage(&mut self) -> Result<bool> {
+        if self.stage_at > 0 {
+            self.stage.copy_within(self.stage_at..self.stage_end, 0);
+            self.stage_end -= self.stage_at;
+            self.stage_at = 0;
+        }
+        let end = self.stage_end;
+        loop {
+            match rustix::net::recv(&self.shared.sock, &mut self.stage[end..], RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return Err(self.closed()),
+                Ok((n, _)) => {
+                    self.stage_end += n;
+                    return Ok(true);
+                }
+                Err(Errno::AGAIN) => return Ok(false),
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(self.os_error("receiving from", e)),
+            }
+        }
+    }
+
+    /// Makes sure an incoming frame is open (`recv_left > 0`), reading and checking its header
+    /// if needed. `Ok(false)`: the header has not fully arrived yet.
+    fn open_frame(&mut self) -> Result<bool> {
+        while self.recv_left == 0 {
+            if self.staged() < HEADER_BYTES {
+                if !self.fill_stage()? {
+                    return Ok(false);
+                }
+                continue;
+            }
+            let bytes: &[u8; HEADER_BYTES] =
+                self.stage[self.stage_at..self.stage_at + HEADER_BYTES].try_into().unwrap_or_else(|_| unreachable!());
+            let header = frame::decode(bytes, self.recv_seq)
+                .map_err(|e| Error::protocol(format!("from rank {}: {}", self.peer, e.message())))?;
+            self.stage_at += HEADER_BYTES;
+            self.recv_seq += 1;
+            self.recv_left = header.len as usize;
+        }
+        Ok(true)
+    }
+
+    fn recv_inner(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let mut got = 0;
+        while got < buf.len() {
+            if !self.open_frame()? {
+                break;
+            }
+            let want = (buf.len() - got).min(self.recv_left);
+            if self.staged() > 0 {
+                let n = want.min(self.staged());
+                buf[got..got + n].copy_from_slice(&self.stage[self.stage_at..self.stage_at + n]);
+                self.stage_at += n;
+                self.recv_left -= n;
+                got += n;
+                continue;
+            }
+            if want < DIRECT_MIN {
+                if !self.fill_stage()? {
+                    break;
+                }
+                continue;
+            }
+            // Large piece with nothing staged: straight into the caller's buffer.
+            match rustix::net::recv(&self.shared.sock, &mut buf[got..got + want], RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return Err(self.closed()),
+                Ok((n, _)) => {
+                    self.recv_left -= n;
+                    got += n;
+                    if n < want {
+                        break; // the socket is drained; don't pay a syscall to learn that
+                    }
+                }
+                Err(Errno::AGAIN) => break,
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(self.os_error("receiving from", e)),
+            }
+        }
+        Ok(got)
+    }
+
+    fn send_inner(&mut self, data: &[u8]) -> Result<usize> {
+        if self.send_left == 0 {
+            let len = data.len().min(self.frame_bytes);
+            self.header = frame::encode(self.send_seq, len as u32);
+            self.header_sent = 0;
+            self.send_seq += 1;
+            self.send_left = len;
+        }
+        let take = data.len().min(self.send_left);
+        loop {
+            let pending = &self.header[self.header_sent..];
+            let iov = [IoSlice::new(pending), IoSlice::new(&data[..take])];
+            let iov = if pending.is_empty() { &iov[1..] } else { &iov[..] };
+            let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+            match rustix::net::sendmsg(&self.shared.sock, iov, &mut SendAncillaryBuffer::default(), flags) {
+                Ok(n) => {
+                    let h = n.min(pending.len());
+                    self.header_sent += h;
+                    let payload = n - h;
+                    self.send_left -= payload;
+                    if payload > 0 {
+                        return Ok(payload);
+                    }
+                    // Only (part of) the header went out: try again, the socket will either
+                    // take more or say it is full (and we register interest).
+                }
+                Err(Errno::AGAIN) => {
+                    self.shared.want(WANT_WRITE);
+                    return Ok(0);
+                }
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(self.os_error("sending to", e)),
+            }
+        }
+    }
+
+    /// Whether the peer has closed or reset the connection with nothing left to read.
+    fn peer_closed(&self) -> Result<()> {
+        if self.staged() > 0 {
+            return Ok(());
+        }
+        let mut probe = [0u8; 1];
+        loop {
+            match rustix::net::recv(&self.shared.sock, &mut probe[..], RecvFlags::DONTWAIT | RecvFlags::PEEK) {
+                Ok((0, _)) => return Err(self.closed()),
+                Ok(_) | Err(Errno::AGAIN) => return Ok(()),
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(self.os_error("checking", e)),
+            }
+        }
+    }
+}
+
+impl Link for TcpLink {
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn try_send(&mut self, data: &[u8]) -> Result<usize> {
+        self.check_failed()?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let n = self.send_inner(data).map_err(|e| self.fail(e))?;
+        if n < data.len() {
+            // The socket is full (or nearly): wake the next wait when it has room again.
+            self.shared.want(WANT_WRITE);
+        }
+        Ok(n)
+    }
+
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
+        self.check_failed()?;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        // Whatever this call finds, the next wait watches this socket: a caller may wait for
+        // more after a partial (or even a full) read, and the next bytes must wake it.
+        self.shared.want(WANT_READ);
+        self.recv_inner(buf).map_err(|e| self.fail(e))
+    }
+
+    fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8])) -> Result<usize> {
+        self.check_failed()?;
+        if max > 0 {
+            self.shared.want(WANT_READ); // as in try_recv
+        }
+        let mut got = 0;
+        while got < max {
+            match self.open_frame() {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => return Err(self.fail(e)),
+            }
+            if self.staged() == 0 {
+                match self.fill_stage() {
+                    Ok(true) => continue,
+                    Ok(false) => break,
+                    Err(e) => return Err(self.fail(e)),
+                }
+            }
+            let n = (max - got).min(self.recv_left).min(self.staged());
+            consume(&self.stage[self.stage_at..self.stage_at + n]);
+            self.stage_at += n;
+            self.recv_left -= n;
+            got += n;
+        }
+        Ok(got)
+    }
+
+    fn check_peer(&mut self) -> Result<()> {
+        self.check_failed()?;
+        self.peer_closed().map_err(|e| self.fail(e))
+    }
+
+    fn kind(&self) -> &'static str {
+        "tcp"
+    }
+}
+
+/// Links with more peers than this poll through a heap-allocated list.
+const STACK_POLL_FDS: usize = 64;
+
+/// A rank's doorbell for TCP links: polls the sockets of its links that could not move (see
+/// the [module docs](crate::transport::tcp)) and a wake-up pipe. The count rises each time a wait saw a socket
+/// become ready, and on every [`TcpDoorbell::ring`].
+///
+/// A wait first polls without sleeping for [`TcpConfig::spin`](super::TcpConfig::spin), then
+/// sleeps in `poll(2)`, never past its deadline.
+pub struct TcpDoorbell {
+    links: Vec<Arc<Shared>>,
+    wake_rx: UnixStream,
+    wake_tx: UnixStream,
+    epoch: AtomicU32,
+    spin: Duration,
+}
+
+impl std::fmt::Debug for TcpDoorbell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpDoorbell").field("links", &self.links.len()).field("spin", &self.spin).finish()
+    }
+}
+
+impl TcpDoorbell {
+    /// A doorbell over no links yet (see [`TcpDoorbell::set_links`]).
+    pub(crate) fn new(spin: Duration) -> Result<TcpDoorbell> {
+        let (wake_rx, wake_tx) =
+            UnixStream::pair().map_err(|e| Error::io("creating the doorbell's wake-up pipe", e))?;
+        for s in [&wake_rx, &wake_tx] {
+            s.set_nonblocking(true).map_err(|e| Error::io("creating the doorbell's wake-up pipe", e))?;
+        }
+        Ok(TcpDoorbell { links: Vec::new(), wake_rx, wake_tx, epoch: AtomicU32::new(0), spin })
+    }
+
+    /// The links whose sockets this doorbell polls.
+    pub(crate) fn set_links(&mut self, links: Vec<Arc<Shared>>) {
+        self.links = links;
+    }
+
+    /// Increments the count and wakes a waiter, e.g. to interrupt this rank's own wait from
+    /// another thread.
+    pub fn ring(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        // A full pipe already holds a wake-up; nothing else can fail that matters here.
+        let _ = (&self.wake_tx).write(&[1]);
+    }
+
+    /// One poll of the interested sockets, sleeping at most `timeout`. Returns whether
+    /// anything was ready (the count is raised then).
+    fn poll_once(&self, timeout: Duration) -> bool {
+        let wake_fd = self.wake_rx.as_fd();
+        let mut stack_fds: [PollFd<'_>; STACK_POLL_FDS];
+        let mut heap_fds: Vec<PollFd<'_>>;
+        let mut stack_idx = [0usize; STACK_POLL_FDS];
+        let mut heap_idx: Vec<usize>;
+        let (fds, idx): (&mut [PollFd<'_>], &mut [usize]) = if self.links.len() < STACK_POLL_FDS {
+            stack_fds = std::array::from_fn(|_| PollFd::from_borrowed_fd(wake_fd, PollFlags::empty()));
+            (&mut stack_fds[..], &mut stack_idx[..])
+        } else {
+            heap_fds = (0..=self.links.len()).map(|_| PollFd::from_borrowed_fd(wake_fd, PollFlags::empty())).collect();
+            heap_idx = vec![0; self.links.len() + 1];
+            (&mut heap_fds[..], &mut heap_idx[..])
+        };
+        fds[0] = PollFd::from_borrowed_fd(wake_fd, PollFlags::IN);
+        let mut n = 1;
+        for (i, l) in self.links.iter().enumerate() {
+            let want = l.interest.load(Ordering::SeqCst);
+            if want == 0 {
+                continue;
+            }
+            let mut events = PollFlags::empty();
+            if want & WANT_READ != 0 {
+                events |= PollFlags::IN;
+            }
+            if want & WANT_WRITE != 0 {
+                events |= PollFlags::OUT;
+            }
+            let fd: BorrowedFd<'_> = l.sock.as_fd();
+            fds[n] = PollFd::from_borrowed_fd(fd, events);
+            idx[n] = i;
+            n += 1;
+        }
+        let ts = Timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+            tv_nsec: i64::from(timeout.subsec_nanos()),
+        };
+        match poll(&mut fds[..n], Some(&ts)) {
+            Ok(0) | Err(Errno::INTR) => false,
+            Err(_) => {
+                // Not expected for valid descriptors; back off instead of spinning.
+                std::thread::sleep(timeout.min(Duration::from_millis(1)));
+                false
+            }
+            Ok(_) => {
+                if !fds[0].revents().is_empty() {
+                    let mut sink = [0u8; 64];
+                    while matches!((&self.wake_rx).read(&mut sink), Ok(k) if k > 0) {}
+                }
+                for (fd, &i) in fds[1..n].iter().zip(&idx[1..n]) {
+                    let r = fd.revents();
+                    if r.is_empty() {
+                        continue;
+                    }
+                    // One-shot: the link registers again if its next call cannot move.
+                    let mut clear = 0;
+                    if r.intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR) {
+                        clear |= WANT_READ;
+                    }
+                    if r.intersects(PollFlags::OUT | PollFlags::HUP | PollFlags::ERR) {
+                        clear |= WANT_WRITE;
+                    }
+                    self.links[i].interest.fetch_and(!clear, Ordering::SeqCst);
+                }
+                self.epoch.fetch_add(1, Ordering::SeqCst);
+                true
+            }
+        }
+    }
+}
+
+impl Doorbell for TcpDoorbell {
+    fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    fn wait(&self, epoch: u32, until: Instant) {
+        if self.epoch.load(Ordering::SeqCst) != epoch {
+            return;
+        }
+        let start = Instant::now();
+        while start.elapsed() < self.spin {
+            if self.poll_once(Duration::ZERO) || Instant::now() >= until {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+        loop {
+            if self.epoch.load(Ordering::SeqCst) != epoch {
+                return;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            if self.poll_once(until - now) {
+                return;
+            }
+        }
+    }
+}

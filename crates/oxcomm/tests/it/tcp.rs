@@ -1,0 +1,538 @@
+//! Tests of the TCP transport (`oxcomm::transport::tcp`): ranks are threads of this process
+//! talking over loopback (127.0.0.1, port 0), meshes built through an `InMemoryStore`.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oxcomm::rendezvous::InMemoryStore;
+use oxcomm::transport::tcp::{
+    choose_bind_ip, connect_mesh, encode_frame_header, TcpConfig, TcpDoorbell, TcpEndpoint, TcpLink, MAX_FRAME_BYTES,
+    TAG_DATA,
+};
+use oxcomm::transport::{Doorbell, Link};
+use oxcomm::{CommConfig, Communicator, ErrorKind, ReduceOp, Result};
+
+const TOKEN: &[u8] = b"test-token-0123456789abcdef";
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+type Parts = (Vec<Option<Box<dyn Link>>>, Arc<dyn Doorbell>);
+
+/// A job id unique to this process and call.
+fn job(tag: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("t{}-{tag}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn deadline(secs: u64) -> Instant {
+    Instant::now() + Duration::from_secs(secs)
+}
+
+/// A full TCP mesh of `world` thread ranks built through one in-memory store.
+fn mesh(world: usize, job: &str) -> Vec<Parts> {
+    let store = InMemoryStore::new();
+    let until = deadline(20);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let store = &store;
+                s.spawn(move || connect_mesh(store, r, world, LOOPBACK, TOKEN, job, until).unwrap())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+type TcpParts = (Vec<Option<TcpLink>>, Arc<TcpDoorbell>);
+
+/// A two-rank pair formed directly with endpoints (no store).
+fn pair(job: &str, config: &TcpConfig) -> (Parts, Parts) {
+    let (a, b) = tcp_pair(job, config);
+    let boxed = |(links, bell): TcpParts| -> Parts {
+        (links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect(), bell)
+    };
+    (boxed(a), boxed(b))
+}
+
+/// [`pair`] with the concrete types.
+fn tcp_pair(job: &str, config: &TcpConfig) -> (TcpParts, TcpParts) {
+    let mut e0 = TcpEndpoint::listen_with(LOOPBACK, 0, 2, TOKEN, job, config).unwrap();
+    let mut e1 = TcpEndpoint::listen_with(LOOPBACK, 1, 2, TOKEN, job, config).unwrap();
+    let (a0, a1) = (e0.local_addr(), e1.local_addr());
+    let until = deadline(10);
+    std::thread::scope(|s| {
+        let t = s.spawn(move || {
+            e1.connect(&[(0, a0)], until).unwrap();
+            e1.into_tcp_parts()
+        });
+        e0.connect(&[(1, a1)], until).unwrap();
+        (e0.into_tcp_parts(), t.join().unwrap())
+    })
+}
+
+/// The stream from `src` to `dst`: little-endian u64 words `word index ^ salt`, so a byte
+/// out of place anywhere shows (and debug builds make it quickly).
+fn pattern(src: usize, dst: usize, len: usize) -> Vec<u8> {
+    let salt = ((src as u64) << 56) | ((dst as u64) << 48) | 0x5a5a;
+    let mut v = Vec::with_capacity(len + 8);
+    for w in 0..len.div_ceil(8) as u64 {
+        v.extend_from_slice(&(w ^ salt).to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// Sends `bytes` bytes to every peer and receives as many from each, all at once, checking
+/// every byte; returns when done or panics at the deadline.
+fn stream_all(rank: usize, parts: &mut Parts, bytes: usize, until: Instant) {
+    let (links, bell) = parts;
+    let world = links.len();
+    let out: Vec<Vec<u8>> = (0..world).map(|p| if p == rank { Vec::new() } else { pattern(rank, p, bytes) }).collect();
+    let want: Vec<Vec<u8>> = (0..world).map(|p| if p == rank { Vec::new() } else { pattern(p, rank, bytes) }).collect();
+    let mut inbox: Vec<Vec<u8>> = (0..world).map(|p| vec![0u8; if p == rank { 0 } else { bytes }]).collect();
+    let mut sent = vec![0usize; world];
+    let mut got = vec![0usize; world];
+    loop {
+        let epoch = bell.epoch();
+        let mut progress = false;
+        let mut done = true;
+        for p in (0..world).filter(|&p| p != rank) {
+            let link = links[p].as_mut().unwrap();
+            if sent[p] < bytes {
+                let end = (sent[p] + (1 << 20)).min(bytes);
+                let n = link.try_send(&out[p][sent[p]..end]).unwrap();
+                sent[p] += n;
+                progress |= n > 0;
+            }
+            if got[p] < bytes {
+                let n = link.try_recv(&mut inbox[p][got[p]..]).unwrap();
+                got[p] += n;
+                progress |= n > 0;
+            }
+            done &= sent[p] == bytes && got[p] == bytes;
+        }
+        if done {
+            break;
+        }
+        if !progress {
+            assert!(Instant::now() < until, "rank {rank}: streaming timed out (sent {sent:?}, got {got:?})");
+            bell.wait(epoch, until);
+        }
+    }
+    for p in (0..world).filter(|&p| p != rank) {
+        assert!(inbox[p] == want[p], "rank {rank}: bytes from rank {p} differ");
+    }
+}
+
+/// Receives until the link fails or `until` passes; returns the error.
+fn recv_until_error(link: &mut dyn Link, bell: &dyn Doorbell, until: Instant) -> oxcomm::Error {
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let epoch = bell.epoch();
+        match link.try_recv(&mut buf) {
+            Err(e) => return e,
+            Ok(0) => {
+                assert!(Instant::now() < until, "no error before the deadline");
+                bell.wait(epoch, until.min(Instant::now() + Duration::from_millis(50)));
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
+#[test]
+fn two_ranks_stream_both_ways_at_once() {
+    let job = job("stream2");
+    let parts = mesh(2, &job);
+    let until = deadline(60);
+    std::thread::scope(|s| {
+        for (r, mut p) in parts.into_iter().enumerate() {
+            s.spawn(move || stream_all(r, &mut p, 24 << 20, until));
+        }
+    });
+}
+
+#[test]
+fn four_rank_mesh_streams_between_every_pair() {
+    let job = job("stream4");
+    let parts = mesh(4, &job);
+    for (r, (links, _)) in parts.iter().enumerate() {
+        for (p, l) in links.iter().enumerate() {
+            assert_eq!(l.is_some(), p != r);
+            if let Some(l) = l {
+                assert_eq!((l.peer(), l.kind()), (p, "tcp"));
+            }
+        }
+    }
+    let until = deadline(60);
+    std::thread::scope(|s| {
+        for (r, mut p) in parts.into_iter().enumerate() {
+            s.spawn(move || stream_all(r, &mut p, 4 << 20, until));
+        }
+    });
+}
+
+#[test]
+fn small_frames_and_recv_with_deliver_every_byte() {
+    // Tiny frames force many headers per read; recv_with hands bytes out in place.
+    let config = TcpConfig { frame_bytes: 7, ..TcpConfig::default() };
+    let ((mut l0, b0), (mut l1, b1)) = pair(&job("small"), &config);
+    let data = pattern(0, 1, 100_000);
+    let until = deadline(30);
+    let sender = std::thread::spawn(move || {
+        let link = l0[1].as_mut().unwrap();
+        let mut at = 0;
+        while at < data.len() {
+            let epoch = b0.epoch();
+            let n = link.try_send(&data[at..(at + 1000).min(data.len())]).unwrap();
+            at += n;
+            if n == 0 {
+                b0.wait(epoch, until);
+            }
+        }
+        (l0, b0)
+    });
+    let link = l1[0].as_mut().unwrap();
+    let mut got = Vec::new();
+    let t0 = Instant::now();
+    // Waits after partial progress too: the next bytes must still wake this rank.
+    while got.len() < 100_000 {
+        let epoch = b1.epoch();
+        let n = link.recv_with(100_000 - got.len(), &mut |c| got.extend_from_slice(c)).unwrap();
+        if n == 0 {
+            assert!(Instant::now() < until);
+            b1.wait(epoch, until);
+        }
+    }
+    assert!(got == pattern(0, 1, 100_000));
+    assert!(t0.elapsed() < Duration::from_secs(10), "a wake-up was lost: took {:?}", t0.elapsed());
+    drop(sender.join().unwrap());
+}
+
+#[test]
+fn communicator_over_tcp_gives_exact_results() {
+    let job = job("comm3");
+    let world = 3;
+    let parts = mesh(world, &job);
+    let config = CommConfig { timeout: Duration::from_secs(30), max_segment_bytes: 64 << 10, ..CommConfig::default() };
+    std::thread::scope(|s| {
+        for (r, (links, bell)) in parts.into_iter().enumerate() {
+            let config = config.clone();
+            s.spawn(move || -> Result<()> {
+                let c = Communicator::from_links(r, links, bell, config, "tcp")?;
+                assert_eq!(c.transport(), "tcp");
+                for count in [1usize, 1000, 300_001] {
+                    let mut buf: Vec<i64> = (0..count).map(|i| (r * 1_000_000 + i) as i64).collect();
+                    c.all_reduce(&mut buf, ReduceOp::Sum)?;
+                    let expect: Vec<i64> = (0..count).map(|i| (3_000_000 + 3 * i) as i64).collect();
+                    assert!(buf == expect, "rank {r}: all_reduce of {count}");
+                }
+                let input: Vec<i32> = (0..5000).map(|i| (r * 10_000 + i) as i32).collect();
+                let mut out = vec![0i32; 5000 * world];
+                c.all_gather(&input, &mut out)?;
+                for src in 0..world {
+                    assert!(out[src * 5000..(src + 1) * 5000]
+                        .iter()
+                        .enumerate()
+                        .all(|(i, &v)| v == (src * 10_000 + i) as i32));
+                }
+                let mut b: Vec<i32> = if r == 1 { (0..70_000).collect() } else { vec![0; 70_000] };
+                c.broadcast(&mut b, 1)?;
+                assert!(b.iter().enumerate().all(|(i, &v)| v == i as i32), "rank {r}: broadcast");
+                c.barrier()?;
+                Ok(())
+            });
+        }
+    });
+}
+
+#[test]
+fn wrong_token_is_rejected_while_the_real_job_forms() {
+    let job = job("token");
+    let mut e0 = TcpEndpoint::listen(LOOPBACK, 0, 2, TOKEN, &job).unwrap();
+    let mut e1 = TcpEndpoint::listen(LOOPBACK, 1, 2, TOKEN, &job).unwrap();
+    let (a0, a1) = (e0.local_addr(), e1.local_addr());
+    let until = deadline(20);
+    let ((mut l0, b0), (mut l1, b1)) = std::thread::scope(|s| {
+        let t = s.spawn(move || {
+            e1.connect(&[(0, a0)], until).unwrap();
+            e1.into_parts()
+        });
+        // An impostor claiming rank 0 with the wrong secret, and one from another job.
+        let mut rogue = TcpEndpoint::listen(LOOPBACK, 0, 2, b"wrong", &job).unwrap();
+        let err = rogue.connect(&[(1, a1)], until).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Rendezvous, "{err}");
+        assert!(err.to_string().contains("wrong token"), "{err}");
+        let mut other = TcpEndpoint::listen(LOOPBACK, 0, 2, TOKEN, "another-job").unwrap();
+        let err = other.connect(&[(1, a1)], until).unwrap_err();
+        assert!(err.to_string().contains("not this job"), "{err}");
+        e0.connect(&[(1, a1)], until).unwrap();
+        (e0.into_parts(), t.join().unwrap())
+    });
+    // The real pair works.
+    let n = l0[1].as_mut().unwrap().try_send(b"hello").unwrap();
+    assert_eq!(n, 5);
+    let mut buf = [0u8; 5];
+    let mut got = 0;
+    while got < 5 {
+        let epoch = b1.epoch();
+        got += l1[0].as_mut().unwrap().try_recv(&mut buf[got..]).unwrap();
+        if got < 5 {
+            b1.wait(epoch, until);
+        }
+    }
+    assert_eq!(&buf, b"hello");
+    drop(b0);
+}
+
+#[test]
+fn garbage_and_silent_connections_do_not_disturb_the_job() {
+    let job = job("garbage");
+    let mut e0 = TcpEndpoint::listen(LOOPBACK, 0, 2, TOKEN, &job).unwrap();
+    let mut e1 = TcpEndpoint::listen(LOOPBACK, 1, 2, TOKEN, &job).unwrap();
+    let (a0, a1) = (e0.local_addr(), e1.local_addr());
+    // Connected before rank 1 even starts accepting: a silent one and an HTTP request.
+    let mut silent = TcpStream::connect(a1).unwrap();
+    let mut http = TcpStream::connect(a1).unwrap();
+    http.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut huge = TcpStream::connect(a1).unwrap();
+    huge.write_all(b"OXTH\x01\x01\xff\xff").unwrap(); // a HELLO announcing 65535 bytes
+    let until = deadline(20);
+    let t0 = Instant::now();
+    let (p0, p1) = std::thread::scope(|s| {
+        let t = s.spawn(move || {
+            e1.connect(&[(0, a0)], until).unwrap();
+            e1.into_parts()
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        e0.connect(&[(1, a1)], until).unwrap();
+        (e0.into_parts(), t.join().unwrap())
+    });
+    // Much less than the 10 s handshake timeout the silent client could have held.
+    assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+    // The leftover connections were cut off once the job formed.
+    silent.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 16];
+    assert!(matches!(silent.read(&mut b), Ok(0) | Err(_)));
+    drop((p0, p1));
+}
+
+#[test]
+fn a_dropped_peer_is_reported_as_peer_gone() {
+    let ((mut l0, b0), (l1, b1)) = pair(&job("gone"), &TcpConfig::default());
+    // Bytes sent before the drop are still delivered, then the loss is reported.
+    let mut l1 = l1;
+    assert_eq!(l1[0].as_mut().unwrap().try_send(b"last").unwrap(), 4);
+    drop((l1, b1));
+    let link = l0[1].as_mut().unwrap();
+    let until = deadline(10);
+    let mut buf = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        let epoch = b0.epoch();
+        got += link.try_recv(&mut buf[got..]).unwrap();
+        if got < 4 {
+            b0.wait(epoch, until);
+        }
+    }
+    assert_eq!(&buf, b"last");
+    let t0 = Instant::now();
+    let err = recv_until_error(link.as_mut(), b0.as_ref(), until);
+    assert_eq!(err.kind(), ErrorKind::PeerGone, "{err}");
+    assert_eq!(err.peer(), Some(1));
+    assert!(err.to_string().contains("rank 1"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    // The link stays failed, and check_peer says so too.
+    assert_eq!(link.check_peer().unwrap_err().kind(), ErrorKind::PeerGone);
+    assert_eq!(link.try_send(b"x").unwrap_err().kind(), ErrorKind::PeerGone);
+}
+
+#[test]
+fn check_peer_and_send_notice_a_dropped_peer() {
+    let ((mut l0, b0), p1) = pair(&job("gone2"), &TcpConfig::default());
+    let link = l0[1].as_mut().unwrap();
+    link.check_peer().unwrap();
+    drop(p1);
+    let until = deadline(10);
+    // check_peer notices without any read.
+    loop {
+        match link.check_peer() {
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::PeerGone, "{e}");
+                assert_eq!(e.peer(), Some(1));
+                break;
+            }
+            Ok(()) => {
+                assert!(Instant::now() < until);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    drop(b0);
+
+    // A sender to a peer that went away fails with PeerGone too (EPIPE / ECONNRESET).
+    let ((mut l0, b0), p1) = pair(&job("gone3"), &TcpConfig::default());
+    drop(p1);
+    let link = l0[1].as_mut().unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    let err = loop {
+        let epoch = b0.epoch();
+        match link.try_send(&chunk) {
+            Err(e) => break e,
+            Ok(0) => {
+                assert!(Instant::now() < until, "sending to a dropped peer never failed");
+                b0.wait(epoch, until.min(Instant::now() + Duration::from_millis(50)));
+            }
+            Ok(_) => {}
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::PeerGone, "{err}");
+}
+
+#[test]
+fn a_communicator_whose_peer_dropped_fails_promptly_naming_it() {
+    let parts = mesh(2, &job("commgone"));
+    let config = CommConfig { timeout: Duration::from_secs(30), ..CommConfig::default() };
+    let mut it = parts.into_iter();
+    let (l0, b0) = it.next().unwrap();
+    drop(it.next().unwrap());
+    let c = Communicator::from_links(0, l0, b0, config, "tcp").unwrap();
+    let t0 = Instant::now();
+    let mut buf = vec![1.0f32; 1000];
+    let err = c.all_reduce(&mut buf, ReduceOp::Sum).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PeerGone, "{err}");
+    assert_eq!(err.peer(), Some(1), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+}
+
+#[test]
+fn bad_frame_headers_are_protocol_errors() {
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("announces", encode_frame_header(TAG_DATA, 0, MAX_FRAME_BYTES as u32 + 1).to_vec()),
+        ("sequence number 5", encode_frame_header(TAG_DATA, 5, 10).to_vec()),
+        ("tag 77", encode_frame_header(77, 0, 10).to_vec()),
+        ("magic", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+    ];
+    for (expect, bytes) in cases {
+        let ((mut l0, b0), (mut l1, _b1)) = tcp_pair(&job("badframe"), &TcpConfig::default());
+        let until = deadline(10);
+        l1[0].as_mut().unwrap().inject_raw(&bytes, until).unwrap();
+        let err = recv_until_error(l0[1].as_mut().unwrap(), b0.as_ref(), until);
+        assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
+        assert!(err.to_string().contains(expect), "{err} should mention {expect:?}");
+        assert!(err.to_string().contains("rank 1"), "{err}");
+    }
+}
+
+#[test]
+fn choose_bind_ip_prefers_explicit_then_interface_then_route() {
+    let store: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let explicit: IpAddr = "10.1.2.3".parse().unwrap();
+    assert_eq!(choose_bind_ip(store, Some("lo"), Some(explicit)).unwrap(), explicit);
+    assert_eq!(choose_bind_ip(store, Some("lo"), None).unwrap(), LOOPBACK);
+    let err = choose_bind_ip(store, Some("no-such-if0"), None).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Rendezvous);
+    assert!(err.to_string().contains("no-such-if0"), "{err}");
+    assert_eq!(choose_bind_ip(store, None, None).unwrap(), LOOPBACK);
+}
+
+#[test]
+fn setup_arguments_are_checked() {
+    assert_eq!(TcpEndpoint::listen(LOOPBACK, 2, 2, TOKEN, "j").unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(TcpEndpoint::listen(LOOPBACK, 0, 2, TOKEN, "").unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let mut e = TcpEndpoint::listen(LOOPBACK, 0, 3, TOKEN, "j").unwrap();
+    let a = e.local_addr();
+    assert_eq!(e.connect(&[(0, a)], deadline(1)).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(e.connect(&[(1, a), (1, a)], deadline(1)).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let bad = TcpConfig { frame_bytes: 0, ..TcpConfig::default() };
+    assert!(TcpEndpoint::listen_with(LOOPBACK, 0, 2, TOKEN, "j", &bad).is_err());
+    let env = TcpConfig::from_lookup(|k| (k == "OXCOMM_TCP_SPIN_US").then(|| "7".to_string())).unwrap();
+    assert_eq!(env.spin, Duration::from_micros(7));
+    assert!(TcpConfig::from_lookup(|_| Some("x".into())).is_err());
+    // Nobody accepts at a missing peer: a timeout naming it, no hang.
+    let mut e = TcpEndpoint::listen(LOOPBACK, 1, 2, TOKEN, "j").unwrap();
+    let err = e.connect(&[(0, a)], Instant::now() + Duration::from_millis(200)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    assert_eq!(err.peer(), Some(0));
+}
+
+/// Environment variable that turns [`child_process_role`] into rank 0 of
+/// [`a_killed_peer_process_is_reported_promptly`]; its value is `"{job} {rank 1's address}"`.
+const CHILD_ENV: &str = "OXCOMM_TEST_TCP_CHILD";
+
+/// Bytes the child sends before it waits to be killed.
+const CHILD_BYTES: usize = 1 << 20;
+
+#[test]
+fn child_process_role() {
+    let Ok(arg) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (job, addr) = arg.split_once(' ').unwrap();
+    let mut e = TcpEndpoint::listen(LOOPBACK, 0, 2, TOKEN, job).unwrap();
+    e.connect(&[(1, addr.parse().unwrap())], deadline(20)).unwrap();
+    let (mut links, bell) = e.into_parts();
+    let link = links[1].as_mut().unwrap();
+    let data = pattern(0, 1, CHILD_BYTES);
+    let mut at = 0;
+    let until = deadline(20);
+    while at < data.len() {
+        let epoch = bell.epoch();
+        let n = link.try_send(&data[at..]).unwrap();
+        at += n;
+        if n == 0 {
+            bell.wait(epoch, until);
+        }
+    }
+    // Wait to be killed (bounded, in case the parent died first).
+    std::thread::sleep(Duration::from_secs(30));
+    std::process::exit(0);
+}
+
+#[test]
+fn a_killed_peer_process_is_reported_promptly() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let job = job("kill");
+    let mut e = TcpEndpoint::listen(LOOPBACK, 1, 2, TOKEN, &job).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "tcp::child_process_role", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, format!("{job} {}", e.local_addr()))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Lower ranks' addresses are not used: the child connects to us.
+    let unused: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let formed = e.connect(&[(0, unused)], deadline(30));
+    if formed.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    formed.unwrap();
+    let (mut links, bell) = e.into_parts();
+    let link = links[0].as_mut().unwrap();
+    let mut buf = vec![0u8; CHILD_BYTES];
+    let mut got = 0;
+    let until = deadline(30);
+    let t0 = Instant::now();
+    while got < buf.len() {
+        let epoch = bell.epoch();
+        got += link.try_recv(&mut buf[got..]).unwrap();
+        if got < buf.len() {
+            assert!(Instant::now() < until);
+            bell.wait(epoch, until);
+        }
+    }
+    assert!(buf == pattern(0, 1, CHILD_BYTES));
+    assert!(t0.elapsed() < Duration::from_secs(10), "a wake-up was lost: took {:?}", t0.elapsed());
+    child.kill().unwrap(); // SIGKILL
+    let t0 = Instant::now();
+    let err = recv_until_error(link.as_mut(), bell.as_ref(), deadline(10));
+    child.wait().unwrap();
+    assert_eq!(err.kind(), ErrorKind::PeerGone, "{err}");
+    assert_eq!(err.peer(), Some(0));
+    assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
+}
