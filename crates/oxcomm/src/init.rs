@@ -67,6 +67,10 @@ pub struct Init {
     pub config: CommConfig,
     /// Overrides host identity (see [`ENV_HOST_ID`]).
     pub host_id: Option<String>,
+    /// Network interface for TCP links (`OXCOMM_SOCKET_IFNAME`).
+    pub socket_ifname: Option<String>,
+    /// Address for TCP links (`OXCOMM_SOCKET_ADDR`; wins over the interface).
+    pub socket_addr: Option<std::net::IpAddr>,
 }
 
 impl Init {
@@ -109,6 +113,8 @@ impl Init {
             transport: settings.transport,
             config,
             host_id: get(ENV_HOST_ID),
+            socket_ifname: settings.socket_ifname.clone(),
+            socket_addr: settings.socket_addr,
         })
     }
 
@@ -161,10 +167,22 @@ impl Init {
         let remote = world - 1 - local.len();
         let use_shm = !matches!(self.transport, TransportChoice::Tcp);
         if remote > 0 || !use_shm {
-            return Err(Error::unsupported(format!(
-                "rank {rank}: {remote} peer(s) are on other hosts (or OXCOMM_TRANSPORT=tcp), and the TCP \
-                 transport is not built yet; every rank must run on one host"
-            )));
+            if matches!(self.transport, TransportChoice::Shm) {
+                return Err(Error::invalid(format!(
+                    "rank {rank}: OXCOMM_TRANSPORT=shm but {remote} peer(s) are on other hosts"
+                )));
+            }
+            // Until shm and TCP links share one doorbell, a job that spans hosts uses TCP for
+            // every link (see the README's transport table).
+            let ip =
+                crate::transport::tcp::choose_bind_ip(self.store_addr, self.socket_ifname.as_deref(), self.socket_addr)
+                    .map_err(fail)?;
+            tracing::info!(target: "oxcomm::init", rank, world, job = %job, %ip, "joining over TCP");
+            let tcp = crate::transport::tcp::TcpConfig::from_env().map_err(fail)?;
+            let (links, bell) =
+                crate::transport::tcp::connect_mesh_with(&store, rank, world, ip, &self.token, &job, &tcp, deadline)
+                    .map_err(fail)?;
+            return Communicator::from_links(rank, links, bell, self.config.clone(), "tcp");
         }
         tracing::info!(target: "oxcomm::init", rank, world, job = %job, local = local.len(), "joining over shared memory");
 

@@ -1,7 +1,8 @@
 //! Ranks as real processes over shared memory: the test binary re-runs itself as the ranks
 //! (`child_entry`, selected by `OXCOMM_TEST_CHILD`), with the environment `oxcomm launch` would
 //! set and a store served by the parent test. Covers the CollectiveTester over shm for world
-//! sizes 2, 3, 4 and 8, and SIGKILL / SIGSTOP of one rank mid-collective.
+//! sizes 2, 3, 4 and 8 (and over TCP on loopback), and SIGKILL / SIGSTOP of one rank
+//! mid-collective.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -31,6 +32,10 @@ impl Drop for Job {
 }
 
 fn spawn_job(n: usize, role: &str, timeout_s: &str) -> Job {
+    spawn_job_with(n, role, timeout_s, &[])
+}
+
+fn spawn_job_with(n: usize, role: &str, timeout_s: &str, env: &[(&str, &str)]) -> Job {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let token = rendezvous::generate_token();
     let token_bytes = Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
@@ -53,6 +58,7 @@ fn spawn_job(n: usize, role: &str, timeout_s: &str) -> Job {
                 .env("OXCOMM_STORE", "launcher")
                 .env("OXCOMM_JOB_ID", &job_id)
                 .env("OXCOMM_TIMEOUT", timeout_s)
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -152,7 +158,11 @@ fn child_entry() {
 }
 
 fn run_tester(n: usize, role: &str) {
-    let mut job = spawn_job(n, role, "60");
+    run_tester_with(n, role, &[]);
+}
+
+fn run_tester_with(n: usize, role: &str, env: &[(&str, &str)]) {
+    let mut job = spawn_job_with(n, role, "60", env);
     let results = wait_all(&mut job, Instant::now() + Duration::from_secs(240));
     for (r, (code, out)) in results.iter().enumerate() {
         assert_eq!(*code, Some(0), "rank {r} of {n} failed:\n{out}");
@@ -178,6 +188,11 @@ fn shm_collectives_4_ranks() {
 #[test]
 fn shm_collectives_8_ranks_on_2_cores() {
     run_tester(8, "quick");
+}
+
+#[test]
+fn tcp_collectives_3_processes_on_loopback() {
+    run_tester_with(3, "quick", &[("OXCOMM_TRANSPORT", "tcp")]);
 }
 
 /// Waits until `n` children printed "ready" (they are inside the all-reduce loop).
