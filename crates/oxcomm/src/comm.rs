@@ -814,7 +814,7 @@ impl Communicator {
         })
     }
 
-    /// All-gathers several buffers as one op: `outputs[i]` (size × inputs[i].len()) receives
+    /// All-gathers several buffers as one op: `outputs[i]` (size × `inputs[i].len()`) receives
     /// every rank's `inputs[i]`.
     #[track_caller]
     pub fn all_gather_coalesced<T: Element>(&self, inputs: &[&[T]], outputs: &mut [&mut [T]]) -> Result<()> {

@@ -1,14 +1,14 @@
 //! The progress engine: drives a set of sends and receives over [`Link`]s to completion, with a
 //! deadline, and names the peer when it fails.
 //!
-//! Algorithms describe one *step* as a list of [`Xfer`]s (send these bytes to that peer, receive
+//! Algorithms describe one *step* as a list of `Xfer`s (send these bytes to that peer, receive
 //! into this buffer from that peer, receive and reduce into this buffer) and hand them to
-//! [`Ctx::run`], which makes progress on all of them at once, so a rank always sends and
+//! `Ctx::run`, which makes progress on all of them at once, so a rank always sends and
 //! receives concurrently and ring steps never deadlock on bounded links. When no transfer can
 //! move, the rank sleeps on its doorbell until a peer rings it, the deadline passes, or it is
 //! time to check whether a stalled peer is still alive.
 //!
-//! The engine knows nothing about which collective it serves; [`Ctx`] carries the op's
+//! The engine knows nothing about which collective it serves; `Ctx` carries the op's
 //! description only to put it in errors.
 
 use std::time::{Duration, Instant};

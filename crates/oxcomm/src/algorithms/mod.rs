@@ -1,4 +1,4 @@
-//! Collective algorithms, written against [`crate::engine::Ctx`] (which moves bytes over
+//! Collective algorithms, written against the engine's `Ctx` (which moves bytes over
 //! per-peer links), never against a particular transport.
 //!
 //! Each file states its steps and bytes sent per rank. [`schedule`] holds the pure index
