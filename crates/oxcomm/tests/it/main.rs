@@ -4,6 +4,7 @@ mod collectives;
 mod compression_kernels;
 mod failures;
 mod logging;
+mod onebit;
 mod reduce;
 mod rendezvous;
 mod shm;
