@@ -8,5 +8,10 @@
 //! reduce-scatter (spec §3.1–3.3).
 
 pub mod coalesced;
+//! and back (ZeRO++ qgZ, spec §3.4–3.6). These modules own the wire formats and the arithmetic;
+//! they never communicate, allocate per call or know about ranks. [`onebit`] is the exception
+//! that uses them: the 1-bit all-reduce and 1-bit Adam over the public `Communicator` API.
+
+pub mod onebit;
 pub mod pack;
 pub mod quant;

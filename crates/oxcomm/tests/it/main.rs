@@ -7,6 +7,7 @@ mod failures;
 mod logging;
 mod multiproc;
 mod quant_collectives;
+mod onebit;
 mod reduce;
 mod rendezvous;
 mod shm;

@@ -1,0 +1,709 @@
+//! The 1-bit error-compensated all-reduce (DeepSpeed's `compressed_allreduce`, spec §2) and
+//! 1-bit Adam (spec §2.5), built only on the public [`Communicator`] API, so they run on every
+//! transport.
+//!
+//! This module owns the algorithm (scales, error feedback, which collective moves which
+//! bytes), the per-buffer state ([`OneBitState`]) and the optimizer ([`Adam`]). The bit
+//! format is [`pack`]'s; moving bytes, ordering ops and deadlines are the
+//! [`Communicator`]'s. It does not know about transports or algorithms.
+//!
+//! # Vocabulary and cost
+//!
+//! `n` is the group size, `L` the caller's buffer length, `N ≥ L` the *padded length* (the
+//! length of the worker error, a multiple of `8n`; [`padded_len`] gives DeepSpeed's choice,
+//! a multiple of `n · lcm(n, 8)`), and `C = N / n` the *server chunk*: rank `r` is the
+//! server of elements `[r·C, (r+1)·C)`. One call is four collectives:
+//!
+//! | step | op | bytes sent per rank |
+//! |---|---|---|
+//! | worker signs | `all_to_all::<u8>` of `N/8` bytes | `(n−1)·C/8` |
+//! | worker scales | `all_gather::<f32>` of 1 | about `(n−1)·4` |
+//! | server signs | `all_gather::<u8>` of `C/8` | `(n−1)·C/8` (ring) |
+//! | server scales | `all_gather::<f32>` of 1 | about `(n−1)·4` |
+//!
+//! so about `N/4 · (n−1)/n` bytes against `8N · (n−1)/n` for a ring all-reduce of f32: 32×
+//! less, minus the scales and each op's fixed cost.
+//!
+//! # The algorithm (spec §2.2)
+//!
+//! `sgn(v) = −1` if `v < 0`, else `+1` (so `sgn(±0) = sgn(NaN) = +1`). On every rank: `u =
+//! pad(x) + e` (zeros up to `N`), `α = ‖u‖₂ / √N` over all `N` entries, `e ← u − α·sgn(u)`,
+//! signs of `u` sent chunk `j` to rank `j`. On server `r`: `m = Σᵢ (αᵢ · (1/n)) · sgnᵢ` over
+//! the chunks received (the **mean** of the compressed vectors), `m ← m + s`, `β = ‖m‖₂ /
+//! √C`, `s ← m − β·sgn(m)`, signs of `m` all-gathered with every `β`. Every rank then holds
+//! the same `y`, `y[j·C + k] = β_j · sgn_j[k]`, and the caller's buffer gets `y[..L]`.
+//!
+//! Norms are accumulated in f64 and rounded to f32 once; everything else is f32 in
+//! DeepSpeed's order of operations.
+//!
+//! # Non-finite values
+//!
+//! As in DeepSpeed, nothing is checked: a NaN anywhere in a rank's `u` makes its `α` NaN,
+//! and since every server chunk mixes every rank's `α`, **the whole output is NaN on every
+//! rank**, and both errors become NaN (call [`OneBitState::reset`] to recover). An infinity
+//! gives `α = ∞` and non-finite outputs. A NaN element is sent as `+` (its sign bit is
+//! ignored), as in the reference cupy path.
+//!
+//! # Example
+//!
+//! ```
+//! use oxcomm::compression::onebit::{self, OneBitState};
+//!
+//! let out = oxcomm::threads::run(2, |comm| {
+//!     let mut state = OneBitState::new(13, comm.size())?; // N = 16, C = 8
+//!     let mut x: Vec<f32> = (0..13).map(|k| k as f32 - 6.0).collect();
+//!     onebit::all_reduce(&comm, &mut x, &mut state)?;
+//!     Ok::<_, oxcomm::Error>(x)
+//! })
+//! .unwrap();
+//! assert_eq!(out[0].as_ref().unwrap(), out[1].as_ref().unwrap()); // identical on every rank
+//! ```
+
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::pack::{self, BitOrder};
+use crate::comm::Communicator;
+use crate::error::{Error, ErrorKind, Result};
+use crate::reduce::ReduceOp;
+
+/// The name errors of this module carry as their op.
+const OP: &str = "onebit::all_reduce";
+
+/// DeepSpeed's padded length: `len` rounded up to a multiple of `n · lcm(n, 8)` (16 for
+/// `n = 2`, 72 for 3, 32 for 4, 64 for 8; spec §2.5). Always a multiple of `8n`; `0` stays
+/// `0`.
+///
+/// [`ErrorKind::InvalidArgument`] if `world_size == 0` or the result overflows `usize`.
+pub fn padded_len(len: usize, world_size: usize) -> Result<usize> {
+    if world_size == 0 {
+        return Err(Error::invalid("padded_len: the world size must be at least 1"));
+    }
+    let lcm = world_size / gcd(world_size, 8) * 8;
+    world_size
+        .checked_mul(lcm)
+        .and_then(|multiple| len.checked_next_multiple_of(multiple))
+        .ok_or_else(|| Error::invalid(format!("padded_len: {len} elements cannot be padded for {world_size} ranks")))
+}
+
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// What one rank keeps between calls of [`all_reduce`] on one buffer: the worker error
+/// (length `N`), the server error (length `C = N / n`), the bit order, and scratch space so
+/// that calls after the first do not allocate.
+///
+/// The errors are per rank (never identical across ranks) and belong to one buffer and one
+/// group: use one state per buffer, and a new one if the group changes.
+#[derive(Clone)]
+pub struct OneBitState {
+    world_size: usize,
+    order: BitOrder,
+    worker_error: Vec<f32>,
+    server_error: Vec<f32>,
+    scratch: Scratch,
+}
+
+/// Buffers reused by every call (allocated on the first one).
+#[derive(Clone, Default)]
+struct Scratch {
+    /// Worker signs (`N/8` bytes); later the first `C/8` hold the server signs.
+    send: Vec<u8>,
+    /// Signs received from every rank (`N/8` bytes); later every server's signs.
+    recv: Vec<u8>,
+    /// The server's compensated chunk `m` (`C` floats); later the tail of the output.
+    server: Vec<f32>,
+    /// `α` of every rank.
+    worker_scales: Vec<f32>,
+    /// `β` of every rank.
+    server_scales: Vec<f32>,
+}
+
+impl std::fmt::Debug for OneBitState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OneBitState")
+            .field("world_size", &self.world_size)
+            .field("order", &self.order)
+            .field("padded_len", &self.worker_error.len())
+            .field("chunk_len", &self.server_error.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OneBitState {
+    /// Zero errors for buffers of up to `len` elements on a group of `world_size` ranks, with
+    /// `N = padded_len(len, world_size)`, as DeepSpeed's optimizers allocate them.
+    /// Bit order [`BitOrder::Big`] (the reference NCCL/cupy wire format).
+    pub fn new(len: usize, world_size: usize) -> Result<OneBitState> {
+        let n_padded = padded_len(len, world_size)?;
+        Self::from_errors(vec![0.0; n_padded], vec![0.0; n_padded / world_size], world_size)
+    }
+
+    /// A state over caller-sized error buffers (for example restored ones): `worker_error`
+    /// has `N` elements with `N % (8 · world_size) == 0`, and `server_error` has
+    /// `N / world_size`. Any other sizes are [`ErrorKind::InvalidArgument`].
+    pub fn from_errors(worker_error: Vec<f32>, server_error: Vec<f32>, world_size: usize) -> Result<OneBitState> {
+        if world_size == 0 {
+            return Err(Error::invalid("OneBitState: the world size must be at least 1"));
+        }
+        let n_padded = worker_error.len();
+        if n_padded % (8 * world_size) != 0 {
+            return Err(Error::invalid(format!(
+                "OneBitState: a worker error of {n_padded} elements is not a multiple of 8 × {world_size} ranks \
+                 (see padded_len)"
+            )));
+        }
+        if server_error.len() != n_padded / world_size {
+            return Err(Error::invalid(format!(
+                "OneBitState: the server error has {} elements, expected {n_padded} / {world_size} = {}",
+                server_error.len(),
+                n_padded / world_size
+            )));
+        }
+        Ok(OneBitState { world_size, order: BitOrder::Big, worker_error, server_error, scratch: Scratch::default() })
+    }
+
+    /// The same state with another bit order. Every rank must use the same one; the result
+    /// does not depend on it (it is only the wire format).
+    pub fn with_bit_order(mut self, order: BitOrder) -> OneBitState {
+        self.order = order;
+        self
+    }
+
+    /// The bit order of the sign bytes on the wire.
+    pub fn bit_order(&self) -> BitOrder {
+        self.order
+    }
+
+    /// The group size this state is for.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// `N`: the longest buffer this state serves, and the length scales are computed over.
+    pub fn padded_len(&self) -> usize {
+        self.worker_error.len()
+    }
+
+    /// `C = N / n`: the length of each rank's server chunk.
+    pub fn chunk_len(&self) -> usize {
+        self.server_error.len()
+    }
+
+    /// This rank's worker error `e` (length `N`; the tail past the buffer takes part too).
+    pub fn worker_error(&self) -> &[f32] {
+        &self.worker_error
+    }
+
+    /// This rank's server error `s` for its chunk (length `C`).
+    pub fn server_error(&self) -> &[f32] {
+        &self.server_error
+    }
+
+    /// Zeroes both errors (what an empty input does, and the way back from NaN errors).
+    pub fn reset(&mut self) {
+        self.worker_error.fill(0.0);
+        self.server_error.fill(0.0);
+    }
+
+    /// The error buffers `(worker, server)`, for saving.
+    pub fn into_errors(self) -> (Vec<f32>, Vec<f32>) {
+        (self.worker_error, self.server_error)
+    }
+
+    /// Checks this state against the group and a buffer of `len` elements.
+    fn check(&self, comm: &Communicator, len: usize) -> Result<()> {
+        let fail = |msg: String| Err(Error::invalid(msg).with_op(OP).with_rank(comm.world_rank()));
+        if self.world_size != comm.size() {
+            return fail(format!(
+                "the state is for {} ranks but the group has {} (make a new OneBitState)",
+                self.world_size,
+                comm.size()
+            ));
+        }
+        if len > self.padded_len() {
+            return fail(format!(
+                "the buffer has {len} elements but the state's padded length is {} (size it with padded_len)",
+                self.padded_len()
+            ));
+        }
+        Ok(())
+    }
+
+    fn prepare_scratch(&mut self) {
+        let (n, bytes, c) = (self.world_size, self.padded_len() / 8, self.chunk_len());
+        let s = &mut self.scratch;
+        s.send.resize(bytes, 0);
+        s.recv.resize(bytes, 0);
+        s.server.resize(c, 0.0);
+        s.worker_scales.resize(n, 0.0);
+        s.server_scales.resize(n, 0.0);
+    }
+}
+
+/// The 1-bit error-compensated all-reduce: on return every rank's `buf` holds the same
+/// compressed **mean** of the group's buffers, and `state`'s errors are updated (spec §2.2).
+///
+/// `buf` may be shorter than the state's padded length `N` (the rest is taken as zeros, and
+/// its error is kept); every rank must use a state of the same `N` and bit order. An empty
+/// `buf` zeroes both errors and communicates nothing (as DeepSpeed since PR #7769), so either
+/// every rank or no rank must pass an empty buffer. Non-finite input: see the module docs.
+///
+/// Unlike DeepSpeed, the result is always written into `buf` (whether or not it needed
+/// padding), and `buf` is untouched on error. Errors: [`ErrorKind::InvalidArgument`] if the
+/// state is for another group size or `buf.len() > N` (nothing is sent); any error of the
+/// four collectives (then the communicator is aborted and the state's errors are garbage).
+pub fn all_reduce(comm: &Communicator, buf: &mut [f32], state: &mut OneBitState) -> Result<()> {
+    state.check(comm, buf.len())?;
+    if buf.is_empty() {
+        state.reset();
+        return Ok(());
+    }
+    state.prepare_scratch();
+    let n = comm.size();
+    let order = state.order;
+    let c = state.chunk_len();
+    let OneBitState { worker_error, server_error, scratch: s, .. } = state;
+
+    // Worker: u = pad(x) + e (built in place in `e`), α, e ← u − α·sgn(u), signs of u.
+    let (head, tail) = worker_error.split_at_mut(buf.len());
+    let squares = add_sum_squares(head, buf) + sum_squares(tail);
+    let alpha = scale_of(squares, worker_error.len());
+    pack::pack_signs(worker_error, &mut s.send, order)?;
+    subtract_signed(worker_error, alpha);
+
+    // Phase 1: signs chunk j → rank j; every α to everyone.
+    comm.all_to_all(&s.send, &mut s.recv)?;
+    comm.all_gather(&[alpha], &mut s.worker_scales)?;
+
+    // Server: m = Σᵢ (αᵢ · 1/n) · sgnᵢ, m ← m + s, β, s ← m − β·sgn(m), signs of m.
+    let inv_n = 1.0 / n as f32;
+    let m = &mut s.server;
+    m.fill(0.0);
+    for (signs, &alpha_i) in s.recv.chunks_exact(c / 8).zip(&s.worker_scales) {
+        pack::unpack_scaled_add(signs, m, alpha_i * inv_n, order)?;
+    }
+    for (mk, &sk) in m.iter_mut().zip(server_error.iter()) {
+        *mk += sk;
+    }
+    let beta = rms(m);
+    let server_signs = &mut s.send[..c / 8];
+    pack::pack_signs(m, server_signs, order)?;
+    for (sk, &mk) in server_error.iter_mut().zip(m.iter()) {
+        *sk = mk - beta * sgn(mk);
+    }
+
+    // Phase 2: every server's signs and β to everyone.
+    comm.all_gather(&s.send[..c / 8], &mut s.recv)?;
+    comm.all_gather(&[beta], &mut s.server_scales)?;
+
+    // Output: y[j·C + k] = β_j · sgn_j[k], truncated to the caller's length.
+    let len = buf.len();
+    for (j, (signs, &beta_j)) in s.recv.chunks_exact(c / 8).zip(&s.server_scales).enumerate() {
+        let start = j * c;
+        if start + c <= len {
+            pack::unpack_scaled(signs, &mut buf[start..start + c], beta_j, order)?;
+        } else if start < len {
+            pack::unpack_scaled(signs, m, beta_j, order)?;
+            buf[start..].copy_from_slice(&m[..len - start]);
+        }
+    }
+    Ok(())
+}
+
+/// `sgn` as DeepSpeed computes it: `−1` for `v < 0`, else `+1` (`±0` and NaN give `+1`).
+#[inline]
+fn sgn(v: f32) -> f32 {
+    if v < 0.0 {
+        -1.0
+    } else {
+        1.0
+    }
+}
+
+/// `v ← v − scale · sgn(v)` elementwise.
+fn subtract_signed(v: &mut [f32], scale: f32) {
+    for x in v {
+        *x -= scale * sgn(*x);
+    }
+}
+
+/// `‖v‖₂ / √len` (`len > 0`).
+fn rms(v: &[f32]) -> f32 {
+    scale_of(sum_squares(v), v.len())
+}
+
+/// The scale from a sum of squares: the norm rounded to f32 once, then divided as DeepSpeed
+/// divides a float32 norm by `√numel`.
+fn scale_of(sum_squares: f64, len: usize) -> f32 {
+    sum_squares.sqrt() as f32 / (len as f64).sqrt() as f32
+}
+
+/// `Σ v²`, accumulated in f64 over 8 lanes.
+fn sum_squares(v: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let mut chunks = v.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += f64::from(x) * f64::from(x);
+        }
+    }
+    let tail: f64 = chunks.remainder().iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+    acc.iter().sum::<f64>() + tail
+}
+
+/// `u ← x + u` elementwise, returning `Σ u²` (one pass instead of two).
+fn add_sum_squares(u: &mut [f32], x: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let mut uc = u.chunks_exact_mut(8);
+    let mut xc = x.chunks_exact(8);
+    for (us, xs) in (&mut uc).zip(&mut xc) {
+        for ((a, u), &x) in acc.iter_mut().zip(us).zip(xs) {
+            *u += x;
+            *a += f64::from(*u) * f64::from(*u);
+        }
+    }
+    let mut tail = 0f64;
+    for (u, &x) in uc.into_remainder().iter_mut().zip(xc.remainder()) {
+        *u += x;
+        tail += f64::from(*u) * f64::from(*u);
+    }
+    acc.iter().sum::<f64>() + tail
+}
+
+// -------------------------------------------------------------------- async
+
+/// The handle of [`all_reduce_async`]: the call runs on its own thread with a clone of the
+/// communicator and hands `(buf, state)` back. Dropping the handle does not cancel the call.
+pub struct OneBitWork {
+    rx: mpsc::Receiver<Result<(Vec<f32>, OneBitState)>>,
+    thread: Option<JoinHandle<()>>,
+    /// Outer bound of [`OneBitWork::wait`]: the four ops' own deadlines, with slack.
+    bound: Duration,
+    rank: usize,
+    taken: bool,
+}
+
+impl std::fmt::Debug for OneBitWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OneBitWork").field("rank", &self.rank).field("completed", &self.is_completed()).finish()
+    }
+}
+
+/// [`all_reduce`] on a background thread: takes the buffer and the state, and gives both back
+/// through [`OneBitWork::wait`].
+///
+/// The thread uses a clone of `comm` and issues its four collectives when it gets to them,
+/// so **ordering against other ops on the same communicator (or a group of it) is the
+/// caller's job**: issue none until the handle completes. (If ranks interleave ops
+/// differently, the agreement phase of the next op reports a mismatch; nothing is
+/// silently mixed up.) Errors: the thread could not be started (the buffer and state are
+/// then lost); everything else comes from [`OneBitWork::wait`].
+pub fn all_reduce_async(comm: &Communicator, buf: Vec<f32>, state: OneBitState) -> Result<OneBitWork> {
+    let (tx, rx) = mpsc::channel();
+    let me = comm.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("oxcomm-onebit-{}", comm.world_rank()))
+        .spawn(move || {
+            let (mut buf, mut state) = (buf, state);
+            let r = all_reduce(&me, &mut buf, &mut state).map(|()| (buf, state));
+            // The receiver may be gone (handle dropped): nobody wants the result then.
+            let _ = tx.send(r);
+        })
+        .map_err(|e| Error::io("spawning the 1-bit all-reduce thread", e).with_rank(comm.world_rank()))?;
+    Ok(OneBitWork {
+        rx,
+        thread: Some(thread),
+        bound: comm.config().timeout * 4 + Duration::from_secs(5),
+        rank: comm.world_rank(),
+        taken: false,
+    })
+}
+
+impl OneBitWork {
+    /// Whether the call has finished (successfully or not).
+    pub fn is_completed(&self) -> bool {
+        self.thread.as_ref().map_or(true, |t| t.is_finished())
+    }
+
+    /// Waits for the call and returns `(buf, state)`. The ops' own deadlines bound the wait.
+    pub fn wait(mut self) -> Result<(Vec<f32>, OneBitState)> {
+        let bound = self.bound;
+        match self.wait_timeout(bound)? {
+            Some(r) => Ok(r),
+            None => Err(Error::new(ErrorKind::Timeout, format!("1-bit all-reduce did not finish within {bound:?}"))
+                .with_op(OP)
+                .with_rank(self.rank)),
+        }
+    }
+
+    /// Waits at most `timeout`: `Ok(Some((buf, state)))` once done, `Ok(None)` if still
+    /// running, `Err` if it failed. The result can be taken once.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Result<Option<(Vec<f32>, OneBitState)>> {
+        if self.taken {
+            return Err(Error::invalid("the result of this 1-bit work handle was already taken"));
+        }
+        let out = match self.rx.recv_timeout(timeout) {
+            Ok(r) => r.map(Some),
+            Err(mpsc::RecvTimeoutError::Timeout) => return Ok(None),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(Error::new(ErrorKind::Aborted, "the 1-bit all-reduce thread ended without a result (it panicked)")
+                    .with_op(OP)
+                    .with_rank(self.rank))
+            }
+        };
+        self.taken = true;
+        if let Some(t) = self.thread.take() {
+            // It has sent (or dropped) its result: it is returning now.
+            let _ = t.join();
+        }
+        out
+    }
+}
+
+// -------------------------------------------------------------------- 1-bit Adam
+
+/// DeepSpeed's `OnebitAdam` (spec §2.5) for one flat parameter buffer per rank.
+///
+/// Each [`Adam::step`] is one optimizer call with this rank's local gradient. Call `k`
+/// (counting from 1):
+///
+/// * `k = 1`, the **initialization call**: DeepSpeed's first `step()` only allocates the
+///   error buffers and applies no update. Here too: the gradient is averaged over the group
+///   (the engine's backward all-reduce, [`ReduceOp::Avg`]) and then dropped; nothing else
+///   changes.
+/// * **Warm-up** (not yet frozen): `grads ← mean over ranks` (exact all-reduce, written
+///   back into `grads`), `m ← β1·m + (1−β1)·g`, `v ← β2·v + (1−β2)·g²`, update. After the
+///   update, if `k ≥ freeze_step` the optimizer freezes (so with `freeze_step ≤ 2` call 2 is
+///   the only warm-up call).
+/// * **Compression** (frozen): `m ← β1·m + (1−β1)·g_local` with the local, un-averaged
+///   gradient (left untouched in `grads`), then `m ←` [`all_reduce`]`(m)` (skipped on one
+///   rank, as DeepSpeed does), `v` frozen, update. The error buffers start at zero on the
+///   first compressed call.
+///
+/// The update is `p ← p − lr · (m / (√v + eps) + weight_decay · p)` (the weight-decay term
+/// only when `weight_decay > 0`). **There is no bias correction**: DeepSpeed's `OnebitAdam`
+/// reads `bias_correction` but never applies it, so early updates are about
+/// `(1−β1)/√(1−β2)` times larger than bias-corrected Adam's. With `freeze_step = u64::MAX`
+/// this is exact (uncompressed) data-parallel Adam with the same conventions.
+///
+/// DeepSpeed's `exp_avg_mask` and `non_freeze` parameter groups are not provided.
+#[derive(Debug, Clone)]
+pub struct Adam {
+    /// Learning rate (DeepSpeed default `1e-3`).
+    pub lr: f32,
+    /// `(β1, β2)`, the decay of the momentum and of the variance (default `(0.9, 0.999)`).
+    pub betas: (f32, f32),
+    /// Added to `√v` in the denominator (default `1e-8`).
+    pub eps: f32,
+    /// Weight decay added to the update, as `weight_decay · p` (default `0`).
+    pub weight_decay: f32,
+    /// The call after which the variance freezes and momenta are compressed (default
+    /// `100000`).
+    pub freeze_step: u64,
+    /// The bit order of the compressed momenta on the wire (default [`BitOrder::Big`]).
+    pub bit_order: BitOrder,
+    step: u64,
+    frozen: bool,
+    exp_avg: Vec<f32>,
+    exp_avg_sq: Vec<f32>,
+    errors: Option<OneBitState>,
+}
+
+impl Default for Adam {
+    /// DeepSpeed's defaults.
+    fn default() -> Self {
+        Adam {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+            freeze_step: 100_000,
+            bit_order: BitOrder::Big,
+            step: 0,
+            frozen: false,
+            exp_avg: Vec::new(),
+            exp_avg_sq: Vec::new(),
+            errors: None,
+        }
+    }
+}
+
+impl Adam {
+    /// DeepSpeed's defaults with this learning rate and freeze step.
+    pub fn new(lr: f32, freeze_step: u64) -> Adam {
+        Adam { lr, freeze_step, ..Adam::default() }
+    }
+
+    /// Optimizer calls so far (DeepSpeed's `state['step']`).
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// Whether the variance is frozen and momenta go through the 1-bit all-reduce.
+    pub fn is_compressing(&self) -> bool {
+        self.frozen
+    }
+
+    /// The momentum `m` (empty before the first call).
+    pub fn exp_avg(&self) -> &[f32] {
+        &self.exp_avg
+    }
+
+    /// The variance `v` (empty before the first call).
+    pub fn exp_avg_sq(&self) -> &[f32] {
+        &self.exp_avg_sq
+    }
+
+    /// The 1-bit error state (`None` before the first compressed call).
+    pub fn onebit_state(&self) -> Option<&OneBitState> {
+        self.errors.as_ref()
+    }
+
+    /// One optimizer call with this rank's gradient: see the type's docs for what each call
+    /// does. Collective: every rank calls it, with the same parameter length.
+    ///
+    /// [`ErrorKind::InvalidArgument`] (nothing sent, nothing changed) if `params` and `grads`
+    /// differ in length, the length differs from the first call's, or a hyperparameter is
+    /// not finite or out of range; otherwise the errors of the collectives.
+    pub fn step(&mut self, comm: &Communicator, params: &mut [f32], grads: &mut [f32]) -> Result<()> {
+        self.check(comm, params.len(), grads.len())?;
+        if self.step == 0 {
+            self.exp_avg = vec![0.0; params.len()];
+            self.exp_avg_sq = vec![0.0; params.len()];
+        }
+        self.step += 1;
+        let (beta1, beta2) = self.betas;
+        let (one_minus_b1, one_minus_b2) = (1.0 - beta1, 1.0 - beta2);
+
+        if self.step == 1 {
+            return comm.all_reduce(grads, ReduceOp::Avg);
+        }
+        if !self.frozen {
+            comm.all_reduce(grads, ReduceOp::Avg)?;
+            for ((m, v), &g) in self.exp_avg.iter_mut().zip(self.exp_avg_sq.iter_mut()).zip(grads.iter()) {
+                *m = *m * beta1 + one_minus_b1 * g;
+                *v = *v * beta2 + one_minus_b2 * g * g;
+            }
+            self.apply(params);
+            if self.step >= self.freeze_step {
+                self.frozen = true;
+            }
+            return Ok(());
+        }
+        for (m, &g) in self.exp_avg.iter_mut().zip(grads.iter()) {
+            *m = *m * beta1 + one_minus_b1 * g;
+        }
+        if comm.size() > 1 {
+            if self.errors.is_none() {
+                self.errors = Some(OneBitState::new(params.len(), comm.size())?.with_bit_order(self.bit_order));
+            }
+            let errors = self.errors.as_mut().expect("just set");
+            all_reduce(comm, &mut self.exp_avg, errors)?;
+        }
+        self.apply(params);
+        Ok(())
+    }
+
+    /// `p ← p + (−lr) · (m / (√v + eps) [+ weight_decay · p])`.
+    fn apply(&self, params: &mut [f32]) {
+        let (lr, eps, wd) = (self.lr, self.eps, self.weight_decay);
+        for ((p, &m), &v) in params.iter_mut().zip(&self.exp_avg).zip(&self.exp_avg_sq) {
+            let mut update = m / (v.sqrt() + eps);
+            if wd > 0.0 {
+                update += wd * *p;
+            }
+            *p += -lr * update;
+        }
+    }
+
+    fn check(&self, comm: &Communicator, params: usize, grads: usize) -> Result<()> {
+        let fail = |msg: String| Err(Error::invalid(msg).with_op("onebit::Adam::step").with_rank(comm.world_rank()));
+        if params != grads {
+            return fail(format!("{params} parameters but {grads} gradients"));
+        }
+        if self.step > 0 && params != self.exp_avg.len() {
+            return fail(format!("{params} parameters, but the first call had {}", self.exp_avg.len()));
+        }
+        if let Some(e) = &self.errors {
+            if e.world_size() != comm.size() {
+                return fail(format!(
+                    "the group has {} ranks, but the compressed calls had {}",
+                    comm.size(),
+                    e.world_size()
+                ));
+            }
+        }
+        let (b1, b2) = self.betas;
+        let ok = self.lr.is_finite()
+            && self.lr >= 0.0
+            && (0.0..1.0).contains(&b1)
+            && (0.0..1.0).contains(&b2)
+            && self.eps.is_finite()
+            && self.eps >= 0.0
+            && self.weight_decay.is_finite()
+            && self.weight_decay >= 0.0;
+        if !ok {
+            return fail(format!(
+                "hyperparameters out of range: lr {}, betas ({b1}, {b2}), eps {}, weight_decay {} \
+                 (need lr, eps, weight_decay finite and ≥ 0, betas in [0, 1))",
+                self.lr, self.eps, self.weight_decay
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padded_len_matches_deepspeed_multiples() {
+        // spec §2.5: the rounding multiple n · lcm(n, 8).
+        for (n, multiple) in [(1, 8), (2, 16), (3, 72), (4, 32), (8, 64), (16, 256), (64, 4096)] {
+            assert_eq!(padded_len(1, n).unwrap(), multiple, "n={n}");
+            assert_eq!(padded_len(multiple, n).unwrap(), multiple);
+            assert_eq!(padded_len(multiple + 1, n).unwrap(), 2 * multiple);
+            assert_eq!(padded_len(0, n).unwrap(), 0);
+        }
+        for n in 1..40 {
+            for len in [1, 7, 100, 1000] {
+                assert_eq!(padded_len(len, n).unwrap() % (8 * n), 0);
+            }
+        }
+        assert!(padded_len(5, 0).is_err());
+        assert!(padded_len(usize::MAX, 3).is_err());
+    }
+
+    #[test]
+    fn state_sizes_are_checked() {
+        let s = OneBitState::new(13, 2).unwrap();
+        assert_eq!((s.padded_len(), s.chunk_len(), s.world_size(), s.bit_order()), (16, 8, 2, BitOrder::Big));
+        assert!(OneBitState::from_errors(vec![0.0; 24], vec![0.0; 8], 3).is_ok());
+        assert!(OneBitState::from_errors(vec![0.0; 20], vec![0.0; 10], 2).unwrap_err().is(ErrorKind::InvalidArgument));
+        assert!(OneBitState::from_errors(vec![0.0; 16], vec![0.0; 16], 2).unwrap_err().is(ErrorKind::InvalidArgument));
+        assert!(OneBitState::from_errors(vec![], vec![], 0).is_err());
+        assert!(OneBitState::from_errors(vec![], vec![], 4).is_ok());
+    }
+
+    #[test]
+    fn rms_and_sign_conventions() {
+        assert_eq!(rms(&[3.0, 4.0]), 5.0f32 / 2f64.sqrt() as f32);
+        let (mut u, x) = (vec![1.0f32; 13], vec![2.0f32; 13]);
+        assert_eq!(add_sum_squares(&mut u, &x), 13.0 * 9.0);
+        assert_eq!(u, vec![3.0; 13]);
+        assert_eq!(sgn(0.0), 1.0);
+        assert_eq!(sgn(-0.0), 1.0);
+        assert_eq!(sgn(f32::NAN), 1.0);
+        assert_eq!(sgn(-1e-30), -1.0);
+        let mut v = [1.0, -1.0, 0.0];
+        subtract_signed(&mut v, 0.5);
+        assert_eq!(v, [0.5, -0.5, -0.5]);
+    }
+}
