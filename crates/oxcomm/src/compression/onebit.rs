@@ -428,7 +428,7 @@ pub fn all_reduce_async(comm: &Communicator, buf: Vec<f32>, state: OneBitState) 
 impl OneBitWork {
     /// Whether the call has finished (successfully or not).
     pub fn is_completed(&self) -> bool {
-        self.thread.as_ref().map_or(true, |t| t.is_finished())
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
     }
 
     /// Waits for the call and returns `(buf, state)`. The ops' own deadlines bound the wait.
