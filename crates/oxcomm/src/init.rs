@@ -187,7 +187,7 @@ impl Init {
         tracing::info!(target: "oxcomm::init", rank, world, job = %job, local = local.len(), "joining over shared memory");
 
         // Shared memory: create, tell, attach, wait until attached, unlink.
-        let shm_config = crate::transport::shm::ShmConfig::from_env().map_err(fail)?;
+        let shm_config = crate::transport::shm::ShmConfig::for_local_ranks(local.len() + 1).with_env().map_err(fail)?;
         let mut ep =
             crate::transport::shm::ShmEndpoint::create(&job, rank, world, &local, &shm_config).map_err(fail)?;
         store.set(&format!("shm/{rank}"), b"1").map_err(fail)?;

@@ -40,8 +40,8 @@ pub(crate) struct Bell {
     pub(crate) heartbeat: std::sync::atomic::AtomicU64,
 }
 
-/// Yields after the spin phase, before sleeping.
-const YIELDS: u32 = 4;
+/// Yields after the spin phase, before sleeping, at least this many times.
+const MIN_YIELDS: u32 = 4;
 
 impl Bell {
     /// Increments the counter; wakes sleepers if any are registered.
@@ -55,7 +55,7 @@ impl Bell {
     }
 
     /// Sleeps until `epoch` differs from `seen` or `until` passes (see the module docs).
-    pub(crate) fn wait(&self, seen: u32, until: Instant, spin: Duration) {
+    pub(crate) fn wait(&self, seen: u32, until: Instant, spin: Duration, yield_for: Duration) {
         let start = Instant::now();
         let mut i = 0u32;
         loop {
@@ -74,9 +74,15 @@ impl Bell {
             }
             std::hint::spin_loop();
         }
-        for _ in 0..YIELDS {
+        let yield_start = Instant::now();
+        let mut yields = 0u32;
+        while yields < MIN_YIELDS || yield_start.elapsed() < yield_for {
             std::thread::yield_now();
+            yields += 1;
             if self.epoch.load(Ordering::Acquire) != seen {
+                return;
+            }
+            if Instant::now() >= until {
                 return;
             }
         }
@@ -109,11 +115,12 @@ impl Bell {
 pub struct ShmDoorbell {
     seg: Arc<Segment>,
     spin: Duration,
+    yield_for: Duration,
 }
 
 impl ShmDoorbell {
-    pub(crate) fn new(seg: Arc<Segment>, spin: Duration) -> ShmDoorbell {
-        ShmDoorbell { seg, spin }
+    pub(crate) fn new(seg: Arc<Segment>, spin: Duration, yield_for: Duration) -> ShmDoorbell {
+        ShmDoorbell { seg, spin, yield_for }
     }
 
     /// Increments the counter and wakes sleepers (as a peer would), e.g. to interrupt this
@@ -129,7 +136,7 @@ impl Doorbell for ShmDoorbell {
     }
 
     fn wait(&self, epoch: u32, until: Instant) {
-        self.seg.bell().wait(epoch, until, self.spin);
+        self.seg.bell().wait(epoch, until, self.spin, self.yield_for);
     }
 
     fn heartbeat(&self) {
@@ -145,7 +152,7 @@ mod tests {
     fn wait_returns_at_deadline_and_on_ring() {
         let bell = Arc::new(Bell::default());
         let t0 = Instant::now();
-        bell.wait(0, t0 + Duration::from_millis(50), Duration::from_micros(5));
+        bell.wait(0, t0 + Duration::from_millis(50), Duration::from_micros(5), Duration::from_micros(50));
         let took = t0.elapsed();
         assert!(took >= Duration::from_millis(50) && took < Duration::from_millis(1000), "{took:?}");
 
@@ -155,7 +162,7 @@ mod tests {
             b2.ring();
         });
         let t0 = Instant::now();
-        bell.wait(0, t0 + Duration::from_secs(10), Duration::from_micros(5));
+        bell.wait(0, t0 + Duration::from_secs(10), Duration::from_micros(5), Duration::from_micros(50));
         assert!(t0.elapsed() < Duration::from_secs(5));
         assert_eq!(bell.waiters.load(Ordering::SeqCst), 0);
         ringer.join().unwrap();

@@ -74,20 +74,38 @@ pub struct ShmConfig {
     /// Env `OXCOMM_SHM_RING_BYTES`; default 1 MiB.
     pub ring_bytes: usize,
     /// How long a doorbell wait spins before yielding and sleeping on the futex.
-    /// Env `OXCOMM_SHM_SPIN_US` (µs); default 5 µs.
+    /// Env `OXCOMM_SHM_SPIN_US` (µs); default 5 µs (see [`ShmConfig::for_local_ranks`]).
     pub spin: Duration,
+    /// How long a wait then keeps yielding the core (so an oversubscribed peer can run) before
+    /// it sleeps on the futex. Env `OXCOMM_SHM_YIELD_US` (µs); default 100 µs.
+    pub yield_for: Duration,
 }
 
 impl Default for ShmConfig {
     fn default() -> ShmConfig {
-        ShmConfig { ring_bytes: 1 << 20, spin: Duration::from_micros(5) }
+        ShmConfig { ring_bytes: 1 << 20, spin: Duration::from_micros(5), yield_for: Duration::from_micros(100) }
     }
 }
 
 impl ShmConfig {
+    /// The defaults for `local_ranks` ranks on this host: with a core per rank, waits spin
+    /// for 50 µs (waking a sleeping process costs ~30 µs); oversubscribed, they spin only
+    /// 2 µs and then yield, so the rank being waited for gets the core.
+    pub fn for_local_ranks(local_ranks: usize) -> ShmConfig {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin = if local_ranks <= cores { Duration::from_micros(50) } else { Duration::from_micros(2) };
+        ShmConfig { spin, ..ShmConfig::default() }
+    }
+
     /// The defaults, overridden by `OXCOMM_SHM_RING_BYTES` and `OXCOMM_SHM_SPIN_US` where set.
     pub fn from_env() -> Result<ShmConfig> {
-        let mut c = ShmConfig::default();
+        ShmConfig::default().with_env()
+    }
+
+    /// `self`, overridden by `OXCOMM_SHM_RING_BYTES`, `OXCOMM_SHM_SPIN_US` and
+    /// `OXCOMM_SHM_YIELD_US` where set.
+    pub fn with_env(self) -> Result<ShmConfig> {
+        let mut c = self;
         let parse = |var: &str| -> Result<Option<u64>> {
             match std::env::var(var) {
                 Ok(v) => v
@@ -103,6 +121,9 @@ impl ShmConfig {
         }
         if let Some(us) = parse("OXCOMM_SHM_SPIN_US")? {
             c.spin = Duration::from_micros(us);
+        }
+        if let Some(us) = parse("OXCOMM_SHM_YIELD_US")? {
+            c.yield_for = Duration::from_micros(us);
         }
         c.validate()?;
         Ok(c)
@@ -292,7 +313,7 @@ impl ShmEndpoint {
                 .with_peer(p)
                 .with_rank(self.rank));
             }
-            bell.wait(epoch, deadline, self.config.spin);
+            bell.wait(epoch, deadline, self.config.spin, self.config.yield_for);
         }
     }
 
@@ -332,7 +353,7 @@ impl ShmEndpoint {
 
     fn take_parts(&mut self) -> (Vec<Option<ShmLink>>, Arc<ShmDoorbell>) {
         let links = std::mem::take(&mut self.links);
-        let bell = Arc::new(ShmDoorbell::new(self.own.clone(), self.config.spin));
+        let bell = Arc::new(ShmDoorbell::new(self.own.clone(), self.config.spin, self.config.yield_for));
         (links, bell)
     }
 }
