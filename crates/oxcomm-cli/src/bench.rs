@@ -905,6 +905,8 @@ struct Report {
     busbw_count: usize,
     wrong: u64,
     unchecked: bool,
+    /// Table lines printed so far.
+    lines_done: usize,
 }
 
 impl Report {
@@ -941,11 +943,10 @@ impl Report {
             busbw_count: 0,
             wrong: 0,
             unchecked: !plan.check,
+            lines_done: 0,
         };
         report.print(&report.header())?;
-        if let Some(first) = plan.ops.first() {
-            report.bar.set_message(first.name());
-        }
+        report.bar.set_message(report.next_label());
         Ok(report)
     }
 
@@ -1082,9 +1083,20 @@ impl Report {
         }
         let _ = writeln!(text, "  {:>9} {:>9}", fmt_us(line.out_of_place.median_us), fmt_us(line.in_place.median_us));
         self.print(&text)?;
+        self.lines_done += 1;
+        self.bar.set_message(self.next_label());
         self.bar.inc(1);
-        self.bar.set_message(format!("{} {}", line.op.name(), human(line.size_bytes)));
         Ok(())
+    }
+
+    /// What runs next, for the progress bar: the op and the requested size.
+    fn next_label(&self) -> String {
+        let sizes = &self.plan.sizes;
+        let op = self.plan.ops.get(self.lines_done / sizes.len().max(1));
+        match (op, sizes.get(self.lines_done % sizes.len().max(1))) {
+            (Some(op), Some(size)) => format!("{} {}", op.name(), human(*size)),
+            _ => String::new(),
+        }
     }
 
     /// Prints the footer and flushes the files: exit status 0, or an error when values were
