@@ -137,8 +137,7 @@ pub struct BenchArgs {
     #[arg(short = 'r', long = "root", value_name = "RANK", default_value_t = 0)]
     pub root: usize,
 
-    /// Number of ranks (default: the number of cores, at least 2). With --worker: must match
-    /// the job's world size when given.
+    /// Number of ranks (default: the number of cores, at least 2).
     #[arg(long = "world-size", visible_alias = "world_size", value_name = "N")]
     pub world_size: Option<usize>,
 
