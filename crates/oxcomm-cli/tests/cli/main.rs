@@ -1,3 +1,4 @@
 //! Integration tests of the `oxcomm` binary: one module per subcommand.
 
+mod bench;
 mod launch;

@@ -1,0 +1,274 @@
+//! `oxcomm bench`: the table (a row per op and size, nothing wrong) over threads and over
+//! shared-memory processes, the JSON and CSV files, and one-line errors for bad flags. Every
+//! run has a deadline and is killed when it overruns.
+
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const OXCOMM: &str = env!("CARGO_BIN_EXE_oxcomm");
+
+/// Longest any bench run in these tests may take.
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// The six ops of `--op all`, in their order.
+const OPS: [&str; 6] = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"];
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `oxcomm ARGS`; kills it and fails the test after [`LIMIT`].
+fn oxcomm(args: &[&str]) -> Run {
+    let child = Command::new(OXCOMM)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start oxcomm");
+    let pid = child.id() as libc::pid_t;
+    let (tx, rx) = mpsc::channel::<std::io::Result<Output>>();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(LIMIT) {
+        Ok(out) => {
+            let out = out.expect("waiting for oxcomm");
+            Run {
+                code: out.status.code(),
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            }
+        }
+        Err(_) => {
+            // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("oxcomm {args:?} did not finish within {LIMIT:?}");
+        }
+    }
+}
+
+/// One data row of the table.
+#[derive(Debug)]
+struct Row {
+    size: u64,
+    redop: String,
+    wrong_oop: String,
+    wrong_ip: String,
+}
+
+/// The rows of each op's block, in order: (op, rows).
+fn blocks(stdout: &str) -> Vec<(String, Vec<Row>)> {
+    let mut out: Vec<(String, Vec<Row>)> = Vec::new();
+    for line in stdout.lines() {
+        if let Some(rest) = line.strip_prefix("# Collective: ") {
+            out.push((rest.split_whitespace().next().unwrap().to_string(), Vec::new()));
+            continue;
+        }
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 15, "a row has 15 columns: {line:?}");
+        let row = Row {
+            size: f[0].parse().expect("size"),
+            redop: f[3].to_string(),
+            wrong_oop: f[8].to_string(),
+            wrong_ip: f[12].to_string(),
+        };
+        for v in [f[5], f[6], f[7], f[9], f[10], f[11], f[13], f[14]] {
+            let v: f64 = v.parse().unwrap_or_else(|_| panic!("not a number {v:?} in {line:?}"));
+            assert!(v.is_finite() && v >= 0.0, "{line:?}");
+        }
+        out.last_mut().expect("a row before any block header").1.push(row);
+    }
+    out
+}
+
+/// Checks a `--op all -b 8 -e 64K` run: a block per op, a row per size, nothing wrong, and the
+/// footer.
+fn assert_full_table(run: &Run) {
+    assert_eq!(run.code, Some(0), "stderr: {}", run.stderr);
+    let blocks = blocks(&run.stdout);
+    let names: Vec<&str> = blocks.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, OPS);
+    for (op, rows) in &blocks {
+        assert_eq!(rows.len(), 14, "{op}: 8 B .. 64 KiB is 14 sizes");
+        for r in rows {
+            assert_eq!((r.wrong_oop.as_str(), r.wrong_ip.as_str()), ("0", "0"), "{op} {r:?}");
+            assert!(r.size <= 64 << 10);
+        }
+        let reduces = matches!(op.as_str(), "all_reduce" | "reduce_scatter" | "reduce");
+        assert_eq!(rows[0].redop, if reduces { "sum" } else { "none" });
+    }
+    assert!(run.stdout.contains("\n# Out of bounds values : 0 OK\n"), "{}", run.stdout);
+    assert!(run.stdout.contains("\n# Avg bus bandwidth : "));
+}
+
+const SMALL_ALL: [&str; 11] = ["-b", "8", "-e", "64K", "-n", "2", "-w", "1", "--op", "all", "--quiet"];
+
+#[test]
+fn threads_world_3_every_op_every_size_is_right() {
+    let mut args = vec!["bench", "--transport", "threads", "--world-size", "3"];
+    args.extend(SMALL_ALL);
+    assert_full_table(&oxcomm(&args));
+}
+
+#[test]
+fn shm_world_4_processes_every_op_every_size_is_right() {
+    let mut args = vec!["bench", "--transport", "shm", "--world-size", "4"];
+    args.extend(SMALL_ALL);
+    assert_full_table(&oxcomm(&args));
+}
+
+/// More ranks than cores (this runs on 2-core machines): waiting ranks must not starve the
+/// others.
+#[test]
+fn shm_world_8_oversubscribed_is_right() {
+    let mut args = vec!["bench", "--world-size", "8"];
+    args.extend(SMALL_ALL);
+    assert_full_table(&oxcomm(&args));
+}
+
+#[test]
+fn defaults_run_all_reduce_over_shm() {
+    let run = oxcomm(&["bench", "-e", "1K"]);
+    assert_eq!(run.code, Some(0), "stderr: {}", run.stderr);
+    assert!(run.stdout.contains("transport: shm"), "{}", run.stdout);
+    let blocks = blocks(&run.stdout);
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(blocks[0].0, "all_reduce");
+    let sizes: Vec<u64> = blocks[0].1.iter().map(|r| r.size).collect();
+    assert_eq!(sizes, [8, 16, 32, 64, 128, 256, 512, 1024]);
+}
+
+#[test]
+fn json_and_csv_have_every_field_per_op_size_and_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("rows.json");
+    let csv = dir.path().join("rows.csv");
+    let run = oxcomm(&[
+        "bench",
+        "--transport",
+        "threads",
+        "--world-size",
+        "2",
+        "-b",
+        "1K",
+        "-e",
+        "4K",
+        "-n",
+        "2",
+        "-w",
+        "0",
+        "--op",
+        "all_reduce,broadcast",
+        "--dtype",
+        "bf16",
+        "--json",
+        json.to_str().unwrap(),
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code, Some(0), "stderr: {}", run.stderr);
+    let text = std::fs::read_to_string(&json).unwrap();
+    let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows.len(), 2 * 3 * 2, "2 ops × 3 sizes × 2 modes");
+    let fields = [
+        "op",
+        "dtype",
+        "redop",
+        "root",
+        "world_size",
+        "transport",
+        "algorithm",
+        "size_bytes",
+        "count",
+        "in_place",
+        "emulated",
+        "iters",
+        "warmup_iters",
+        "time_us",
+        "median_us",
+        "algbw_gbps",
+        "busbw_gbps",
+        "wrong",
+    ];
+    for row in &rows {
+        for f in fields {
+            assert!(row.get(f).is_some(), "{f} missing in {row}");
+        }
+        assert_eq!(row["dtype"], "bf16");
+        assert_eq!(row["world_size"], 2);
+        assert_eq!(row["transport"], "threads");
+        assert_eq!(row["wrong"], 0);
+        assert!(row["time_us"].as_f64().unwrap() > 0.0);
+        let size = row["size_bytes"].as_u64().unwrap();
+        assert_eq!(row["count"].as_u64().unwrap() * 2, size);
+        // busbw = algbw × 2(n−1)/n = algbw for all_reduce on 2 ranks; × 1 for broadcast.
+        let (alg, bus) = (row["algbw_gbps"].as_f64().unwrap(), row["busbw_gbps"].as_f64().unwrap());
+        assert!((alg - bus).abs() <= 1e-12 * alg.max(1.0), "{row}");
+        let algbw = size as f64 / row["time_us"].as_f64().unwrap() / 1e3;
+        assert!((alg - algbw).abs() <= 1e-9 * algbw, "{row}");
+    }
+    assert_eq!(rows[0]["op"], "all_reduce");
+    assert_eq!((rows[0]["in_place"].clone(), rows[0]["emulated"].clone()), (false.into(), true.into()));
+    assert_eq!((rows[1]["in_place"].clone(), rows[1]["emulated"].clone()), (true.into(), false.into()));
+    assert_eq!(rows[6]["op"], "broadcast");
+    assert_eq!(rows[6]["root"], 0);
+    assert!(rows[6]["redop"].is_null());
+
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(header, fields);
+    assert_eq!(lines.clone().count(), rows.len());
+    assert!(lines.all(|l| l.split(',').count() == fields.len()));
+}
+
+#[test]
+fn check_off_prints_na() {
+    let run = oxcomm(&["bench", "--transport", "threads", "--world-size", "2", "-e", "64", "-c", "0"]);
+    assert_eq!(run.code, Some(0), "stderr: {}", run.stderr);
+    let rows = &blocks(&run.stdout)[0].1;
+    assert!(rows.iter().all(|r| r.wrong_oop == "N/A" && r.wrong_ip == "N/A"), "{}", run.stdout);
+    assert!(run.stdout.contains("# Out of bounds values : N/A"));
+}
+
+#[test]
+fn bad_flags_are_one_line_errors() {
+    let cases: &[&[&str]] = &[
+        &["bench", "-b", "1X"],
+        &["bench", "-b", "1M", "-e", "1K"],
+        &["bench", "-f", "1"],
+        &["bench", "-n", "0"],
+        &["bench", "-n", "many"],
+        &["bench", "-c", "2"],
+        &["bench", "--op", "all_reduce,frobnicate"],
+        &["bench", "--dtype", "f8"],
+        &["bench", "--redop", "band"],
+        &["bench", "--op", "broadcast", "--algorithm", "ring"],
+        &["bench", "--algorithm", "fastest"],
+        &["bench", "--world-size", "0"],
+        &["bench", "--world-size", "2", "--op", "reduce", "--root", "5"],
+        &["bench", "--transport", "carrier-pigeon"],
+        &["bench", "--transport", "tcp"],
+        &["bench", "--no-such-flag"],
+        &["bench", "-e", "1T", "--transport", "threads"],
+        &["bench", "--json", "/nonexistent-dir/x.json", "--transport", "threads", "-e", "8"],
+    ];
+    for args in cases {
+        let run = oxcomm(args);
+        assert!(matches!(run.code, Some(1) | Some(2)), "{args:?}: {:?} {}", run.code, run.stderr);
+        let lines: Vec<&str> = run.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {:?}", run.stderr);
+        assert!(lines[0].starts_with("oxcomm: error: "), "{args:?}: {:?}", run.stderr);
+        assert!(!run.stderr.contains("panicked"), "{args:?}");
+        assert!(!run.stdout.contains("# Out of bounds"), "{args:?}");
+    }
+    let run = oxcomm(&["bench", "--transport", "tcp"]);
+    assert!(run.stderr.contains("not built yet"), "{}", run.stderr);
+}
