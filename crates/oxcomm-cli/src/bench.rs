@@ -142,7 +142,7 @@ pub struct BenchArgs {
     pub world_size: Option<usize>,
 
     /// How ranks talk: shm (processes on this host over shared memory), threads (ranks are
-    /// threads of this process) or tcp (not built yet).
+    /// threads of this process) or tcp (processes joined by TCP links on loopback).
     #[arg(long = "transport", value_name = "NAME", default_value = "shm", value_parser = parse_transport)]
     pub transport: Transport,
 
@@ -239,7 +239,7 @@ pub enum Transport {
     Shm,
     /// Threads of this process.
     Threads,
-    /// Processes over TCP (not built yet: an error).
+    /// Processes over TCP links (on loopback).
     Tcp,
 }
 
@@ -486,9 +486,6 @@ impl Plan {
                 bail!("-r/--root {} is not below the world size {n}", args.root);
             }
         }
-        if args.transport == Transport::Tcp {
-            bail!("--transport tcp: the TCP transport is not built yet; use --transport shm or threads");
-        }
         Ok(Plan {
             ops,
             all_ops,
@@ -603,7 +600,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
     match plan.transport {
         Transport::Threads => run_threads(&plan, world),
         Transport::Shm => run_shm(&plan, world),
-        Transport::Tcp => unreachable!("rejected by Plan::new"),
+        Transport::Tcp => {
+            // The worker ranks inherit this and build TCP links on loopback.
+            std::env::set_var("OXCOMM_TRANSPORT", "tcp");
+            run_shm(&plan, world)
+        }
     }
 }
 

@@ -294,7 +294,6 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<i32> {
 /// same environment, output handling, signals and failure handling as `oxcomm launch -n n`
 /// (a fresh token and store on 127.0.0.1). Returns the launcher's exit status (see [`run`]).
 /// Used by `oxcomm bench` to start itself.
-#[allow(dead_code)] // Called by `oxcomm bench`, which lands separately.
 pub fn launch_self(n: usize, args: Vec<String>, prefix: bool) -> anyhow::Result<i32> {
     let exe = std::env::current_exe().context("cannot find the path of this executable")?;
     let mut command = vec![exe.into_os_string()];
