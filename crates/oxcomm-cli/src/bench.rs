@@ -1554,7 +1554,6 @@ mod tests {
             &["--op", "broadcast", "--algorithm", "ring"],
             &["--world-size", "0"],
             &["--world-size", "2", "--op", "reduce", "--root", "2"],
-            &["--transport", "tcp"],
             &["-e", "2", "--dtype", "f64"],
         ] {
             assert!(plan(argv).is_err(), "{argv:?} should be rejected");
