@@ -142,7 +142,7 @@ pub(crate) fn write_by(stream: &mut TcpStream, bytes: &[u8], deadline: Instant) 
 }
 
 /// Fills `buf`, waiting at most until `deadline` (`None`: no limit).
-fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Option<Instant>) -> io::Result<()> {
+pub(crate) fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Option<Instant>) -> io::Result<()> {
     let mut filled = 0;
     while filled < buf.len() {
         let timeout = deadline.map(remaining).transpose()?;
@@ -158,7 +158,7 @@ fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Option<Instan
 }
 
 /// Time left until `deadline`, or a `TimedOut` error when none is.
-fn remaining(deadline: Instant) -> io::Result<std::time::Duration> {
+pub(crate) fn remaining(deadline: Instant) -> io::Result<std::time::Duration> {
     let now = Instant::now();
     if now >= deadline {
         return Err(io::ErrorKind::TimedOut.into());
@@ -168,11 +168,11 @@ fn remaining(deadline: Instant) -> io::Result<std::time::Duration> {
 
 /// Interrupted reads are retried; socket timeouts are retried too and end at the deadline
 /// check, so an early wake-up never ends a wait before its time.
-fn retryable(e: &io::Error) -> bool {
+pub(crate) fn retryable(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
 }
 
-fn io_error(what: &str, err: io::Error) -> Error {
+pub(crate) fn io_error(what: &str, err: io::Error) -> Error {
     if err.kind() == io::ErrorKind::UnexpectedEof {
         return Error::new(ErrorKind::PeerGone, format!("{what}: the other side closed the connection"));
     }

@@ -24,14 +24,14 @@
 //! connector accepts the link only after checking the acceptor's proof. Proofs are compared in
 //! constant time.
 
-use std::io::{self, Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::rendezvous::wire::{io_error, read_exact_by, write_by};
 
 /// First four bytes of every handshake message.
 const MAGIC: [u8; 4] = *b"OXTH";
@@ -227,24 +227,12 @@ fn write_msg(stream: &mut TcpStream, code: u8, body: &[u8], deadline: Instant) -
     msg.push(code);
     msg.extend_from_slice(&(body.len() as u16).to_le_bytes());
     msg.extend_from_slice(body);
-    let mut written = 0;
-    while written < msg.len() {
-        let result = remaining(deadline)
-            .and_then(|t| stream.set_write_timeout(Some(t)))
-            .and_then(|()| stream.write(&msg[written..]));
-        match result {
-            Ok(0) => return Err(io_error("sending a handshake message", io::ErrorKind::WriteZero.into())),
-            Ok(n) => written += n,
-            Err(e) if retryable(&e) => continue,
-            Err(e) => return Err(io_error("sending a handshake message", e)),
-        }
-    }
-    Ok(())
+    write_by(stream, &msg, deadline)
 }
 
 fn read_msg(stream: &mut TcpStream, deadline: Instant) -> Result<(u8, Vec<u8>)> {
     let mut header = [0u8; HEADER_LEN];
-    read_exact_by(stream, &mut header, deadline).map_err(|e| io_error("reading a handshake message", e))?;
+    read_exact_by(stream, &mut header, Some(deadline)).map_err(|e| io_error("reading a handshake message", e))?;
     if header[..4] != MAGIC {
         return Err(Error::protocol(format!(
             "bad handshake magic {:02x?} (expected {:02x?}): not an oxcomm TCP peer",
@@ -260,52 +248,16 @@ fn read_msg(stream: &mut TcpStream, deadline: Instant) -> Result<(u8, Vec<u8>)> 
         return Err(Error::protocol(format!("handshake message of {len} bytes (limit {MAX_BODY})")));
     }
     let mut body = vec![0u8; len];
-    read_exact_by(stream, &mut body, deadline).map_err(|e| io_error("reading a handshake message", e))?;
+    read_exact_by(stream, &mut body, Some(deadline)).map_err(|e| io_error("reading a handshake message", e))?;
     Ok((header[5], body))
-}
-
-fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        stream.set_read_timeout(Some(remaining(deadline)?))?;
-        match stream.read(&mut buf[filled..]) {
-            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => filled += n,
-            Err(e) if retryable(&e) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-/// Time left until `deadline`, or a `TimedOut` error when none is (a zero socket timeout
-/// would mean "no timeout").
-fn remaining(deadline: Instant) -> io::Result<Duration> {
-    let now = Instant::now();
-    if now >= deadline {
-        return Err(io::ErrorKind::TimedOut.into());
-    }
-    Ok((deadline - now).max(Duration::from_micros(1)))
-}
-
-fn retryable(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut)
-}
-
-fn io_error(what: &str, err: io::Error) -> Error {
-    match err.kind() {
-        io::ErrorKind::UnexpectedEof => {
-            Error::new(ErrorKind::PeerGone, format!("{what}: the peer closed the connection"))
-        }
-        io::ErrorKind::TimedOut => Error::new(ErrorKind::Timeout, format!("{what}: the handshake deadline passed")),
-        _ => Error::io(what, err),
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
     use std::net::TcpListener;
+    use std::time::Duration;
 
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
