@@ -87,6 +87,9 @@ pub(crate) struct Core {
     /// Every rank's shared-memory workspace, when all ranks share this host.
     #[cfg(target_os = "linux")]
     direct: Option<crate::transport::shm::direct::ShmDirect>,
+    /// The MPI backend: when set, every op runs through it instead of links and algorithms.
+    #[cfg(feature = "mpi")]
+    mpi: Option<Arc<crate::backend::mpi::MpiBackend>>,
 }
 
 struct State {
@@ -200,9 +203,88 @@ impl Communicator {
             keep: Mutex::new(Vec::new()),
             #[cfg(target_os = "linux")]
             direct,
+            #[cfg(feature = "mpi")]
+            mpi: None,
         });
         let group = Arc::new(Group { id: 0, members: (0..size).collect(), rank, seq: AtomicU64::new(0) });
         Ok(Communicator { core, group })
+    }
+
+    /// A world communicator whose ops all run through the MPI backend (no links).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn from_mpi(
+        rank: usize,
+        size: usize,
+        backend: Arc<crate::backend::mpi::MpiBackend>,
+        config: CommConfig,
+    ) -> Communicator {
+        let core = Arc::new(Core {
+            world_rank: rank,
+            world_size: size,
+            bell: Arc::new(crate::transport::threads::ThreadDoorbell::default()),
+            state: Mutex::new(State {
+                links: (0..size).map(|_| None).collect(),
+                stats: LinkStats::default(),
+                scratch: Vec::new(),
+                p2p_sent: vec![0; size],
+                p2p_received: vec![0; size],
+                #[cfg(target_os = "linux")]
+                direct_state: Default::default(),
+            }),
+            turn: Mutex::new(0),
+            turn_cv: Condvar::new(),
+            next_ticket: AtomicU64::new(0),
+            aborted: AtomicBool::new(false),
+            cause: Mutex::new(None),
+            config,
+            transport: "mpi",
+            worker: Mutex::new(None),
+            pending_p2p: Mutex::new(Vec::new()),
+            keep: Mutex::new(Vec::new()),
+            #[cfg(target_os = "linux")]
+            direct: None,
+            mpi: Some(backend),
+        });
+        let group = Arc::new(Group { id: 0, members: (0..size).collect(), rank, seq: AtomicU64::new(0) });
+        Communicator { core, group }
+    }
+
+    /// The MPI backend, when this communicator runs over MPI.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn mpi(&self) -> Option<&Arc<crate::backend::mpi::MpiBackend>> {
+        self.core.mpi.as_ref()
+    }
+
+    /// The group's id (0 for the world): the same on every member.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn group_id(&self) -> u64 {
+        self.group.id
+    }
+
+    /// Runs one op of a backend: the same turn, sequence number and abort-on-error rule as
+    /// [`Communicator::collective`], with `body` doing all the communicating (its own
+    /// fingerprint check included) and counting its bytes.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn run_backend<R>(
+        &self,
+        mut fp: Fingerprint,
+        opts: &OpOptions,
+        body: impl FnOnce(&Fingerprint, &mut LinkStats) -> Result<R>,
+    ) -> Result<R> {
+        self.core.check_alive(|| self.describe(&fp))?;
+        let ticket = self.core.draw_ticket();
+        let timeout = opts.timeout.unwrap_or(self.core.config.timeout);
+        let _turn = self.core.await_turn(ticket, timeout, || self.describe(&fp))?;
+        fp.seq = self.group.seq.fetch_add(1, Ordering::SeqCst);
+        self.core.check_alive(|| fp.to_string())?;
+        let mut state = self.core.lock_state();
+        let result = body(&fp, &mut state.stats);
+        drop(state);
+        result.map_err(|e| {
+            let e = e.with_op(fp.to_string()).with_rank(self.core.world_rank);
+            self.core.fail(e.clone());
+            e
+        })
     }
 
     /// This rank within the communicator's group.
@@ -381,6 +463,10 @@ impl Communicator {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), buf.len());
         fp.op = Some(op);
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_reduce(self, fp, buf, op, opts);
+        }
         let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
         let n = self.size();
         self.collective(fp, opts, algo != Algorithm::ShmDirect, |ctx, fp| {
@@ -408,6 +494,10 @@ impl Communicator {
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.reduce(self, fp, buf, root, op, opts);
+        }
         self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
         let (n, me) = (self.size(), self.rank());
         self.collective(fp, opts, true, |ctx, _| {
@@ -429,6 +519,10 @@ impl Communicator {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Broadcast), buf.len());
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.broadcast(self, fp, buf, root, opts);
+        }
         let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
         self.collective(fp, opts, algo != Algorithm::ShmDirect, |ctx, fp| match algo {
             #[cfg(target_os = "linux")]
@@ -457,6 +551,10 @@ impl Communicator {
                     input.len()
                 ),
             ));
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_gather(self, fp, input, output, opts);
         }
         self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
         self.collective(fp, opts, true, |ctx, _| algorithms::ring::all_gather(ctx, input, output))
@@ -490,6 +588,10 @@ impl Communicator {
                 ),
             ));
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.reduce_scatter(self, fp, input, output, op, opts);
+        }
         self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
         let n = self.size();
         self.collective(fp, opts, true, |ctx, _| {
@@ -518,6 +620,10 @@ impl Communicator {
                     recv.len()
                 ),
             ));
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_to_all(self, fp, send, recv, opts);
         }
         self.algorithm(&fp, opts, std::mem::size_of_val(send), send.len())?;
         let c = send.len() / n;
@@ -573,6 +679,10 @@ impl Communicator {
                 ),
             ));
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_to_all_v(self, fp, send, send_counts, recv, recv_counts);
+        }
         self.collective(fp, &OpOptions::default(), true, |ctx, _| {
             algorithms::pairwise::all_to_all(ctx, send, &sr, recv, &rr, true)
         })
@@ -599,6 +709,10 @@ impl Communicator {
         } else {
             output = None;
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.gather(self, fp, input, output, root);
+        }
         self.collective(fp, &OpOptions::default(), true, |ctx, _| algorithms::star::gather(ctx, input, output, root))
     }
 
@@ -623,6 +737,10 @@ impl Communicator {
         } else {
             input = None;
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.scatter(self, fp, input, output, root);
+        }
         self.collective(fp, &OpOptions::default(), true, |ctx, _| algorithms::star::scatter(ctx, input, output, root))
     }
 
@@ -634,6 +752,10 @@ impl Communicator {
     /// [`Communicator::barrier`] with per-op options (e.g. the dissemination algorithm).
     pub fn barrier_with(&self, opts: &OpOptions) -> Result<()> {
         let fp = self.fingerprint(OpKind::Barrier);
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.barrier(self, fp, opts);
+        }
         let algo = self.algorithm(&fp, opts, 0, 0)?;
         match algo {
             Algorithm::Dissemination => self.collective(fp, opts, false, algorithms::barrier::dissemination),
@@ -650,6 +772,10 @@ impl Communicator {
     pub fn monitored_barrier(&self, timeout: Duration) -> Result<()> {
         let fp = self.fingerprint(OpKind::MonitoredBarrier);
         let opts = OpOptions { timeout: Some(timeout), ..OpOptions::default() };
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.monitored_barrier(self, fp, timeout);
+        }
         self.collective(fp, &opts, true, |_, _| Ok(()))
     }
 
@@ -661,6 +787,10 @@ impl Communicator {
         fp.extra = bufs.len() as u64;
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
         let opts = OpOptions::default();
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_reduce_coalesced(self, fp, bufs, op);
+        }
         let algo = self.algorithm(&fp, &opts, total * T::DTYPE.size(), total)?;
         let n = self.size();
         self.collective(fp, &opts, true, |ctx, _| {
@@ -695,6 +825,10 @@ impl Communicator {
                     self.arg_error(&fp, format!("outputs[{i}] has {} elements, expected {} × {}", b.len(), n, a.len()))
                 );
             }
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_gather_coalesced(self, fp, inputs, outputs);
         }
         self.collective(fp, &OpOptions::default(), true, |ctx, _| {
             let mut flat: Vec<T> = Vec::with_capacity(total);
@@ -738,6 +872,10 @@ impl Communicator {
         if ranks.is_empty() {
             return Err(self.arg_error(&fp, "a group needs at least one rank"));
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.new_group(self, fp, ranks);
+        }
         self.collective(fp, &OpOptions::default(), true, |_, _| Ok(()))?;
         Ok(self.subgroup(ranks, fp.extra))
     }
@@ -745,6 +883,10 @@ impl Communicator {
     /// Splits the group by `color` (ranks passing `None` join no group), ordering each new
     /// group by `key` then by current rank, as `MPI_Comm_split`. Collective.
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.split(self, self.fingerprint(OpKind::NewGroup), color, key);
+        }
         let mine = [color.map_or(-1, i64::from), key];
         let mut all = vec![0i64; 2 * self.size()];
         self.all_gather(&mine, &mut all)?;
@@ -756,7 +898,7 @@ impl Communicator {
         Ok(self.subgroup(&ranks, 0x5eed_0000_0000 ^ u64::from(color)))
     }
 
-    fn subgroup(&self, ranks: &[usize], salt: u64) -> Option<Communicator> {
+    pub(crate) fn subgroup(&self, ranks: &[usize], salt: u64) -> Option<Communicator> {
         let me = ranks.iter().position(|r| *r == self.rank())?;
         let mut h = DefaultHasher::new();
         (self.group.id, self.group.seq.load(Ordering::SeqCst), salt, ranks).hash(&mut h);
@@ -1061,6 +1203,16 @@ impl Core {
             *counter += 1;
             job.header = job.fp.encode();
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = &self.mpi {
+            let result = b.p2p(jobs, &mut state.stats);
+            drop(state);
+            return result.map_err(|e| {
+                let e = e.with_op(first.clone()).with_rank(self.world_rank);
+                self.fail(e.clone());
+                e
+            });
+        }
         let members: Vec<usize> = (0..self.world_size).collect();
         let State { links, stats, scratch, .. } = &mut *state;
         let mut ctx = Ctx::new(
@@ -1120,13 +1272,13 @@ impl Core {
 }
 
 /// A pending point-to-point op.
-struct P2pJob {
+pub(crate) struct P2pJob {
     /// World rank of the peer.
-    peer: usize,
-    is_send: bool,
-    bytes: Vec<u8>,
-    fp: Fingerprint,
-    header: [u8; FP_BYTES],
+    pub(crate) peer: usize,
+    pub(crate) is_send: bool,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) fp: Fingerprint,
+    pub(crate) header: [u8; FP_BYTES],
     slot: Option<Arc<Slot<Vec<u8>>>>,
 }
 
