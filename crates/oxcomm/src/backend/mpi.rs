@@ -19,7 +19,8 @@
 //!
 //! What stays oxcomm's: argument validation, the order of ops on one rank (sync and async
 //! alike), sequence numbers, error context, and the abort-on-first-error rule
-//! ([`crate::comm`]). [`crate::compression`] works unchanged on top, since it only uses the
+//! ([`crate::comm`]). MPI picks its own algorithms and segment sizes: the algorithm and
+//! segment settings of [`OpOptions`] and [`CommConfig`] are ignored. [`crate::compression`] works unchanged on top, since it only uses the
 //! public [`Communicator`] API.
 //!
 //! # Types and reduce ops
@@ -136,7 +137,7 @@ struct MpiEnv {
 static ENV: Mutex<Weak<MpiEnv>> = Mutex::new(Weak::new());
 
 /// What a communicator over MPI holds: its MPI communicators and reduce ops.
-pub struct MpiBackend {
+pub(crate) struct MpiBackend {
     /// The MPI communicator of each oxcomm group, by group id (0: the world).
     comms: Mutex<HashMap<u64, Comm>>,
     /// A duplicate of the world for point-to-point messages.
