@@ -2,7 +2,8 @@
 //!
 //! `cargo test --features mpi --test mpi` runs this binary directly; not being under an MPI
 //! launcher, it starts itself with `mpirun -n N --oversubscribe --allow-run-as-root` for
-//! N = 2 and 4 (each job bounded by [`JOB_DEADLINE`]), checks exit codes and prints one
+//! N = 2 and 4 (each job bounded by [`JOB_DEADLINE`]; the 2-rank job joins with
+//! `oxcomm::mpi::init()`, the 4-rank job with `oxcomm::init()` and `OXCOMM_BACKEND=mpi`), checks exit codes and prints one
 //! `N passed, M failed` line. Under mpirun, every rank runs every case; rank 0 reports each
 //! case as failed if it failed on any rank. If `mpirun` is not installed the binary says so
 //! and exits 0.
@@ -57,7 +58,8 @@ fn launcher_main() -> i32 {
             .args(["-n", &n.to_string(), "--oversubscribe", "--allow-run-as-root"])
             .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
             .arg(&exe)
-            .env("OXCOMM_TEST_WORLD", n.to_string())
+            // The 4-rank job enters through `oxcomm::init()` and OXCOMM_BACKEND=mpi.
+            .envs((n == 4).then_some(("OXCOMM_BACKEND", "mpi")))
             .stdout(Stdio::piped())
             .spawn()
         {
@@ -122,14 +124,19 @@ fn launcher_main() -> i32 {
 // One rank under mpirun.
 
 fn rank_main() -> i32 {
-    let comm = match oxcomm::mpi::init() {
+    let via_env = std::env::var_os("OXCOMM_BACKEND").is_some();
+    let entry = if via_env { "oxcomm::init() with OXCOMM_BACKEND=mpi" } else { "oxcomm::mpi::init()" };
+    let comm = match if via_env { oxcomm::init() } else { oxcomm::mpi::init() } {
         Ok(c) => c,
         Err(e) => {
-            println!("FAILED: oxcomm::mpi::init: {e}");
+            println!("FAILED: {entry}: {e}");
             return 1;
         }
     };
     let (n, me) = (comm.size(), comm.rank());
+    if me == 0 {
+        println!("n={n}: joined through {entry}");
+    }
     let cases: Vec<Case> = vec![
         ("init_reads_the_mpi_world", init_reads_the_mpi_world),
         ("all_reduce_every_dtype_and_op", all_reduce_every_dtype_and_op),
