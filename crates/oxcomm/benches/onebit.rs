@@ -47,11 +47,11 @@ fn bench(
     (slowest[runs / 2], per_rank[0].1)
 }
 
-fn exact(comm: &Communicator, buf: &mut Vec<f32>, _: &mut OneBitState) {
+fn exact(comm: &Communicator, buf: &mut [f32], _: &mut OneBitState) {
     comm.all_reduce(buf, ReduceOp::Avg).expect("all_reduce");
 }
 
-fn compressed(comm: &Communicator, buf: &mut Vec<f32>, state: &mut OneBitState) {
+fn compressed(comm: &Communicator, buf: &mut [f32], state: &mut OneBitState) {
     onebit::all_reduce(comm, buf, state).expect("onebit::all_reduce");
 }
 

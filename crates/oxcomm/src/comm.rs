@@ -98,6 +98,9 @@ pub(crate) struct Core {
     /// Every rank's shared-memory workspace, when all ranks share this host.
     #[cfg(target_os = "linux")]
     direct: Option<crate::transport::shm::direct::ShmDirect>,
+    /// The MPI backend: when set, every op runs through it instead of links and algorithms.
+    #[cfg(feature = "mpi")]
+    mpi: Option<Arc<crate::backend::mpi::MpiBackend>>,
 }
 
 struct State {
@@ -185,6 +188,20 @@ impl Communicator {
                 return Err(Error::invalid(format!("link table of rank {rank} is wrong at {p}")));
             }
         }
+        Ok(Communicator::build(rank, links, bell, config, transport, direct))
+    }
+
+    /// Assembles a communicator (no validation).
+    fn build(
+        rank: usize,
+        links: Vec<Option<Box<dyn Link>>>,
+        bell: Arc<dyn Doorbell>,
+        config: CommConfig,
+        transport: &'static str,
+        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::direct::ShmDirect>,
+        #[cfg(not(target_os = "linux"))] _direct: Option<()>,
+    ) -> Communicator {
+        let size = links.len();
         bell.heartbeat();
         let core = Arc::new(Core {
             world_rank: rank,
@@ -213,9 +230,64 @@ impl Communicator {
             logging_paused: AtomicBool::new(false),
             #[cfg(target_os = "linux")]
             direct,
+            #[cfg(feature = "mpi")]
+            mpi: None,
         });
         let group = Arc::new(Group { id: 0, members: (0..size).collect(), rank, seq: AtomicU64::new(0) });
-        Ok(Communicator { core, group })
+        Communicator { core, group }
+    }
+
+    /// A world communicator whose ops all run through the MPI backend (no links).
+    #[cfg(feature = "mpi")]
+    pub(crate) fn from_mpi(
+        rank: usize,
+        size: usize,
+        backend: Arc<crate::backend::mpi::MpiBackend>,
+        config: CommConfig,
+    ) -> Communicator {
+        let links = (0..size).map(|_| None).collect();
+        let bell = Arc::new(crate::transport::threads::ThreadDoorbell::default());
+        let mut comm = Communicator::build(rank, links, bell, config, "mpi", None);
+        Arc::get_mut(&mut comm.core).expect("a fresh communicator is not shared").mpi = Some(backend);
+        comm
+    }
+
+    /// The MPI backend, when this communicator runs over MPI.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn mpi(&self) -> Option<&Arc<crate::backend::mpi::MpiBackend>> {
+        self.core.mpi.as_ref()
+    }
+
+    /// The group's id (0 for the world): the same on every member.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn group_id(&self) -> u64 {
+        self.group.id
+    }
+
+    /// Runs one op of a backend: the same turn, sequence number and abort-on-error rule as
+    /// [`Communicator::collective`], with `body` doing all the communicating (its own
+    /// fingerprint check included) and counting its bytes.
+    #[cfg(feature = "mpi")]
+    pub(crate) fn run_backend<R>(
+        &self,
+        mut fp: Fingerprint,
+        opts: &OpOptions,
+        body: impl FnOnce(&Fingerprint, &mut LinkStats) -> Result<R>,
+    ) -> Result<R> {
+        self.core.check_alive(|| self.describe(&fp))?;
+        let ticket = self.core.draw_ticket();
+        let timeout = opts.timeout.unwrap_or(self.core.config.timeout);
+        let _turn = self.core.await_turn(ticket, timeout, || self.describe(&fp))?;
+        fp.seq = self.group.seq.fetch_add(1, Ordering::SeqCst);
+        self.core.check_alive(|| fp.to_string())?;
+        let mut state = self.core.lock_state();
+        let result = body(&fp, &mut state.stats);
+        drop(state);
+        result.map_err(|e| {
+            let e = e.with_op(fp.to_string()).with_rank(self.core.world_rank);
+            self.core.fail(e.clone());
+            e
+        })
     }
 
     /// This rank within the communicator's group.
@@ -495,6 +567,10 @@ impl Communicator {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), buf.len());
         fp.op = Some(op);
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_reduce(self, fp, buf, op, opts);
+        }
         let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
         let n = self.size();
         self.collective(fp, opts, algo != Algorithm::ShmDirect, algo.name(), |ctx, fp| {
@@ -524,6 +600,10 @@ impl Communicator {
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.reduce(self, fp, buf, root, op, opts);
+        }
         self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
         let (n, me) = (self.size(), self.rank());
         self.collective(fp, opts, true, "tree", |ctx, _| {
@@ -547,6 +627,10 @@ impl Communicator {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Broadcast), buf.len());
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.broadcast(self, fp, buf, root, opts);
+        }
         let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
         self.collective(fp, opts, algo != Algorithm::ShmDirect, algo.name(), |ctx, fp| match algo {
             #[cfg(target_os = "linux")]
@@ -577,6 +661,10 @@ impl Communicator {
                     input.len()
                 ),
             ));
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_gather(self, fp, input, output, opts);
         }
         self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
         self.collective(fp, opts, true, "ring", |ctx, _| algorithms::ring::all_gather(ctx, input, output))
@@ -612,6 +700,10 @@ impl Communicator {
                 ),
             ));
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.reduce_scatter(self, fp, input, output, op, opts);
+        }
         self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
         let n = self.size();
         self.collective(fp, opts, true, "ring", |ctx, _| {
@@ -642,6 +734,10 @@ impl Communicator {
                     recv.len()
                 ),
             ));
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_to_all(self, fp, send, recv, opts);
         }
         self.algorithm(&fp, opts, std::mem::size_of_val(send), send.len())?;
         let c = send.len() / n;
@@ -698,6 +794,10 @@ impl Communicator {
                 ),
             ));
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_to_all_v(self, fp, send, send_counts, recv, recv_counts);
+        }
         self.collective(fp, &OpOptions::default(), true, "pairwise", |ctx, _| {
             algorithms::pairwise::all_to_all(ctx, send, &sr, recv, &rr, true)
         })
@@ -724,6 +824,10 @@ impl Communicator {
             }
         } else {
             output = None;
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.gather(self, fp, input, output, root);
         }
         self.collective(fp, &OpOptions::default(), true, "flat", |ctx, _| {
             algorithms::star::gather(ctx, input, output, root)
@@ -752,6 +856,10 @@ impl Communicator {
         } else {
             input = None;
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.scatter(self, fp, input, output, root);
+        }
         self.collective(fp, &OpOptions::default(), true, "flat", |ctx, _| {
             algorithms::star::scatter(ctx, input, output, root)
         })
@@ -767,6 +875,10 @@ impl Communicator {
     #[track_caller]
     pub fn barrier_with(&self, opts: &OpOptions) -> Result<()> {
         let fp = self.fingerprint(OpKind::Barrier);
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.barrier(self, fp, opts);
+        }
         let algo = self.algorithm(&fp, opts, 0, 0)?;
         match algo {
             Algorithm::Dissemination => self.collective(fp, opts, false, "dissem", algorithms::barrier::dissemination),
@@ -784,6 +896,10 @@ impl Communicator {
     pub fn monitored_barrier(&self, timeout: Duration) -> Result<()> {
         let fp = self.fingerprint(OpKind::MonitoredBarrier);
         let opts = OpOptions { timeout: Some(timeout), ..OpOptions::default() };
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.monitored_barrier(self, fp, timeout);
+        }
         self.collective(fp, &opts, true, "star", |_, _| Ok(()))
     }
 
@@ -796,6 +912,10 @@ impl Communicator {
         fp.extra = bufs.len() as u64;
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
         let opts = OpOptions::default();
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_reduce_coalesced(self, fp, bufs, op);
+        }
         let algo = self.algorithm(&fp, &opts, total * T::DTYPE.size(), total)?;
         let n = self.size();
         self.collective(fp, &opts, true, algo.name(), |ctx, _| {
@@ -831,6 +951,10 @@ impl Communicator {
                     self.arg_error(&fp, format!("outputs[{i}] has {} elements, expected {} × {}", b.len(), n, a.len()))
                 );
             }
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.all_gather_coalesced(self, fp, inputs, outputs);
         }
         self.collective(fp, &OpOptions::default(), true, "ring", |ctx, _| {
             let mut flat: Vec<T> = Vec::with_capacity(total);
@@ -875,6 +999,10 @@ impl Communicator {
         if ranks.is_empty() {
             return Err(self.arg_error(&fp, "a group needs at least one rank"));
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.new_group(self, fp, ranks);
+        }
         self.collective(fp, &OpOptions::default(), true, "star", |_, _| Ok(()))?;
         Ok(self.subgroup(ranks, fp.extra))
     }
@@ -883,6 +1011,10 @@ impl Communicator {
     /// group by `key` then by current rank, as `MPI_Comm_split`. Collective.
     #[track_caller]
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        #[cfg(feature = "mpi")]
+        if let Some(b) = self.mpi() {
+            return b.split(self, self.fingerprint(OpKind::NewGroup), color, key);
+        }
         let mine = [color.map_or(-1, i64::from), key];
         let mut all = vec![0i64; 2 * self.size()];
         self.all_gather(&mine, &mut all)?;
@@ -894,7 +1026,7 @@ impl Communicator {
         Ok(self.subgroup(&ranks, 0x5eed_0000_0000 ^ u64::from(color)))
     }
 
-    fn subgroup(&self, ranks: &[usize], salt: u64) -> Option<Communicator> {
+    pub(crate) fn subgroup(&self, ranks: &[usize], salt: u64) -> Option<Communicator> {
         let me = ranks.iter().position(|r| *r == self.rank())?;
         let mut h = DefaultHasher::new();
         (self.group.id, self.group.seq.load(Ordering::SeqCst), salt, ranks).hash(&mut h);
@@ -1235,6 +1367,16 @@ impl Core {
             *counter += 1;
             job.header = job.fp.encode();
         }
+        #[cfg(feature = "mpi")]
+        if let Some(b) = &self.mpi {
+            let result = b.p2p(jobs, &mut state.stats);
+            drop(state);
+            return result.map_err(|e| {
+                let e = e.with_op(first.clone()).with_rank(self.world_rank);
+                self.fail(e.clone());
+                e
+            });
+        }
         let members: Vec<usize> = (0..self.world_size).collect();
         let State { links, stats, scratch, .. } = &mut *state;
         let mut ctx = Ctx::new(
@@ -1294,13 +1436,13 @@ impl Core {
 }
 
 /// A pending point-to-point op.
-struct P2pJob {
+pub(crate) struct P2pJob {
     /// World rank of the peer.
-    peer: usize,
-    is_send: bool,
-    bytes: Vec<u8>,
-    fp: Fingerprint,
-    header: [u8; FP_BYTES],
+    pub(crate) peer: usize,
+    pub(crate) is_send: bool,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) fp: Fingerprint,
+    pub(crate) header: [u8; FP_BYTES],
     slot: Option<Arc<Slot<Vec<u8>>>>,
 }
 

@@ -30,11 +30,16 @@ pub const ENV_STORE: &str = "OXCOMM_STORE";
 /// shared memory between them). Default: hostname + boot id + network namespace.
 pub const ENV_HOST_ID: &str = "OXCOMM_HOST_ID";
 
+/// Environment variable: which backend [`init`] uses: `native` (oxcomm's own transports) or
+/// `mpi` (needs the cargo feature `mpi`; see [`crate::backend`]). Default: `native`.
+pub const ENV_BACKEND: &str = "OXCOMM_BACKEND";
+
 /// How many communicators this process has initialised (part of segment names, so a second
 /// `init` in one process does not collide with the first).
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
-/// Builds a world communicator from the environment; see the [module docs](self).
+/// Builds a world communicator from the environment; see the [module docs](self). With
+/// [`ENV_BACKEND`]`=mpi` (and the cargo feature `mpi`) it is `oxcomm::mpi::init()` instead.
 ///
 /// ```no_run
 /// let comm = oxcomm::init()?;
@@ -43,6 +48,18 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 /// # Ok::<(), oxcomm::Error>(())
 /// ```
 pub fn init() -> Result<Communicator> {
+    match std::env::var(ENV_BACKEND).unwrap_or_default().trim().to_ascii_lowercase().as_str() {
+        "" | "native" => {}
+        #[cfg(feature = "mpi")]
+        "mpi" => return crate::backend::mpi::init(),
+        #[cfg(not(feature = "mpi"))]
+        "mpi" => {
+            return Err(Error::unsupported(format!(
+                "{ENV_BACKEND}=mpi but oxcomm was built without the `mpi` cargo feature"
+            )))
+        }
+        other => return Err(Error::invalid(format!("{ENV_BACKEND}={other}: expected `native` or `mpi`"))),
+    }
     Init::from_env()?.connect()
 }
 

@@ -52,6 +52,7 @@
 #![warn(missing_docs)]
 
 pub mod algorithms;
+pub mod backend;
 pub mod comm;
 pub mod compression;
 pub mod dtype;
@@ -65,6 +66,9 @@ pub mod rendezvous;
 pub mod threads;
 pub mod transport;
 pub mod wire;
+
+#[cfg(feature = "mpi")]
+pub use backend::mpi;
 
 pub use algorithms::Algorithm;
 pub use comm::{CommConfig, Communicator, OpOptions, Work};
