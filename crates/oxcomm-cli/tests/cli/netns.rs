@@ -37,7 +37,7 @@ const REQUIRE_ENV: &str = "OXCOMM_NETNS_TESTS";
 /// The ops `oxcomm bench --op all` runs.
 const OPS: [&str; 6] = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"];
 
-/// Serializes namespace creation and deletion (`ip netns add` mounts /run/netns on first use).
+/// Serializes namespace creation (`ip netns add` mounts /run/netns on first use) and the sweep.
 static NETNS_LOCK: Mutex<()> = Mutex::new(());
 
 // ---------------------------------------------------------------------------------------------
@@ -222,7 +222,7 @@ impl Net {
 
 impl Drop for Net {
     fn drop(&mut self) {
-        let _guard = NETNS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        // (Not under NETNS_LOCK: `Net::new` drops a half-built `Net` while holding it.)
         // Deleting a namespace destroys the veths and the bridge in it (and a veth's peer).
         for ns in self.namespaces.iter().rev() {
             if let Err(why) = ip(&["netns", "del", ns]) {
