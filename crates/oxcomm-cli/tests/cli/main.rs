@@ -1,4 +1,6 @@
-//! Integration tests of the `oxcomm` binary: one module per subcommand.
+//! Integration tests of the `oxcomm` binary: one module per subcommand, and `netns` for jobs
+//! across hosts (network namespaces).
 
 mod bench;
 mod launch;
+mod netns;
