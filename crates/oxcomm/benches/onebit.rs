@@ -22,7 +22,7 @@ fn bench(
     ranks: usize,
     len: usize,
     runs: usize,
-    op: fn(&Communicator, &mut Vec<f32>, &mut OneBitState),
+    op: fn(&Communicator, &mut [f32], &mut OneBitState),
 ) -> (Duration, u64) {
     let per_rank = threads::run(ranks, |comm| {
         let mut buf: Vec<f32> = (0..len).map(|k| ((k * 7 + comm.rank() * 13) % 101) as f32 / 50.0 - 1.0).collect();
