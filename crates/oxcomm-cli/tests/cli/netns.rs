@@ -562,8 +562,8 @@ fn killed_remote_rank_is_named_by_the_survivors_within_2s() {
         return;
     };
     // Each survivor fails within 2 s, naming the killed rank, or naming the other survivor
-    // whose own error names it: over TCP a rank that aborts closes its links without saying
-    // why, so its neighbours may see only "rank 0 is gone" (see the ignored test below).
+    // whose own error names it (the strict version is the next test: a rank that aborts sends
+    // an abort frame naming the culprit, but a peer that was only sending sees a broken pipe).
     assert!(errors.iter().any(|(l, _)| names_peer(&l.text, 2)), "someone names rank 2: {errors:?}");
     for (i, (line, _)) in errors.iter().enumerate() {
         let other = 1 - i;
@@ -575,7 +575,6 @@ fn killed_remote_rank_is_named_by_the_survivors_within_2s() {
 }
 
 #[test]
-#[ignore = "TCP links do not yet pass the culprit on when they close (tcp::Link::close ignores its cause)"]
 fn every_survivor_names_the_killed_remote_rank() {
     let Some(errors) = kill_remote_rank("every_survivor_names_the_killed_remote_rank", 'e') else {
         return;

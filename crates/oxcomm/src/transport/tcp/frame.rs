@@ -30,6 +30,9 @@ pub const FRAME_MAGIC: [u8; 4] = *b"OXTF";
 pub const FRAME_VERSION: u8 = 1;
 /// Tag of a frame carrying link payload.
 pub const TAG_DATA: u8 = 1;
+/// Frame kind: the sender aborted; the length field carries the culprit rank and the kind of
+/// failure (`rank << 3 | code`, see `transport::cause_code`), and no payload follows.
+pub const TAG_ABORT: u8 = 2;
 /// Largest payload a frame may announce (16 MiB). Checked when the header arrives; nothing is
 /// allocated from a header in any case (payload is read straight into the caller's buffer).
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
@@ -39,8 +42,10 @@ pub const MAX_FRAME_BYTES: usize = 16 << 20;
 pub(crate) struct FrameHeader {
     /// Sequence number of the frame in its direction.
     pub(crate) seq: u64,
-    /// Payload bytes that follow.
+    /// Payload bytes that follow (for an abort frame: the encoded cause).
     pub(crate) len: u32,
+    /// Whether this is an abort frame.
+    pub(crate) abort: bool,
 }
 
 fn word(b: &[u8], at: usize) -> u32 {
@@ -82,7 +87,7 @@ pub(crate) fn decode(b: &[u8; HEADER_BYTES], expected_seq: u64) -> Result<FrameH
     if word(b, 20) != check_word(b) {
         return Err(Error::protocol("frame header check word does not match: the stream is corrupt"));
     }
-    if b[5] != TAG_DATA {
+    if b[5] != TAG_DATA && b[5] != TAG_ABORT {
         return Err(Error::protocol(format!("unknown frame tag {}", b[5])));
     }
     if b[6] != 0 || b[7] != 0 {
@@ -96,12 +101,15 @@ pub(crate) fn decode(b: &[u8; HEADER_BYTES], expected_seq: u64) -> Result<FrameH
         return Err(Error::protocol(format!("frame sequence number {seq}, expected {expected_seq}")));
     }
     let len = word(b, 16);
+    if b[5] == TAG_ABORT {
+        return Ok(FrameHeader { seq, len, abort: true });
+    }
     if len == 0 || len as usize > MAX_FRAME_BYTES {
         return Err(Error::protocol(format!(
             "frame {seq} announces {len} payload bytes (allowed: 1 to {MAX_FRAME_BYTES})"
         )));
     }
-    Ok(FrameHeader { seq, len })
+    Ok(FrameHeader { seq, len, abort: false })
 }
 
 /// Encodes a header with arbitrary fields (and a correct check word), for tests that need a
@@ -127,7 +135,9 @@ mod tests {
     #[test]
     fn round_trips() {
         let h = encode(7, 4096);
-        assert_eq!(decode(&h, 7).unwrap(), FrameHeader { seq: 7, len: 4096 });
+        assert_eq!(decode(&h, 7).unwrap(), FrameHeader { seq: 7, len: 4096, abort: false });
+        let a = encode_raw(TAG_ABORT, 8, 3 << 3 | 1);
+        assert_eq!(decode(&a, 8).unwrap(), FrameHeader { seq: 8, len: 25, abort: true });
         assert_eq!(&h[0..4], b"OXTF");
     }
 

@@ -235,6 +235,15 @@ impl TcpLink {
                 self.stage[self.stage_at..self.stage_at + HEADER_BYTES].try_into().unwrap_or_else(|_| unreachable!());
             let header = frame::decode(bytes, self.recv_seq)
                 .map_err(|e| Error::protocol(format!("from rank {}: {}", self.peer, e.message())))?;
+            if header.abort {
+                let (culprit, code) = ((header.len >> 3) as usize, header.len & 7);
+                let err = if culprit == self.peer {
+                    self.gone("it aborted after failing")
+                } else {
+                    crate::transport::cascaded(self.peer, culprit, crate::transport::cause_kind(code))
+                };
+                return Err(self.fail(err));
+            }
             self.stage_at += HEADER_BYTES;
             self.recv_seq += 1;
             self.recv_left = header.len as usize;
@@ -394,6 +403,18 @@ impl Link for TcpLink {
     fn check_peer(&mut self) -> Result<()> {
         self.check_failed()?;
         self.peer_closed().map_err(|e| self.fail(e))
+    }
+
+    fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
+        // Tell the peer who caused this, if no data frame is half-sent (best effort: a full
+        // socket just closes without the notice).
+        if let Some((culprit, kind)) = cause {
+            if self.send_left == 0 && self.header_sent == HEADER_BYTES {
+                let word = (culprit as u32) << 3 | crate::transport::cause_code(kind);
+                let h = frame::encode_raw(frame::TAG_ABORT, self.send_seq, word);
+                let _ = rustix::net::send(&self.shared.sock, &h, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+            }
+        }
     }
 
     fn kind(&self) -> &'static str {
