@@ -107,4 +107,50 @@ fn main() {
     let (ns, _) = run(&log, n);
     println!("should_record (disabled):      {ns:6.1} ns/call");
     assert_eq!(log.op_count(), 0);
+
+    overhead_on_an_8_byte_all_reduce();
+}
+
+/// The end-to-end cost: 8-byte all_reduce on 2 thread ranks with the logger off and on, in
+/// the same run, alternating rounds so machine noise hits both alike. Prints the medians of
+/// the per-round mean latency and the overhead.
+fn overhead_on_an_8_byte_all_reduce() {
+    const ROUNDS: usize = 15;
+    const OPS: usize = 20_000;
+    let time = |enabled: bool| -> f64 {
+        let config = oxcomm::CommConfig {
+            logger: LoggerConfig { enabled, ..LoggerConfig::default() },
+            ..oxcomm::CommConfig::default()
+        };
+        let per_rank = oxcomm::threads::run_with(2, config, |comm| {
+            let mut v = [1.0f32, 2.0];
+            for _ in 0..1000 {
+                comm.all_reduce(&mut v, oxcomm::ReduceOp::Sum).expect("warm-up");
+            }
+            comm.barrier().expect("barrier");
+            let t0 = Instant::now();
+            for _ in 0..OPS {
+                comm.all_reduce(black_box(&mut v), oxcomm::ReduceOp::Sum).expect("all_reduce");
+            }
+            t0.elapsed().as_nanos() as f64 / OPS as f64
+        })
+        .expect("thread ranks");
+        per_rank.into_iter().fold(0.0, f64::max)
+    };
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        off.push(time(false));
+        on.push(time(true));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (off, on) = (median(&mut off), median(&mut on));
+    println!(
+        "8-byte all_reduce, 2 thread ranks: logger off {:.0} ns/op, on {:.0} ns/op, overhead {:+.1}% (median of {ROUNDS} rounds × {OPS} ops)",
+        off,
+        on,
+        (on / off - 1.0) * 100.0
+    );
 }

@@ -339,10 +339,7 @@ fn p2p_tag_or_size_mismatch_fails_without_writing() {
         } else {
             let mut b = [0.0f32; 4];
             let r = comm.recv(&mut b, 0, 6);
-            r.map(|_| Some(b)).map_err(|e| {
-                assert_eq!(b, [0.0; 4]);
-                e
-            })
+            r.map(|_| Some(b)).inspect_err(|_| assert_eq!(b, [0.0; 4]))
         }
     })
     .unwrap();
@@ -376,7 +373,7 @@ fn coalesced_ops() {
     let out = threads::run(3, |comm| {
         let r = comm.rank() as i32;
         let mut a = vec![r; 3];
-        let mut b = vec![r * 2; 0];
+        let mut b: [i32; 0] = [];
         let mut c = vec![1; 5];
         comm.all_reduce_coalesced(&mut [&mut a[..], &mut b[..], &mut c[..]], ReduceOp::Sum).unwrap();
         let x = [r; 2];
