@@ -34,6 +34,11 @@ pub const ENV_HOST_ID: &str = "OXCOMM_HOST_ID";
 /// `mpi` (needs the cargo feature `mpi`; see [`crate::backend`]). Default: `native`.
 pub const ENV_BACKEND: &str = "OXCOMM_BACKEND";
 
+/// Environment variable: `core` pins each rank of a shared-memory job to its own core when
+/// the host has a core per local rank (as mpirun's `--bind-to core`), `none` leaves placement
+/// to the OS. Default: `core`.
+pub const ENV_BIND: &str = "OXCOMM_BIND";
+
 /// How many communicators this process has initialised (part of segment names, so a second
 /// `init` in one process does not collide with the first).
 static GENERATION: AtomicU64 = AtomicU64::new(0);
@@ -203,6 +208,11 @@ impl Init {
         }
         tracing::info!(target: "oxcomm::init", rank, world, job = %job, local = local.len(), "joining over shared memory");
 
+        if std::env::var(ENV_BIND).map_or(true, |v| v != "none") {
+            let local_rank = (0..world).filter(|r| hosts[*r] == host.as_bytes() && *r < rank).count();
+            bind_to_core(local_rank, local.len() + 1);
+        }
+
         // Shared memory: create, tell, attach, wait until attached, unlink.
         let shm_config = crate::transport::shm::ShmConfig::for_local_ranks(local.len() + 1).with_env().map_err(fail)?;
         let mut ep =
@@ -217,6 +227,24 @@ impl Init {
         let direct = ep.direct();
         let (links, bell) = ep.into_parts();
         Communicator::from_parts(rank, links, bell, self.config.clone(), "shm", direct)
+    }
+}
+
+/// Pins the calling thread to the `local_rank`-th core it may run on, when there is one per
+/// local rank; otherwise (or if the OS refuses) leaves it alone. Waiting ranks spin briefly
+/// before sleeping, which only pays off when ranks do not share a core.
+fn bind_to_core(local_rank: usize, local_size: usize) {
+    use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+    let Ok(allowed) = sched_getaffinity(None) else { return };
+    let cores: Vec<usize> = (0..CpuSet::MAX_CPU).filter(|c| allowed.is_set(*c)).collect();
+    if local_size > cores.len() {
+        return;
+    }
+    let mut set = CpuSet::new();
+    set.set(cores[local_rank]);
+    match sched_setaffinity(None, &set) {
+        Ok(()) => tracing::debug!(target: "oxcomm::init", local_rank, core = cores[local_rank], "pinned"),
+        Err(e) => tracing::debug!(target: "oxcomm::init", local_rank, "not pinned: {e}"),
     }
 }
 

@@ -10,8 +10,8 @@
 //! | offset | what |
 //! | --- | --- |
 //! | 0 | counters, one 128-byte line each: `arrived`, `copied_in`, `reduced`, `copied_out` |
-//! | [`SLOTS_OFFSET`] | two *slots* (by op parity), each a stamp line, a 64-byte header (fingerprint + length) and [`SMALL_BYTES`] of payload |
-//! | [`BIG_OFFSET`] | two *halves*, each [`CHUNK_BYTES`] of input then [`CHUNK_BYTES`] of results |
+//! | [`SLOTS_OFFSET`] | two *slots* (by op parity), each an 8-byte stamp, a 56-byte header (fingerprint + length) and [`SMALL_BYTES`] of payload, so a small op's stamp, header and first 64 payload bytes share two adjacent cache lines |
+//! | [`BIG_OFFSET`] | two *halves* of [`CHUNK_BYTES`] each |
 //!
 //! Writers publish with `Release` stores to a counter or stamp after writing the bytes it
 //! covers; readers load it with `Acquire` before reading those bytes.
@@ -24,28 +24,31 @@ use super::segment::Segment;
 
 /// Largest payload that travels inline in a slot (small-message path).
 pub const SMALL_BYTES: usize = 32 * 1024;
-/// Bytes per chunk of the large-message path (per half, per region).
-pub const CHUNK_BYTES: usize = 2 * 1024 * 1024;
+/// Bytes per chunk of the large-message path (per half). Small enough that a chunk stays in
+/// the L2 cache between being copied in, reduced and copied out.
+pub const CHUNK_BYTES: usize = 512 * 1024;
 
 const LINE: usize = 128;
 const COUNTERS: usize = 4;
 /// Offset of the two slots.
 pub const SLOTS_OFFSET: usize = COUNTERS * LINE;
-const SLOT_HEADER: usize = 64;
-const SLOT_BYTES: usize = LINE + SLOT_HEADER + SMALL_BYTES;
+/// Bytes of the header that follows the 8-byte stamp.
+pub const SLOT_HEADER: usize = 56;
+const SLOT_PAYLOAD: usize = 8 + SLOT_HEADER;
+const SLOT_BYTES: usize = (SLOT_PAYLOAD + SMALL_BYTES).next_multiple_of(LINE);
 /// Offset of the chunk buffers (page-aligned).
 pub const BIG_OFFSET: usize = (SLOTS_OFFSET + 2 * SLOT_BYTES).next_multiple_of(4096);
 /// Size of the whole workspace.
-pub const WORKSPACE_BYTES: usize = BIG_OFFSET + 4 * CHUNK_BYTES;
+pub const WORKSPACE_BYTES: usize = BIG_OFFSET + 2 * CHUNK_BYTES;
 
 /// The counters of one rank's workspace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counter {
     /// Number of direct ops this rank has arrived at (written its slot for).
     Arrived = 0,
-    /// Number of chunks this rank has copied into its input region.
+    /// Number of chunks this rank has copied into its chunk buffer.
     CopiedIn = 1,
-    /// Number of chunks this rank has reduced (its slice is in its result region).
+    /// Number of chunks this rank has reduced (its slice of its buffer holds the result).
     Reduced = 2,
     /// Number of chunks this rank has finished reading from everyone.
     CopiedOut = 3,
@@ -120,11 +123,11 @@ impl ShmDirect {
     }
 
     fn stamp(&self, rank: usize, parity: usize) -> &AtomicU64 {
-        // SAFETY: the stamp is the first word of the slot's 128-aligned line.
+        // SAFETY: the stamp is the first word of the slot, which is 128-aligned.
         unsafe { self.slot_base(rank, parity).cast::<AtomicU64>().as_ref() }
     }
 
-    /// Writes this rank's slot `parity`: `header` (≤ 64 bytes) and `payload` (≤ [`SMALL_BYTES`]),
+    /// Writes this rank's slot `parity`: `header` (≤ [`SLOT_HEADER`] bytes) and `payload` (≤ [`SMALL_BYTES`]),
     /// then stamps it `stamp` and wakes every other rank.
     ///
     /// # Safety
@@ -136,8 +139,8 @@ impl ShmDirect {
         // SAFETY: both ranges lie inside the slot (asserted sizes); by the caller's contract
         // nobody reads them now; the source slices are ordinary memory, not in this slot.
         unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr(), base.as_ptr().add(LINE), header.len());
-            std::ptr::copy_nonoverlapping(payload.as_ptr(), base.as_ptr().add(LINE + SLOT_HEADER), payload.len());
+            std::ptr::copy_nonoverlapping(header.as_ptr(), base.as_ptr().add(8), header.len());
+            std::ptr::copy_nonoverlapping(payload.as_ptr(), base.as_ptr().add(SLOT_PAYLOAD), payload.len());
         }
         self.stamp(self.rank, parity).store(stamp, Ordering::Release);
         self.ring_others();
@@ -148,7 +151,7 @@ impl ShmDirect {
         self.stamp(rank, parity).load(Ordering::Acquire)
     }
 
-    /// `rank`'s slot `parity`: its 64-byte header and `len` bytes of payload.
+    /// `rank`'s slot `parity`: its header ([`SLOT_HEADER`] bytes) and `len` bytes of payload.
     ///
     /// # Safety
     /// The caller has seen the slot's stamp for the current op (so the writer is done) and
@@ -159,37 +162,37 @@ impl ShmDirect {
         // SAFETY: inside the slot; not written concurrently by the caller's contract.
         unsafe {
             (
-                std::slice::from_raw_parts(base.as_ptr().add(LINE), SLOT_HEADER),
-                std::slice::from_raw_parts(base.as_ptr().add(LINE + SLOT_HEADER), len),
+                std::slice::from_raw_parts(base.as_ptr().add(8), SLOT_HEADER),
+                std::slice::from_raw_parts(base.as_ptr().add(SLOT_PAYLOAD), len),
             )
         }
     }
 
-    fn region(&self, rank: usize, half: usize, result: bool) -> *mut u8 {
-        let off = BIG_OFFSET + (half & 1) * 2 * CHUNK_BYTES + usize::from(result) * CHUNK_BYTES;
+    fn region(&self, rank: usize, half: usize) -> *mut u8 {
+        let off = BIG_OFFSET + (half & 1) * CHUNK_BYTES;
         // SAFETY: inside the workspace by the layout constants.
         unsafe { self.bases[rank].as_ptr().add(off) }
     }
 
-    /// `rank`'s input (or result) region of chunk half `half`, `len` bytes from `offset`.
+    /// `rank`'s chunk buffer of half `half`, `len` bytes from `offset`.
     ///
     /// # Safety
     /// The caller follows the chunk protocol: it reads only what the owner has published
-    /// (counters) and is not overwriting, and writes only its own regions when no one reads.
-    pub unsafe fn chunk(&self, rank: usize, half: usize, result: bool, offset: usize, len: usize) -> &[u8] {
+    /// (counters) and is not overwriting, and writes only its own buffer where no one reads.
+    pub unsafe fn chunk(&self, rank: usize, half: usize, offset: usize, len: usize) -> &[u8] {
         assert!(offset + len <= CHUNK_BYTES);
         // SAFETY: inside the region (asserted); exclusivity per the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.region(rank, half, result).add(offset), len) }
+        unsafe { std::slice::from_raw_parts(self.region(rank, half).add(offset), len) }
     }
 
-    /// This rank's input (or result) region of half `half`, mutable.
+    /// This rank's chunk buffer of half `half`, mutable.
     ///
     /// # Safety
     /// As [`ShmDirect::chunk`]: nobody else reads these bytes while the slice lives.
     #[allow(clippy::mut_from_ref)] // the memory is shared with other processes, not owned by `self`
-    pub unsafe fn chunk_mut(&self, half: usize, result: bool, offset: usize, len: usize) -> &mut [u8] {
+    pub unsafe fn chunk_mut(&self, half: usize, offset: usize, len: usize) -> &mut [u8] {
         assert!(offset + len <= CHUNK_BYTES);
         // SAFETY: inside this rank's region; exclusivity per the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.region(self.rank, half, result).add(offset), len) }
+        unsafe { std::slice::from_raw_parts_mut(self.region(self.rank, half).add(offset), len) }
     }
 }
