@@ -3,7 +3,7 @@
 //! scale), one line per op and mode (and per file when comparing).
 //!
 //! This module owns the picture (layout, axes, colours, legend), the file formats it writes
-//! (SVG, and PNG through plotters' bitmap backend) and reading the JSON Lines rows of earlier
+//! (SVG, and PNG: plotters' bitmap backend into memory, encoded with the `png` crate) and reading the JSON Lines rows of earlier
 //! `--json` runs. It does not run collectives or compute bandwidths: it draws the rows
 //! [`crate::bench`] produced.
 //!
@@ -150,20 +150,24 @@ pub fn title_of(points: &[Point]) -> String {
     )
 }
 
-/// `--compare`: reads the rows of every JSON Lines file and draws them all to `out`, each
-/// line labelled with its file's name.
+/// `--compare`: reads the rows of every JSON Lines file and draws them all to `out`. With
+/// several files each line is labelled with its file's name (without `.json`; the path as
+/// given when two names are the same).
 pub fn compare(files: &[PathBuf], out: &Path) -> anyhow::Result<()> {
     Format::of(out)?;
+    let stem = |p: &PathBuf| p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let stems: Vec<String> = files.iter().map(stem).collect();
+    let unique = stems.iter().collect::<BTreeSet<_>>().len() == stems.len();
     let mut all_series = Vec::new();
     let mut all_points = Vec::new();
     let mut colour = 0;
-    for path in files {
+    for (path, name) in files.iter().zip(&stems) {
         let points = read_rows(path)?;
         if points.is_empty() {
             bail!("{}: no rows", path.display());
         }
-        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        let s = series(&points, Some((&name, colour)));
+        let name = if unique { name.clone() } else { path.display().to_string() };
+        let s = if files.len() == 1 { series(&points, None) } else { series(&points, Some((&name, colour))) };
         colour = s.iter().map(|s| s.colour + 1).max().unwrap_or(colour);
         all_series.extend(s);
         all_points.extend(points);
@@ -198,11 +202,30 @@ pub fn draw(series: &[Series], title: &str, out: &Path) -> anyhow::Result<()> {
             root.present().map_err(|e| failed(e.to_string()))?;
         }
         Format::Png => {
-            let root = BitMapBackend::new(out, SIZE).into_drawing_area();
-            render(&root, series, title).map_err(|e| failed(e.to_string()))?;
-            root.present().map_err(|e| failed(e.to_string()))?;
+            let mut rgb = vec![0u8; SIZE.0 as usize * SIZE.1 as usize * 3];
+            {
+                let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+                render(&root, series, title).map_err(|e| failed(e.to_string()))?;
+                root.present().map_err(|e| failed(e.to_string()))?;
+            }
+            write_png(out, &rgb).with_context(|| format!("cannot write {}", out.display()))?;
         }
     }
+    Ok(())
+}
+
+/// Encodes an RGB image of [`SIZE`] as a PNG, compressed as well as the encoder can (a plot is
+/// mostly flat colour, so this is about 40% smaller than the default).
+fn write_png(out: &Path, rgb: &[u8]) -> anyhow::Result<()> {
+    let file = std::io::BufWriter::new(std::fs::File::create(out)?);
+    let mut encoder = png::Encoder::new(file, SIZE.0, SIZE.1);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder.set_compression(png::Compression::Best);
+    encoder.set_adaptive_filter(png::AdaptiveFilterType::Adaptive);
+    let mut writer = encoder.write_header()?;
+    writer.write_image_data(rgb)?;
+    writer.finish()?;
     Ok(())
 }
 
@@ -257,7 +280,7 @@ fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, series: &[Series], 
         .y_label_formatter(&|y: &f64| format!("{y:.1}"))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
-        .light_line_style(RGBColor(238, 238, 238))
+        .light_line_style(TRANSPARENT)
         .bold_line_style(RGBColor(200, 200, 200))
         .draw()?;
     for s in series {
@@ -284,7 +307,7 @@ fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, series: &[Series], 
         .y_label_formatter(&|y: &f64| fmt_time(*y))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
-        .light_line_style(RGBColor(238, 238, 238))
+        .light_line_style(TRANSPARENT)
         .bold_line_style(RGBColor(200, 200, 200))
         .draw()?;
     for s in series {
