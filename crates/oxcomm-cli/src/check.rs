@@ -233,15 +233,17 @@ pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
             columns.push((format!("{t}/{n}"), outcomes));
         }
     }
-    let (table, failed) = table(&columns);
+    let order: Vec<String> = selected("shm", &args.op).iter().map(Check::name).collect();
+    let (table, failed) = table(&order, &columns);
     print!("{table}");
     println!("# {:.1}s", started.elapsed().as_secs_f64());
     Ok(if failed { 1 } else { 0 })
 }
 
-/// The table and whether anything failed.
-fn table(columns: &[(String, Vec<Outcome>)]) -> (String, bool) {
-    let mut names: Vec<&str> = Vec::new();
+/// The table (rows in the order of `order`, then any others) and whether anything failed.
+fn table(order: &[String], columns: &[(String, Vec<Outcome>)]) -> (String, bool) {
+    let present = |n: &String| columns.iter().any(|(_, os)| os.iter().any(|o| &o.name == n));
+    let mut names: Vec<&str> = order.iter().filter(|n| present(n)).map(String::as_str).collect();
     for (_, outcomes) in columns {
         for o in outcomes {
             if !names.contains(&o.name.as_str()) {
