@@ -4,7 +4,8 @@
 //! This module owns the bench: its flags ([`BenchArgs`]), the checked plan built from them,
 //! starting the ranks (threads in this process, or processes over shared memory started
 //! through [`crate::launch::launch_self`]), the timing loop, the correctness check, and the
-//! report (table, progress bar, JSON, CSV). It uses only oxcomm's public API; it knows nothing
+//! report (table, progress bar, JSON, CSV). Drawing the plot of `--plot` and reading the files
+//! of `--compare` belong to [`crate::plot`]. It uses only oxcomm's public API; it knows nothing
 //! about how the transports or algorithms work.
 //!
 //! # Processes
@@ -40,7 +41,40 @@
 //! | reduce_scatter | separate input and output | reduce_scatter into a scratch output, then copy it to this rank's block of the input |
 //! | all_to_all | separate send and receive buffers | copy the buffer to a scratch send buffer, then all_to_all back into it |
 //!
+//! | onebit_all_reduce | copy input → output, then the op on the output | the op on the buffer |
+//! | quant_reduce_scatter | the op, then copy its result (a new vector) to the output | the op, then copy its result to this rank's block of the input |
+//!
 //! JSON and CSV rows carry `emulated: true` for the emulated mode.
+//!
+//! # The compressed ops
+//!
+//! `onebit_all_reduce` is [`oxcomm::compression::onebit::all_reduce`] (f32 only; DeepSpeed's
+//! 1-bit error-compensated all-reduce). One [`OneBitState`] per size is made before the
+//! warm-up and kept through both modes, so timed iterations run with the error feedback a
+//! training loop would carry. Its count is rounded down to a multiple of DeepSpeed's padding
+//! granularity `n · lcm(n, 8)` ([`onebit::padded_len`]`(1, n)`), so no padding is sent.
+//! `algbw`/`busbw` are computed from the **uncompressed** f32 bytes with all_reduce's bus
+//! factor, so its line compares directly with all_reduce's: a higher busbw means the same
+//! gradient was averaged faster.
+//!
+//! `quant_reduce_scatter` is ZeRO++'s qgZ,
+//! [`oxcomm::compression::coalesced::all_to_all_quant_reduce`] (f32, f16, bf16), with one
+//! tensor per call. Sizes follow reduce_scatter (size = the full input of `n · P` elements,
+//! `P` per rank, rounded down to even so the int4 codes pack); the tensor's shape is
+//! `[N / E, E]` with `E` the largest power of two that divides `P`, at most 2048 and at most
+//! `√N`, so every line takes the quantized path (one int4 group per row). The host layout comes
+//! from `--ranks-per-host K` (hosts are runs of `K` ranks, [`HostGroups::uniform`]); without
+//! it all ranks form one host (no cross-host phase). Bandwidths use reduce_scatter's factor
+//! on the uncompressed bytes.
+//!
+//! # Bytes on the wire
+//!
+//! `wire(B)` (JSON/CSV `wire_bytes`) is the number of bytes this rank handed to its links per
+//! op during the timed iterations ([`Communicator::stats`]`().bytes_sent` before and after,
+//! divided by `-n`), the maximum over ranks; the table shows the larger of the two modes. It
+//! counts payload and headers, including each op's agreement messages. The shared-memory
+//! direct paths (all_reduce, broadcast and barrier on `--transport shm`, where ranks read each
+//! other's memory) send nothing through links, so those ops show little or nothing there.
 //!
 //! # Sizes, counts, bandwidth
 //!
@@ -54,6 +88,17 @@
 //! all_to_all; 1 broadcast, reduce).
 //!
 //! # Check (`-c 1`, the default)
+//!
+//! The compressed ops are lossy, so they are checked on inputs they reproduce exactly, with
+//! a fresh state: for `onebit_all_reduce` every element of rank `r` is
+//! `c_r = [1, −2, 4, −8][r mod 4]` (each rank's scale is then `|c_r|`, every sign is `c_r`'s, the
+//! compressed mean is the exact mean, and the result must match it within 8 f32 units in the
+//! last place, for the rounding of the f32 norms); for `quant_reduce_scatter` every element
+//! of rank `r` is `−2^(r mod 3)` (a power of two at the bottom of the int4 range quantizes
+//! exactly; the host sums are requantized with a rounded scale), and the result must match the
+//! exact mean within 4 units in the last place of the dtype. Such inputs do not measure the
+//! compression error; they check that every rank's contribution arrives, is scaled and is
+//! placed right.
 //!
 //! After timing each mode, every rank fills its inputs with small integers chosen so that the
 //! reduced value is exact in every dtype and independent of the reduction order (the idea of
@@ -73,8 +118,12 @@
 //! `dtype`, `redop` (`null` for ops that do not reduce), `root` (`null` unless rooted),
 //! `world_size`, `transport`, `algorithm` (`auto` unless forced), `size_bytes`, `count`,
 //! `in_place`, `emulated`, `iters`, `warmup_iters`, `time_us`, `median_us`, `algbw_gbps`,
-//! `busbw_gbps`, `wrong` (`null` when not checked). `--csv FILE` writes the same columns with
-//! a header row.
+//! `busbw_gbps`, `wrong` (`null` when not checked), `wire_bytes`. `--csv FILE` writes the same
+//! columns with a header row.
+//!
+//! `--plot FILE.svg` or `FILE.png` draws busbw and latency against size for every op and mode
+//! after the run; `--compare A.json B.json … --plot FILE` draws the rows of earlier `--json`
+//! files instead of running anything (see [`crate::plot`]).
 
 use std::fmt::Write as _;
 use std::fs::File;
@@ -85,6 +134,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use oxcomm::compression::coalesced::{self, HostGroups, TensorView};
+use oxcomm::compression::onebit::{self, OneBitState};
 use oxcomm::{Algorithm, CommConfig, Communicator, DType, Element, OpOptions, ReduceOp};
 use serde::{Deserialize, Serialize};
 
@@ -121,7 +172,8 @@ pub struct BenchArgs {
     pub check: bool,
 
     /// Ops to time, comma-separated: all_reduce, all_gather, reduce_scatter, broadcast,
-    /// reduce, all_to_all, or `all`.
+    /// reduce, all_to_all, onebit_all_reduce (f32 only), quant_reduce_scatter (f32, f16,
+    /// bf16), or `all` (every op that takes the dtype).
     #[arg(long = "op", value_name = "OPS", default_value = "all_reduce")]
     pub op: String,
 
@@ -159,6 +211,20 @@ pub struct BenchArgs {
     /// Also write the rows as CSV (with a header) to FILE.
     #[arg(long = "csv", value_name = "FILE")]
     pub csv: Option<PathBuf>,
+
+    /// Draw busbw and latency against size for every op and mode to FILE (.svg or .png).
+    #[arg(long = "plot", value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+
+    /// Run nothing: draw the rows of these --json files (one line per file, op and mode) to
+    /// the --plot file.
+    #[arg(long = "compare", value_name = "JSON", num_args = 1.., requires = "plot")]
+    pub compare: Vec<PathBuf>,
+
+    /// quant_reduce_scatter: ranks per host (hosts are runs of K ranks; K must divide the
+    /// world size). Default: every rank on one host.
+    #[arg(long = "ranks-per-host", value_name = "K")]
+    pub ranks_per_host: Option<usize>,
 
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(short = 'q', long = "quiet")]
@@ -257,8 +323,8 @@ impl Transport {
 // The ops
 // ---------------------------------------------------------------------------------------------
 
-/// A collective the bench can time. New ops (onebit_all_reduce, quant_reduce_scatter, ...)
-/// are new variants: a name, a buffer [`Layout`], how to run each mode, and how to check it.
+/// A collective the bench can time: a name, a buffer [`Layout`], how to run each mode, and
+/// how to check it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BenchOp {
@@ -274,17 +340,24 @@ pub enum BenchOp {
     Reduce,
     /// `all_to_all` with equal blocks (separate send and receive buffers).
     AllToAll,
+    /// `onebit::all_reduce`, the 1-bit compressed mean (in place, f32 only).
+    OnebitAllReduce,
+    /// `all_to_all_quant_reduce`, the int4 quantized reduce-scatter of the mean (returns a
+    /// new vector).
+    QuantReduceScatter,
 }
 
 impl BenchOp {
     /// Every op, in the order `--op all` runs them.
-    pub const ALL: [BenchOp; 6] = [
+    pub const ALL: [BenchOp; 8] = [
         BenchOp::AllReduce,
         BenchOp::AllGather,
         BenchOp::ReduceScatter,
         BenchOp::Broadcast,
         BenchOp::Reduce,
         BenchOp::AllToAll,
+        BenchOp::OnebitAllReduce,
+        BenchOp::QuantReduceScatter,
     ];
 
     /// The op's name (also its name for [`oxcomm::logging::bus_factor`]).
@@ -296,17 +369,36 @@ impl BenchOp {
             BenchOp::Broadcast => "broadcast",
             BenchOp::Reduce => "reduce",
             BenchOp::AllToAll => "all_to_all",
+            BenchOp::OnebitAllReduce => "onebit_all_reduce",
+            BenchOp::QuantReduceScatter => "quant_reduce_scatter",
         }
     }
 
-    fn parse(s: &str) -> Option<BenchOp> {
+    pub(crate) fn parse(s: &str) -> Option<BenchOp> {
         let s = s.trim().to_ascii_lowercase().replace('-', "_");
         BenchOp::ALL.into_iter().find(|o| o.name() == s || o.name().replace('_', "") == s)
     }
 
-    /// Whether the op applies the reduction operator.
-    fn reduces(self) -> bool {
+    /// Whether the op applies the `--redop` reduction operator.
+    pub(crate) fn reduces(self) -> bool {
         matches!(self, BenchOp::AllReduce | BenchOp::ReduceScatter | BenchOp::Reduce)
+    }
+
+    /// Whether the op computes the mean whatever `--redop` says (the compressed ops).
+    pub(crate) fn averages(self) -> bool {
+        matches!(self, BenchOp::OnebitAllReduce | BenchOp::QuantReduceScatter)
+    }
+
+    /// The reduction the op applies, for the table and the files: `--redop`, `avg` for the
+    /// compressed ops, `None` for ops that only move data.
+    fn redop_name(self, redop: ReduceOp) -> Option<&'static str> {
+        if self.reduces() {
+            Some(redop.name())
+        } else if self.averages() {
+            Some(ReduceOp::Avg.name())
+        } else {
+            None
+        }
     }
 
     /// Whether the op has a root.
@@ -316,19 +408,34 @@ impl BenchOp {
 
     /// Whether the API works in place (so out-of-place is the emulated mode).
     fn native_in_place(self) -> bool {
-        matches!(self, BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce)
+        matches!(self, BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce | BenchOp::OnebitAllReduce)
     }
 
-    fn wire_kind(self) -> oxcomm::wire::OpKind {
-        use oxcomm::wire::OpKind;
+    /// Why the op cannot run on `dtype`, if it cannot.
+    fn rejects(self, dtype: DType) -> Option<&'static str> {
         match self {
+            BenchOp::OnebitAllReduce if dtype != DType::F32 => Some("onebit_all_reduce takes f32 only"),
+            BenchOp::QuantReduceScatter if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) => {
+                Some("quant_reduce_scatter takes f32, f16 and bf16 only")
+            }
+            _ => None,
+        }
+    }
+
+    /// The algorithms `--algorithm` may force on the op (none for the compressed ops, which
+    /// are built from several collectives).
+    pub(crate) fn algorithms(self) -> &'static [Algorithm] {
+        use oxcomm::wire::OpKind;
+        let kind = match self {
             BenchOp::AllReduce => OpKind::AllReduce,
             BenchOp::AllGather => OpKind::AllGather,
             BenchOp::ReduceScatter => OpKind::ReduceScatter,
             BenchOp::Broadcast => OpKind::Broadcast,
             BenchOp::Reduce => OpKind::Reduce,
             BenchOp::AllToAll => OpKind::AllToAll,
-        }
+            BenchOp::OnebitAllReduce | BenchOp::QuantReduceScatter => return &[],
+        };
+        oxcomm::algorithms::plan::candidates(kind)
     }
 
     /// How the emulated mode works, for the block header.
@@ -349,13 +456,20 @@ impl BenchOp {
             BenchOp::AllToAll => {
                 "in-place = copy the buffer to a scratch send buffer, then all_to_all back into it (the API takes two buffers)"
             }
+            BenchOp::OnebitAllReduce => {
+                "f32 mean, 1-bit compressed, state kept across iterations; out-of-place = copy input to output, then the op; bandwidth on the uncompressed bytes"
+            }
+            BenchOp::QuantReduceScatter => {
+                "mean, int4 quantized (qgZ); the result is a new vector, copied to the output (out-of-place) or to this rank's block of the input (in-place); bandwidth on the uncompressed bytes"
+            }
         }
     }
 
     /// The buffers of one line for a requested `size` in bytes, `n` ranks and `elem` bytes
     /// per element (nccl-tests' conventions; see the module docs).
-    fn layout(self, size: u64, n: usize, elem: usize) -> Layout {
+    pub(crate) fn layout(self, size: u64, n: usize, elem: usize) -> Layout {
         let total = (size / elem as u64) as usize;
+        let n = n.max(1);
         match self {
             BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce => {
                 Layout { input: total, output: total, block: total }
@@ -372,24 +486,54 @@ impl BenchOp {
                 let block = total / n;
                 Layout { input: block * n, output: block * n, block }
             }
+            BenchOp::OnebitAllReduce => {
+                let grain = onebit::padded_len(1, n).unwrap_or(8 * n).max(1);
+                let len = total / grain * grain;
+                Layout { input: len, output: len, block: len }
+            }
+            BenchOp::QuantReduceScatter => {
+                let block = match qgz_group(total / n / 2 * 2, n) {
+                    Some(_) => total / n / 2 * 2,
+                    None => 0,
+                };
+                Layout { input: block * n, output: block, block }
+            }
         }
     }
 }
 
+/// Largest int4 group (elements per scale) the quant_reduce_scatter bench uses.
+const QGZ_MAX_GROUP: usize = 2048;
+
+/// The group size `E` of a quant_reduce_scatter tensor of `p` elements per rank on `n` ranks
+/// (shape `[n·p / E, E]`): the largest power of two dividing `p`, at most [`QGZ_MAX_GROUP`]
+/// and with `E² ≤ n·p`; `None` when no even `E` fits (the line is then empty).
+fn qgz_group(p: usize, n: usize) -> Option<usize> {
+    if p == 0 || p % 2 != 0 {
+        return None;
+    }
+    let total = p.checked_mul(n)?;
+    let mut e = (1usize << p.trailing_zeros()).min(QGZ_MAX_GROUP);
+    while e >= 2 && e.saturating_mul(e) > total {
+        e /= 2;
+    }
+    (e >= 2).then_some(e)
+}
+
 /// Element counts of one line's buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Layout {
+pub(crate) struct Layout {
     /// Elements of this rank's input (send) buffer.
-    input: usize,
+    pub(crate) input: usize,
     /// Elements of this rank's output (receive) buffer.
-    output: usize,
+    pub(crate) output: usize,
     /// Elements per rank where the op splits its buffer by rank; else the whole buffer.
-    block: usize,
+    pub(crate) block: usize,
 }
 
 impl Layout {
     /// Elements of the op's full buffer as nccl-tests counts it (the table's `count`).
-    fn full(&self) -> usize {
+    pub(crate) fn full(&self) -> usize {
         self.input.max(self.output)
     }
 }
@@ -407,6 +551,12 @@ struct Plan {
     ops: Vec<BenchOp>,
     /// `--op all` was given (a forced algorithm then applies only where it fits).
     all_ops: bool,
+    /// Ops `--op all` left out because they do not take the dtype, and why.
+    skipped: Vec<(BenchOp, &'static str)>,
+    /// quant_reduce_scatter's `--ranks-per-host` (`None`: one host).
+    ranks_per_host: Option<usize>,
+    /// `--plot`.
+    plot: Option<PathBuf>,
     dtype: DType,
     redop: ReduceOp,
     root: usize,
@@ -430,7 +580,22 @@ struct Plan {
 
 impl Plan {
     fn new(args: &BenchArgs) -> anyhow::Result<Plan> {
-        let (ops, all_ops) = parse_ops(&args.op)?;
+        let (mut ops, all_ops) = parse_ops(&args.op)?;
+        let mut skipped = Vec::new();
+        if all_ops {
+            ops.retain(|o| match o.rejects(args.dtype) {
+                Some(why) => {
+                    skipped.push((*o, why));
+                    false
+                }
+                None => true,
+            });
+        } else if let Some(why) = ops.iter().find_map(|o| o.rejects(args.dtype)) {
+            bail!("--dtype {}: {why}", args.dtype);
+        }
+        if let Some(p) = &args.plot {
+            crate::plot::Format::of(p)?;
+        }
         if args.minbytes == 0 {
             bail!("-b/--minbytes must be at least 1");
         }
@@ -463,14 +628,16 @@ impl Plan {
             bail!("--redop {} does not apply to --dtype {} (bitwise ops need an integer type)", args.redop, args.dtype);
         }
         if let Some(a) = args.algorithm {
-            let fits = |o: &BenchOp| oxcomm::algorithms::plan::candidates(o.wire_kind()).contains(&a);
+            let fits = |o: &BenchOp| o.algorithms().contains(&a);
             if all_ops {
                 if !ops.iter().any(fits) {
                     bail!("--algorithm {a} applies to none of the ops");
                 }
             } else if let Some(o) = ops.iter().find(|o| !fits(o)) {
-                let names: Vec<&str> =
-                    oxcomm::algorithms::plan::candidates(o.wire_kind()).iter().map(|a| a.name()).collect();
+                let names: Vec<&str> = o.algorithms().iter().map(|a| a.name()).collect();
+                if names.is_empty() {
+                    bail!("--algorithm {a} does not apply to {} (it is built from several collectives)", o.name());
+                }
                 bail!("--algorithm {a} does not apply to {} (it runs with: {})", o.name(), names.join(", "));
             }
         }
@@ -486,9 +653,15 @@ impl Plan {
                 bail!("-r/--root {} is not below the world size {n}", args.root);
             }
         }
+        if let Some(k) = args.ranks_per_host {
+            check_ranks_per_host(k, world)?;
+        }
         Ok(Plan {
             ops,
             all_ops,
+            skipped,
+            ranks_per_host: args.ranks_per_host,
+            plot: args.plot.clone(),
             dtype: args.dtype,
             redop: args.redop,
             root: args.root,
@@ -512,7 +685,7 @@ impl Plan {
 
     /// The algorithm forced on `op`, if any.
     fn algorithm_for(&self, op: BenchOp) -> Option<Algorithm> {
-        self.algorithm.filter(|a| oxcomm::algorithms::plan::candidates(op.wire_kind()).contains(a))
+        self.algorithm.filter(|a| op.algorithms().contains(a))
     }
 
     /// The flags a worker gets to rebuild this plan (everything that changes what is run).
@@ -557,6 +730,10 @@ impl Plan {
             a.push("--algorithm".into());
             a.push(alg.name().into());
         }
+        if let Some(k) = self.ranks_per_host {
+            a.push("--ranks-per-host".into());
+            a.push(k.to_string());
+        }
         a
     }
 
@@ -564,6 +741,19 @@ impl Plan {
     fn bytes_per_rank(&self) -> u64 {
         3 * self.max_bytes
     }
+}
+
+/// `--ranks-per-host K` must be positive and divide the world size (when it is known).
+fn check_ranks_per_host(k: usize, world: Option<usize>) -> anyhow::Result<()> {
+    if k == 0 {
+        bail!("--ranks-per-host must be at least 1");
+    }
+    if let Some(n) = world {
+        if n % k != 0 {
+            bail!("--ranks-per-host {k} does not divide the world size {n}");
+        }
+    }
+    Ok(())
 }
 
 /// `--op` as a list of ops; `all` means every op.
@@ -591,6 +781,11 @@ fn parse_ops(raw: &str) -> anyhow::Result<(Vec<BenchOp>, bool)> {
 /// Runs `oxcomm bench`: returns the exit status (0, or the launcher's status when a rank
 /// failed); an error when the flags are wrong, a rank fails in-process, or a value was wrong.
 pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
+    if !args.compare.is_empty() {
+        let out = args.plot.as_ref().ok_or_else(|| anyhow!("--compare needs --plot FILE"))?;
+        crate::plot::compare(&args.compare, out)?;
+        return Ok(0);
+    }
     let plan = Plan::new(&args)?;
     if plan.worker {
         return run_worker(&plan);
@@ -707,6 +902,9 @@ fn run_worker(plan: &Plan) -> anyhow::Result<i32> {
     }
     if plan.ops.iter().any(|o| o.rooted()) && plan.root >= comm.size() {
         bail!("-r/--root {} is not below the world size {}", plan.root, comm.size());
+    }
+    if let Some(k) = plan.ranks_per_host {
+        check_ranks_per_host(k, Some(comm.size()))?;
     }
     if comm.rank() != 0 {
         rank_main(&comm, plan, None)?;
@@ -837,6 +1035,8 @@ struct Measured {
     median_us: f64,
     /// Wrong elements summed over ranks; `None` when not checked.
     wrong: Option<u64>,
+    /// Bytes one rank handed to its links per op (timed iterations), max over ranks.
+    wire_bytes: u64,
 }
 
 /// One row of the JSON and CSV outputs.
@@ -860,16 +1060,17 @@ struct Row<'a> {
     algbw_gbps: f64,
     busbw_gbps: f64,
     wrong: Option<u64>,
+    wire_bytes: u64,
 }
 
 const CSV_HEADER: &str = "op,dtype,redop,root,world_size,transport,algorithm,size_bytes,count,in_place,emulated,\
-                          iters,warmup_iters,time_us,median_us,algbw_gbps,busbw_gbps,wrong";
+                          iters,warmup_iters,time_us,median_us,algbw_gbps,busbw_gbps,wrong,wire_bytes";
 
 impl Row<'_> {
     fn csv(&self) -> String {
         let opt = |v: Option<String>| v.unwrap_or_default();
         format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.6},{:.6},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.6},{:.6},{},{}",
             self.op,
             self.dtype,
             opt(self.redop.map(str::to_string)),
@@ -888,6 +1089,7 @@ impl Row<'_> {
             self.algbw_gbps,
             self.busbw_gbps,
             opt(self.wrong.map(|w| w.to_string())),
+            self.wire_bytes,
         )
     }
 }
@@ -907,6 +1109,8 @@ struct Report {
     unchecked: bool,
     /// Table lines printed so far.
     lines_done: usize,
+    /// What `--plot` draws, one point per row.
+    points: Vec<crate::plot::Point>,
 }
 
 impl Report {
@@ -944,6 +1148,7 @@ impl Report {
             wrong: 0,
             unchecked: !plan.check,
             lines_done: 0,
+            points: Vec::new(),
         };
         report.print(&report.header())?;
         report.bar.set_message(report.next_label());
@@ -981,6 +1186,12 @@ impl Report {
                     writeln!(h, "# algorithm: {a} (not applicable to {}: they use their default)", skipped.join(", "));
             }
         }
+        for (op, why) in &p.skipped {
+            let _ = writeln!(h, "# {} not run: {why} (--dtype {})", op.name(), p.dtype);
+        }
+        if let Some(k) = p.ranks_per_host.filter(|_| p.ops.contains(&BenchOp::QuantReduceScatter)) {
+            let _ = writeln!(h, "# quant_reduce_scatter: {k} ranks per host, {} hosts", self.world / k.max(1));
+        }
         if p.check && p.ops.iter().any(|o| o.reduces()) {
             if let Some(why) = Pattern::new(p.redop, p.dtype, self.world).unsupported() {
                 let _ = writeln!(h, "# check: {why}; reducing ops are not checked");
@@ -998,21 +1209,23 @@ impl Report {
         let block = |t: &str, a: &str, b: &str, w: &str| format!("  {t:>9}  {a:>6}  {b:>6}  {w:>6}");
         let _ = writeln!(
             h,
-            "{}{}{}  {:>9} {:>9}",
+            "{}{}{}  {:>9} {:>9}  {:>11}",
             cols("size", "count", "type", "redop", "root"),
             block("time", "algbw", "busbw", "#wrong"),
             block("time", "algbw", "busbw", "#wrong"),
             "oop_p50",
-            "ip_p50"
+            "ip_p50",
+            "wire"
         );
         let _ = writeln!(
             h,
-            "{}{}{}  {:>9} {:>9}",
+            "{}{}{}  {:>9} {:>9}  {:>11}",
             cols("(B)", "(elements)", "", "", ""),
             block("(us)", "(GB/s)", "(GB/s)", ""),
             block("(us)", "(GB/s)", "(GB/s)", ""),
             "(us)",
-            "(us)"
+            "(us)",
+            "(B)"
         );
         h
     }
@@ -1038,7 +1251,7 @@ impl Report {
             let algbw = if m.time_us > 0.0 { line.size_bytes as f64 / m.time_us / 1e3 } else { 0.0 };
             (algbw, algbw * factor)
         };
-        let redop = if line.op.reduces() { p.redop.name() } else { "none" };
+        let redop = line.op.redop_name(p.redop).unwrap_or("none");
         let root = if line.op.rooted() { p.root as i64 } else { -1 };
         let mut text =
             format!("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}", line.size_bytes, line.count, p.dtype.name(), redop, root);
@@ -1056,7 +1269,7 @@ impl Report {
             let row = Row {
                 op: line.op.name(),
                 dtype: p.dtype.name(),
-                redop: line.op.reduces().then(|| p.redop.name()),
+                redop: line.op.redop_name(p.redop),
                 root: line.op.rooted().then_some(p.root),
                 world_size: n,
                 transport: &self.transport,
@@ -1072,7 +1285,18 @@ impl Report {
                 algbw_gbps: algbw,
                 busbw_gbps: busbw,
                 wrong: m.wrong,
+                wire_bytes: m.wire_bytes,
             };
+            self.points.push(crate::plot::Point {
+                op: line.op.name().to_string(),
+                in_place,
+                size_bytes: line.size_bytes,
+                time_us: m.time_us,
+                busbw_gbps: busbw,
+                transport: self.transport.clone(),
+                world_size: n,
+                dtype: p.dtype.name().to_string(),
+            });
             if let Some(f) = self.json.as_mut() {
                 serde_json::to_writer(&mut *f, &row)?;
                 writeln!(f)?;
@@ -1081,7 +1305,14 @@ impl Report {
                 writeln!(f, "{}", row.csv())?;
             }
         }
-        let _ = writeln!(text, "  {:>9} {:>9}", fmt_us(line.out_of_place.median_us), fmt_us(line.in_place.median_us));
+        let wire = line.out_of_place.wire_bytes.max(line.in_place.wire_bytes);
+        let _ = writeln!(
+            text,
+            "  {:>9} {:>9}  {:>11}",
+            fmt_us(line.out_of_place.median_us),
+            fmt_us(line.in_place.median_us),
+            wire
+        );
         self.print(&text)?;
         self.lines_done += 1;
         self.bar.set_message(self.next_label());
@@ -1115,6 +1346,11 @@ impl Report {
             "0 OK".to_string()
         };
         self.print(&format!("# Out of bounds values : {verdict}\n# Avg bus bandwidth : {avg:.6}\n#\n"))?;
+        if let Some(path) = &self.plan.plot {
+            let title = crate::plot::title_of(&self.points);
+            crate::plot::draw(&crate::plot::series(&self.points, None), &title, path)?;
+            self.print(&format!("# plot: {}\n", path.display()))?;
+        }
         if self.wrong > 0 {
             bail!("{} wrong values (see the #wrong columns)", self.wrong);
         }
@@ -1164,11 +1400,69 @@ fn rank_main(comm: &Communicator, plan: &Plan, sink: Option<Sink<'_>>) -> anyhow
     }
 }
 
-/// This rank's three buffers, allocated once at the largest size.
-struct Buffers<T> {
-    a: Vec<T>,
-    b: Vec<T>,
-    scratch: Vec<T>,
+/// An element type of the bench: every [`Element`], with the compressed ops where the type
+/// has them.
+pub(crate) trait BenchElement: Element {
+    /// `all_to_all_quant_reduce` of one tensor, or `None` when the type is not quantizable.
+    fn quant_reduce(
+        comm: &Communicator,
+        data: &[Self],
+        shape: &[usize],
+        groups: Option<&HostGroups>,
+    ) -> Option<oxcomm::Result<Vec<Self>>>;
+}
+
+macro_rules! bench_element {
+    (quant: $($q:ty),*; plain: $($p:ty),*) => {
+        $(impl BenchElement for $q {
+            fn quant_reduce(
+                comm: &Communicator,
+                data: &[Self],
+                shape: &[usize],
+                groups: Option<&HostGroups>,
+            ) -> Option<oxcomm::Result<Vec<Self>>> {
+                let run = || {
+                    let view = TensorView::new(data, shape)?;
+                    let mut out = coalesced::all_to_all_quant_reduce(comm, &[view], groups)?;
+                    Ok(out.pop().unwrap_or_default())
+                };
+                Some(run())
+            }
+        })*
+        $(impl BenchElement for $p {
+            fn quant_reduce(
+                _: &Communicator,
+                _: &[Self],
+                _: &[usize],
+                _: Option<&HostGroups>,
+            ) -> Option<oxcomm::Result<Vec<Self>>> {
+                None
+            }
+        })*
+    };
+}
+
+bench_element!(quant: f32, half::f16, half::bf16; plain: f64, i8, u8, i32, i64);
+
+/// `buf` as f32, when `T` is f32.
+fn as_f32<T: Element>(buf: &mut [T]) -> Option<&mut [f32]> {
+    (T::DTYPE == DType::F32).then(|| bytemuck::cast_slice_mut(buf))
+}
+
+/// This rank's buffers, allocated once at the largest size, and the 1-bit state of the
+/// current size.
+pub(crate) struct Buffers<T> {
+    pub(crate) a: Vec<T>,
+    pub(crate) b: Vec<T>,
+    pub(crate) scratch: Vec<T>,
+    pub(crate) onebit: Option<OneBitState>,
+}
+
+impl<T: Element> Buffers<T> {
+    /// Three buffers of `len` elements, every page touched.
+    pub(crate) fn new(len: usize) -> anyhow::Result<Buffers<T>> {
+        Ok(Buffers { a: allocate(len)?, b: allocate(len)?, scratch: allocate(len)?, onebit: None })
+    }
 }
 
 fn allocate<T: Element>(len: usize) -> anyhow::Result<Vec<T>> {
@@ -1180,28 +1474,46 @@ fn allocate<T: Element>(len: usize) -> anyhow::Result<Vec<T>> {
     Ok(v)
 }
 
-fn rank_typed<T: Element>(comm: &Communicator, plan: &Plan, sink: Option<Sink<'_>>) -> anyhow::Result<()> {
+fn rank_typed<T: BenchElement>(comm: &Communicator, plan: &Plan, sink: Option<Sink<'_>>) -> anyhow::Result<()> {
     let n = comm.size();
     let elem = std::mem::size_of::<T>();
     let max_elems = (plan.max_bytes / elem as u64) as usize;
-    let mut bufs =
-        Buffers { a: allocate::<T>(max_elems)?, b: allocate::<T>(max_elems)?, scratch: allocate(max_elems)? };
+    let mut bufs = Buffers::<T>::new(max_elems)?;
     let pattern = Pattern::new(plan.redop, plan.dtype, n);
+    let groups = match plan.ranks_per_host {
+        Some(k) if plan.ops.contains(&BenchOp::QuantReduceScatter) => {
+            Some(HostGroups::uniform(comm, k).context("building the host groups of --ranks-per-host")?)
+        }
+        _ => None,
+    };
     for &op in &plan.ops {
         let opts = OpOptions { algorithm: plan.algorithm_for(op), ..OpOptions::default() };
         for &size in &plan.sizes {
             let layout = op.layout(size, n, elem);
+            bufs.onebit = match op {
+                BenchOp::OnebitAllReduce => Some(OneBitState::new(layout.input, n)?),
+                _ => None,
+            };
             let mut measure = |in_place: bool| -> anyhow::Result<Measured> {
-                let case = Case { comm, op, in_place, layout, redop: plan.redop, root: plan.root, opts: &opts };
+                let case = Case {
+                    comm,
+                    op,
+                    in_place,
+                    layout,
+                    redop: plan.redop,
+                    root: plan.root,
+                    opts: &opts,
+                    groups: groups.as_ref(),
+                };
                 let what =
                     || format!("{} of {} B ({})", op.name(), size, if in_place { "in-place" } else { "out-of-place" });
-                let (time_us, median_us) = case.time(&mut bufs, plan.warmup, plan.iters).with_context(what)?;
+                let timed = case.time(&mut bufs, plan.warmup, plan.iters).with_context(what)?;
                 let wrong = if plan.check && (!op.reduces() || pattern.unsupported().is_none()) {
                     Some(case.check(&mut bufs, &pattern).with_context(what)?)
                 } else {
                     None
                 };
-                Ok(Measured { time_us, median_us, wrong })
+                Ok(Measured { time_us: timed.mean_us, median_us: timed.median_us, wrong, wire_bytes: timed.wire_bytes })
             };
             let out_of_place = measure(false)?;
             let in_place = measure(true)?;
@@ -1215,24 +1527,37 @@ fn rank_typed<T: Element>(comm: &Communicator, plan: &Plan, sink: Option<Sink<'_
     Ok(())
 }
 
+/// What [`Case::time`] measured, each the maximum over ranks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timed {
+    /// Mean time per op, µs.
+    pub(crate) mean_us: f64,
+    /// Median of the per-op times, µs.
+    pub(crate) median_us: f64,
+    /// Bytes handed to links per op.
+    pub(crate) wire_bytes: u64,
+}
+
 /// One op in one mode at one size on this rank.
-struct Case<'a> {
-    comm: &'a Communicator,
-    op: BenchOp,
-    in_place: bool,
-    layout: Layout,
-    redop: ReduceOp,
-    root: usize,
-    opts: &'a OpOptions,
+pub(crate) struct Case<'a> {
+    pub(crate) comm: &'a Communicator,
+    pub(crate) op: BenchOp,
+    pub(crate) in_place: bool,
+    pub(crate) layout: Layout,
+    pub(crate) redop: ReduceOp,
+    pub(crate) root: usize,
+    pub(crate) opts: &'a OpOptions,
+    /// quant_reduce_scatter's host layout (`None`: one host).
+    pub(crate) groups: Option<&'a HostGroups>,
 }
 
 impl Case<'_> {
     /// Runs the op once (with the emulation copy where the mode needs one). Inputs are in
     /// `a`; outputs in `b` (out-of-place) or `a` (in-place).
-    fn run_once<T: Element>(&self, bufs: &mut Buffers<T>) -> oxcomm::Result<()> {
+    pub(crate) fn run_once<T: BenchElement>(&self, bufs: &mut Buffers<T>) -> oxcomm::Result<()> {
         let Layout { input, output, block } = self.layout;
         let (c, me) = (self.comm, self.comm.rank());
-        let Buffers { a, b, scratch } = bufs;
+        let Buffers { a, b, scratch, onebit } = bufs;
         let o = self.opts;
         match (self.op, self.in_place) {
             (BenchOp::AllReduce, true) => c.all_reduce_with(&mut a[..input], self.redop, o),
@@ -1269,18 +1594,53 @@ impl Case<'_> {
                 scratch[..input].copy_from_slice(&a[..input]);
                 c.all_to_all_with(&scratch[..input], &mut a[..output], o)
             }
+            (BenchOp::OnebitAllReduce, in_place) => {
+                let state = onebit.as_mut().ok_or_else(|| oxcomm::Error::invalid("no 1-bit state for this size"))?;
+                let buf = if in_place {
+                    &mut a[..input]
+                } else {
+                    b[..input].copy_from_slice(&a[..input]);
+                    &mut b[..input]
+                };
+                let buf = as_f32(buf).ok_or_else(|| oxcomm::Error::invalid("onebit_all_reduce takes f32 only"))?;
+                onebit::all_reduce(c, buf, state)
+            }
+            (BenchOp::QuantReduceScatter, in_place) => {
+                let shape = match qgz_group(block, c.size()) {
+                    Some(e) => vec![input / e, e],
+                    None => vec![input],
+                };
+                let out = T::quant_reduce(c, &a[..input], &shape, self.groups)
+                    .ok_or_else(|| oxcomm::Error::invalid("quant_reduce_scatter takes f32, f16 and bf16 only"))??;
+                let dst = if in_place { &mut a[me * block..(me + 1) * block] } else { &mut b[..output] };
+                if out.len() != dst.len() {
+                    return Err(oxcomm::Error::invalid(format!(
+                        "quant_reduce_scatter returned {} elements, expected {}",
+                        out.len(),
+                        dst.len()
+                    )));
+                }
+                dst.copy_from_slice(&out);
+                Ok(())
+            }
         }
     }
 
-    /// Warm-up, then `iters` timed ops back to back: (mean, median) in µs, each the maximum
-    /// over ranks.
-    fn time<T: Element>(&self, bufs: &mut Buffers<T>, warmup: usize, iters: usize) -> oxcomm::Result<(f64, f64)> {
+    /// Warm-up, then `iters` timed ops back to back: mean and median in µs and the bytes sent
+    /// per op, each the maximum over ranks.
+    pub(crate) fn time<T: BenchElement>(
+        &self,
+        bufs: &mut Buffers<T>,
+        warmup: usize,
+        iters: usize,
+    ) -> oxcomm::Result<Timed> {
         self.comm.barrier()?;
         for _ in 0..warmup {
             self.run_once(bufs)?;
         }
         self.comm.barrier()?;
         let mut each: Vec<Duration> = Vec::with_capacity(iters);
+        let sent = self.comm.stats().bytes_sent;
         let start = Instant::now();
         for _ in 0..iters {
             let t = Instant::now();
@@ -1288,14 +1648,31 @@ impl Case<'_> {
             each.push(t.elapsed());
         }
         let total = start.elapsed();
-        let mut stats = [total.as_secs_f64() * 1e6 / iters as f64, median(&mut each).as_secs_f64() * 1e6];
+        let wire = (self.comm.stats().bytes_sent - sent) as f64 / iters.max(1) as f64;
+        let mut stats =
+            [total.as_secs_f64() * 1e6 / iters.max(1) as f64, median(&mut each).as_secs_f64() * 1e6, wire.round()];
         self.comm.all_reduce(&mut stats, ReduceOp::Max)?;
-        Ok((stats[0], stats[1]))
+        Ok(Timed { mean_us: stats[0], median_us: stats[1], wire_bytes: stats[2] as u64 })
     }
 
     /// Fills the inputs with the check pattern and the outputs with a sentinel, runs the op
     /// once and returns the wrong elements summed over ranks.
-    fn check<T: Element>(&self, bufs: &mut Buffers<T>, pattern: &Pattern) -> oxcomm::Result<u64> {
+    pub(crate) fn check<T: BenchElement>(&self, bufs: &mut Buffers<T>, pattern: &Pattern) -> oxcomm::Result<u64> {
+        let wrong = self.check_local(bufs, pattern, false)?;
+        let mut total = [wrong as i64];
+        self.comm.all_reduce(&mut total, ReduceOp::Sum)?;
+        Ok(total[0].max(0) as u64)
+    }
+
+    /// [`Case::check`] on this rank only: the wrong elements of this rank's output. With
+    /// `corrupt` (`oxcomm check --inject-failure`), the first output element is overwritten
+    /// after the op, before it is compared.
+    pub(crate) fn check_local<T: BenchElement>(
+        &self,
+        bufs: &mut Buffers<T>,
+        pattern: &Pattern,
+        corrupt: bool,
+    ) -> oxcomm::Result<u64> {
         let Layout { input, output, block } = self.layout;
         let me = self.comm.rank();
         let sentinel = T::from_f64(SENTINEL);
@@ -1327,45 +1704,84 @@ impl Case<'_> {
                 }
             }
             BenchOp::AllToAll => fill(&mut bufs.a[..input], me, 0, &plain),
+            BenchOp::OnebitAllReduce => {
+                bufs.a[..input].fill(T::from_f64(onebit_input(me)));
+                bufs.onebit = Some(OneBitState::new(input, self.comm.size())?);
+            }
+            BenchOp::QuantReduceScatter => bufs.a[..input].fill(T::from_f64(qgz_input(me))),
         }
         if !self.in_place {
             bufs.b[..output].fill(sentinel);
         }
         self.run_once(bufs)?;
+        if corrupt {
+            let target = match (self.op, self.in_place) {
+                (BenchOp::ReduceScatter | BenchOp::QuantReduceScatter, true) => {
+                    &mut bufs.a[me * block..(me + 1) * block]
+                }
+                (_, true) => &mut bufs.a[..output],
+                (_, false) => &mut bufs.b[..output],
+            };
+            if let Some(x) = target.first_mut() {
+                *x = sentinel;
+            }
+        }
 
         let out: &[T] = if self.in_place { &bufs.a } else { &bufs.b };
         let exact = |got: T, want: f64| got.to_f64() == T::from_f64(want).to_f64();
-        let mut wrong = 0u64;
-        match self.op {
-            BenchOp::AllReduce => {
-                wrong += count_wrong(&out[..output], |i, g| pattern.matches(g.to_f64(), pattern.reduced(i)));
+        let n = self.comm.size();
+        let wrong = match self.op {
+            BenchOp::AllReduce => count_wrong(&out[..output], |i, g| pattern.matches(g.to_f64(), pattern.reduced(i))),
+            BenchOp::Reduce if me == self.root => {
+                count_wrong(&out[..output], |i, g| pattern.matches(g.to_f64(), pattern.reduced(i)))
             }
-            BenchOp::Reduce => {
-                if me == self.root {
-                    wrong += count_wrong(&out[..output], |i, g| pattern.matches(g.to_f64(), pattern.reduced(i)));
-                }
-            }
-            BenchOp::Broadcast => {
-                wrong += count_wrong(&out[..output], |i, g| exact(g, pattern.plain(self.root, i)));
-            }
-            BenchOp::AllGather => {
-                wrong += count_wrong(&out[..output], |i, g| exact(g, pattern.plain(i / block.max(1), i)));
-            }
+            BenchOp::Reduce => 0,
+            BenchOp::Broadcast => count_wrong(&out[..output], |i, g| exact(g, pattern.plain(self.root, i))),
+            BenchOp::AllGather => count_wrong(&out[..output], |i, g| exact(g, pattern.plain(i / block.max(1), i))),
             BenchOp::ReduceScatter => {
                 let got = if self.in_place { &bufs.a[me * block..(me + 1) * block] } else { &bufs.b[..output] };
-                wrong += count_wrong(got, |i, g| pattern.matches(g.to_f64(), pattern.reduced(me * block + i)));
+                count_wrong(got, |i, g| pattern.matches(g.to_f64(), pattern.reduced(me * block + i)))
             }
             BenchOp::AllToAll => {
                 // Block p of the output came from rank p's block `me`.
-                wrong += count_wrong(&out[..output], |i, g| {
+                count_wrong(&out[..output], |i, g| {
                     let (p, k) = (i / block.max(1), i % block.max(1));
                     exact(g, pattern.plain(p, me * block + k))
-                });
+                })
             }
-        }
-        let mut total = [wrong as i64];
-        self.comm.all_reduce(&mut total, ReduceOp::Sum)?;
-        Ok(total[0].max(0) as u64)
+            BenchOp::OnebitAllReduce => {
+                let want = (0..n).map(onebit_input).sum::<f64>() / n as f64;
+                let tol = 8.0 * f64::from(f32::EPSILON) * 8.0;
+                count_wrong(&out[..output], |_, g| (g.to_f64() - want).abs() <= tol)
+            }
+            BenchOp::QuantReduceScatter => {
+                let want = (0..n).map(qgz_input).sum::<f64>() / n as f64;
+                let tol = 4.0 * ulp_of(T::DTYPE) * want.abs();
+                let got = if self.in_place { &bufs.a[me * block..(me + 1) * block] } else { &bufs.b[..output] };
+                count_wrong(got, |_, g| (g.to_f64() - want).abs() <= tol)
+            }
+        };
+        Ok(wrong)
+    }
+}
+
+/// Every element of rank `r`'s onebit_all_reduce check input (see the module docs).
+fn onebit_input(r: usize) -> f64 {
+    [1.0, -2.0, 4.0, -8.0][r % 4]
+}
+
+/// Every element of rank `r`'s quant_reduce_scatter check input (see the module docs).
+fn qgz_input(r: usize) -> f64 {
+    -f64::from(1u32 << (r % 3))
+}
+
+/// One unit in the last place at 1.0 for a float dtype (the machine epsilon).
+fn ulp_of(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2f64.powi(-10),
+        DType::BF16 => 2f64.powi(-7),
+        DType::F32 => 2f64.powi(-23),
+        _ => 2f64.powi(-52),
     }
 }
 
@@ -1392,13 +1808,13 @@ fn median(v: &mut [Duration]) -> Duration {
 
 /// What an output element holds before the op writes it: outside every pattern's range and
 /// exact in every dtype.
-const SENTINEL: f64 = 113.0;
+pub(crate) const SENTINEL: f64 = 113.0;
 
 /// Inputs whose reduction is exact in the dtype and independent of the order of operations:
 /// small non-negative integers (sums stay below the dtype's exact-integer limit, products are
 /// powers of two within its range).
 #[derive(Debug, Clone, Copy)]
-struct Pattern {
+pub(crate) struct Pattern {
     redop: ReduceOp,
     dtype: DType,
     n: usize,
@@ -1409,7 +1825,7 @@ struct Pattern {
 }
 
 impl Pattern {
-    fn new(redop: ReduceOp, dtype: DType, n: usize) -> Pattern {
+    pub(crate) fn new(redop: ReduceOp, dtype: DType, n: usize) -> Pattern {
         // Largest integer up to which every integer is exact, and the largest power-of-two
         // exponent, per dtype.
         let (limit, max_exp): (u64, usize) = match dtype {
@@ -1427,7 +1843,7 @@ impl Pattern {
     }
 
     /// Why reduced values cannot be checked exactly here, if they cannot.
-    fn unsupported(&self) -> Option<String> {
+    pub(crate) fn unsupported(&self) -> Option<String> {
         matches!(self.redop, ReduceOp::Sum | ReduceOp::Avg)
             .then_some(())
             .filter(|_| self.sum_max == 0)
@@ -1442,12 +1858,12 @@ impl Pattern {
     }
 
     /// A value for ops that only move data: 0..=99.
-    fn plain(&self, r: usize, i: usize) -> f64 {
+    pub(crate) fn plain(&self, r: usize, i: usize) -> f64 {
         (Self::mix(r, i) % 100) as f64
     }
 
     /// Rank `r`'s input at global index `i` for the reducing ops.
-    fn input(&self, r: usize, i: usize) -> f64 {
+    pub(crate) fn input(&self, r: usize, i: usize) -> f64 {
         let m = Self::mix(r, i);
         match self.redop {
             ReduceOp::Sum | ReduceOp::Avg => (m % (self.sum_max + 1)) as f64,
@@ -1464,7 +1880,7 @@ impl Pattern {
     }
 
     /// The reduced value at global index `i`, over all ranks.
-    fn reduced(&self, i: usize) -> f64 {
+    pub(crate) fn reduced(&self, i: usize) -> f64 {
         let vals = (0..self.n).map(|r| self.input(r, i));
         match self.redop {
             ReduceOp::Sum => vals.sum(),
@@ -1486,7 +1902,7 @@ impl Pattern {
     }
 
     /// Whether `got` is the reduced value `want`: exact, except avg on floats (2 ulp).
-    fn matches(&self, got: f64, want: f64) -> bool {
+    pub(crate) fn matches(&self, got: f64, want: f64) -> bool {
         if self.redop == ReduceOp::Avg && self.dtype.is_float() {
             let ulp = match self.dtype {
                 DType::F16 => 2f64.powi(-10),
@@ -1625,8 +2041,17 @@ mod tests {
         let opts = OpOptions::default();
         let counts = oxcomm::threads::run(3, |comm| {
             let layout = BenchOp::AllReduce.layout(4096, 3, 4);
-            let mut bufs = Buffers { a: vec![0f32; 1024], b: vec![0f32; 1024], scratch: vec![0f32; 1024] };
-            let case = |op, redop, root| Case { comm: &comm, op, in_place: true, layout, redop, root, opts: &opts };
+            let mut bufs = Buffers::<f32>::new(1024).unwrap();
+            let case = |op, redop, root| Case {
+                comm: &comm,
+                op,
+                in_place: true,
+                layout,
+                redop,
+                root,
+                opts: &opts,
+                groups: None,
+            };
             let sums = Pattern::new(ReduceOp::Sum, DType::F32, 3);
             let right = case(BenchOp::AllReduce, ReduceOp::Sum, 0).check(&mut bufs, &sums).unwrap();
             let max_as_sum = case(BenchOp::AllReduce, ReduceOp::Max, 0).check(&mut bufs, &sums).unwrap();

@@ -9,7 +9,9 @@ use clap::error::ErrorKind;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod check;
 mod launch;
+mod plot;
 
 /// Collective communication for Rust: launch jobs, benchmark and check collectives.
 #[derive(Debug, Parser)]
@@ -25,6 +27,8 @@ enum Command {
     Launch(launch::LaunchArgs),
     /// Time collectives over a range of sizes and print an nccl-tests style table.
     Bench(bench::BenchArgs),
+    /// Run every collective on every transport with exact inputs and print a pass/fail table.
+    Check(check::CheckArgs),
     /// Test helper: connect to the launcher's store from a rank and exchange a key.
     #[command(hide = true)]
     StorePing(launch::StorePingArgs),
@@ -65,6 +69,7 @@ fn main() {
     let result = match cli.command {
         Command::Launch(args) => launch::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Check(args) => check::run(args),
         Command::StorePing(args) => launch::store_ping(args),
     };
     match result {

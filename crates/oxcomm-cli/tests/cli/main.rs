@@ -2,5 +2,6 @@
 //! across hosts (network namespaces).
 
 mod bench;
+mod check;
 mod launch;
 mod netns;
