@@ -79,8 +79,13 @@ pub(crate) struct Core {
     bell: Arc<dyn Doorbell>,
     state: Mutex<State>,
     /// Ticket of the op whose turn it is; ops run strictly in ticket order.
-    turn: Mutex<u64>,
+    turn: AtomicU64,
+    /// Threads waiting for their turn sleep here (the fast path never locks).
+    turn_lock: Mutex<()>,
     turn_cv: Condvar,
+    turn_waiters: AtomicU64,
+    /// Whether `pending_p2p` may be non-empty (saves a lock per op).
+    p2p_pending: AtomicBool,
     next_ticket: AtomicU64,
     aborted: AtomicBool,
     cause: Mutex<Option<Error>>,
@@ -149,9 +154,11 @@ struct TurnGuard<'a> {
 
 impl Drop for TurnGuard<'_> {
     fn drop(&mut self) {
-        let mut t = self.core.turn.lock().unwrap_or_else(|e| e.into_inner());
-        *t += 1;
-        self.core.turn_cv.notify_all();
+        self.core.turn.fetch_add(1, Ordering::SeqCst);
+        if self.core.turn_waiters.load(Ordering::SeqCst) > 0 {
+            let _g = self.core.turn_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.core.turn_cv.notify_all();
+        }
     }
 }
 
@@ -216,8 +223,11 @@ impl Communicator {
                 #[cfg(target_os = "linux")]
                 direct_state: Default::default(),
             }),
-            turn: Mutex::new(0),
+            turn: AtomicU64::new(0),
+            turn_lock: Mutex::new(()),
             turn_cv: Condvar::new(),
+            turn_waiters: AtomicU64::new(0),
+            p2p_pending: AtomicBool::new(false),
             next_ticket: AtomicU64::new(0),
             aborted: AtomicBool::new(false),
             cause: Mutex::new(None),
@@ -514,7 +524,7 @@ impl Communicator {
         let _turn = self.core.await_turn(ticket, timeout, || self.describe(fp))?;
         fp.seq = self.group.seq.fetch_add(1, Ordering::SeqCst);
         let logged = self.core.logging(fp.kind.name());
-        let started = self.core.logger.now_ns();
+        let started = if logged { self.core.logger.now_ns() } else { 0 };
         self.core.check_alive(|| fp.to_string())?;
         let mut state = self.core.lock_state();
         #[cfg(target_os = "linux")]
@@ -1074,6 +1084,7 @@ impl Communicator {
         let (work, slot) = Work::<Vec<u8>>::pending(self.core.clone());
         let job = P2pJob::send(self.group.members[dst], as_bytes(&buf).to_vec(), fp, Some(slot));
         self.core.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()).push(job);
+        self.core.p2p_pending.store(true, Ordering::SeqCst);
         work.map(move |_| buf)
     }
 
@@ -1087,6 +1098,7 @@ impl Communicator {
         let (work, slot) = Work::<Vec<u8>>::pending(self.core.clone());
         let job = P2pJob::recv(self.group.members[src], vec![0u8; std::mem::size_of_val(&buf[..])], fp, Some(slot));
         self.core.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()).push(job);
+        self.core.p2p_pending.store(true, Ordering::SeqCst);
         let mut buf = buf;
         work.map(move |bytes| {
             as_bytes_mut(&mut buf).copy_from_slice(&bytes);
@@ -1287,21 +1299,29 @@ impl Core {
     }
 
     fn await_turn(&self, ticket: u64, timeout: Duration, op: impl FnOnce() -> String) -> Result<TurnGuard<'_>> {
+        if self.turn.load(Ordering::SeqCst) == ticket {
+            return Ok(TurnGuard { core: self });
+        }
         let deadline = Instant::now() + timeout;
-        let mut t = self.turn.lock().unwrap_or_else(|e| e.into_inner());
-        while *t != ticket {
+        let mut g = self.turn_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.turn_waiters.fetch_add(1, Ordering::SeqCst);
+        let result = loop {
+            if self.turn.load(Ordering::SeqCst) == ticket {
+                break Ok(TurnGuard { core: self });
+            }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::new(
+                break Err(Error::new(
                     ErrorKind::Timeout,
                     format!("timed out after {timeout:?} waiting for this rank's earlier async ops to finish"),
                 )
                 .with_op(op())
                 .with_rank(self.world_rank));
             }
-            t = self.turn_cv.wait_timeout(t, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
-        }
-        Ok(TurnGuard { core: self })
+            g = self.turn_cv.wait_timeout(g, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+        };
+        self.turn_waiters.fetch_sub(1, Ordering::SeqCst);
+        result
     }
 
     /// The ticket of the op about to run: the one issued when an async op was queued (set by
@@ -1333,6 +1353,9 @@ impl Core {
 
     /// Starts every pending `isend`/`irecv` as one batch on the async worker.
     fn flush_p2p(self: &Arc<Self>) {
+        if !self.p2p_pending.swap(false, Ordering::SeqCst) {
+            return;
+        }
         let jobs: Vec<P2pJob> = std::mem::take(&mut *self.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()));
         if jobs.is_empty() {
             return;
