@@ -155,6 +155,7 @@ fn rank_main() -> i32 {
         ("stats_count_ring_bytes", stats_count_ring_bytes),
         ("reduce_scatter_coalesced_matches_threads", reduce_scatter_coalesced_matches_threads),
         ("qgz_matches_threads", qgz_matches_threads),
+        ("onebit_matches_threads", onebit_matches_threads),
         // Last: a mismatch aborts the communicator.
         ("fingerprint_mismatch_names_a_rank", fingerprint_mismatch_names_a_rank),
     ];
@@ -607,6 +608,34 @@ fn qgz_matches_threads(comm: &Communicator) -> CaseResult {
         for (t, (g, w)) in got.iter().zip(&want).enumerate() {
             check(&format!("qgZ (ranks per host {dpn:?}) tensor {t}"), g, w)?;
         }
+    }
+    Ok(())
+}
+
+/// The 1-bit all-reduce over MPI gives bit for bit what it gives on thread ranks, over
+/// several steps (so the error feedback state is exercised too).
+fn onebit_matches_threads(comm: &Communicator) -> CaseResult {
+    use oxcomm::compression::onebit::{self, OneBitState};
+    let (n, me) = (comm.size(), comm.rank());
+    let len = 1000; // needs padding for every n in 2..=8
+    let input = |r: usize, step: usize| -> Vec<f32> {
+        (0..len).map(|i| (((i * 7 + r * 13 + step * 5) % 23) as f32 - 11.0) * 0.125).collect()
+    };
+    let run = |c: &Communicator| -> oxcomm::Result<Vec<Vec<f32>>> {
+        let mut state = OneBitState::new(len, c.size())?;
+        (0..4)
+            .map(|step| {
+                let mut buf = input(c.rank(), step);
+                onebit::all_reduce(c, &mut buf, &mut state)?;
+                Ok(buf)
+            })
+            .collect()
+    };
+    let reference = threads::run(n, |c| run(&c)).map_err(e("thread ranks"))?;
+    let want = reference[me].clone().map_err(e("thread ranks"))?;
+    let got = run(comm).map_err(e("onebit::all_reduce"))?;
+    for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+        check(&format!("1-bit all_reduce step {step}"), g, w)?;
     }
     Ok(())
 }
