@@ -473,6 +473,27 @@ impl Communicator {
         Ok(())
     }
 
+    /// The root's buffer of a gather or scatter: it must be there with `want` elements on the
+    /// root; other ranks' are ignored (`None`).
+    fn root_buffer<B>(
+        &self,
+        fp: &Fingerprint,
+        root: usize,
+        buf: Option<B>,
+        len: impl Fn(&B) -> usize,
+        want: usize,
+        what: &str,
+    ) -> Result<Option<B>> {
+        if self.rank() != root {
+            return Ok(None);
+        }
+        match buf {
+            Some(b) if len(&b) == want => Ok(Some(b)),
+            Some(b) => Err(self.arg_error(fp, format!("{what} has {} elements, expected {want}", len(&b)))),
+            None => Err(self.arg_error(fp, format!("the root must pass an {what} buffer"))),
+        }
+    }
+
     fn arg_error(&self, fp: &Fingerprint, msg: impl Into<String>) -> Error {
         Error::invalid(msg).with_op(self.describe(fp)).with_rank(self.core.world_rank)
     }
@@ -820,21 +841,8 @@ impl Communicator {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Gather), input.len());
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
-        let mut output = output;
-        if self.rank() == root {
-            match &output {
-                Some(o) if o.len() == input.len() * self.size() => {}
-                Some(o) => {
-                    return Err(self.arg_error(
-                        &fp,
-                        format!("output has {} elements, expected {}", o.len(), input.len() * self.size()),
-                    ))
-                }
-                None => return Err(self.arg_error(&fp, "the root must pass an output buffer")),
-            }
-        } else {
-            output = None;
-        }
+        let want = input.len() * self.size();
+        let output = self.root_buffer(&fp, root, output, |o| o.len(), want, "output")?;
         #[cfg(feature = "mpi")]
         if let Some(b) = self.mpi() {
             return b.gather(self, fp, input, output, root);
@@ -851,21 +859,8 @@ impl Communicator {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Scatter), output.len());
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
-        let mut input = input;
-        if self.rank() == root {
-            match input {
-                Some(i) if i.len() == output.len() * self.size() => {}
-                Some(i) => {
-                    return Err(self.arg_error(
-                        &fp,
-                        format!("input has {} elements, expected {}", i.len(), output.len() * self.size()),
-                    ))
-                }
-                None => return Err(self.arg_error(&fp, "the root must pass an input buffer")),
-            }
-        } else {
-            input = None;
-        }
+        let want = output.len() * self.size();
+        let input = self.root_buffer(&fp, root, input, |i| i.len(), want, "input")?;
         #[cfg(feature = "mpi")]
         if let Some(b) = self.mpi() {
             return b.scatter(self, fp, input, output, root);
