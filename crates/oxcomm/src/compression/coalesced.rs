@@ -98,6 +98,15 @@ const TY: QuantType = QuantType::Symmetric;
 /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) if the flat buffer's
 /// length overflows.
 pub fn reduce_scatter_coalesced<T: Element>(comm: &Communicator, tensors: &[&[T]]) -> Result<Vec<Vec<T>>> {
+    let start = comm.logger().now_ns();
+    let out = reduce_scatter_coalesced_inner(comm, tensors)?;
+    let count: usize = tensors.iter().map(|t| t.len()).sum();
+    let bytes = (count * std::mem::size_of::<T>()) as u64;
+    comm.log_op("reduce_scatter_coalesced", Some(T::DTYPE), count, bytes, start);
+    Ok(out)
+}
+
+fn reduce_scatter_coalesced_inner<T: Element>(comm: &Communicator, tensors: &[&[T]]) -> Result<Vec<Vec<T>>> {
     let n = comm.size();
     let layout = CoalescedLayout::new(tensors.iter().map(|t| t.len()), n);
     let total = layout.row.checked_mul(n).ok_or_else(|| {
@@ -392,8 +401,27 @@ pub fn all_to_all_quant_reduce<T: QuantFloat>(
     all_to_all_quant_reduce_report(comm, tensors, groups).map(|(out, _)| out)
 }
 
+/// Logs one quantized reduce-scatter under its own name (uncompressed bytes, as DeepSpeed
+/// counts the input of `reduce_scatter`).
+fn log_quant<T: QuantFloat>(comm: &Communicator, tensors: &[TensorView<'_, T>], start: u64) {
+    let count: usize = tensors.iter().map(|t| t.data().len()).sum();
+    let bytes = (count * std::mem::size_of::<T>()) as u64;
+    comm.log_op("quant_reduce_scatter", Some(T::DTYPE), count, bytes, start);
+}
+
 /// [`all_to_all_quant_reduce`], also returning which paths ran and the bytes each phase moved.
 pub fn all_to_all_quant_reduce_report<T: QuantFloat>(
+    comm: &Communicator,
+    tensors: &[TensorView<'_, T>],
+    groups: Option<&HostGroups>,
+) -> Result<(Vec<Vec<T>>, QuantReduceReport)> {
+    let start = comm.logger().now_ns();
+    let result = quant_reduce_inner(comm, tensors, groups)?;
+    log_quant(comm, tensors, start);
+    Ok(result)
+}
+
+fn quant_reduce_inner<T: QuantFloat>(
     comm: &Communicator,
     tensors: &[TensorView<'_, T>],
     groups: Option<&HostGroups>,

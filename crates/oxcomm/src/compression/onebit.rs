@@ -259,6 +259,14 @@ impl OneBitState {
 /// state is for another group size or `buf.len() > N` (nothing is sent); any error of the
 /// four collectives (then the communicator is aborted and the state's errors are garbage).
 pub fn all_reduce(comm: &Communicator, buf: &mut [f32], state: &mut OneBitState) -> Result<()> {
+    let start = comm.logger().now_ns();
+    all_reduce_inner(comm, buf, state)?;
+    let bytes = std::mem::size_of_val(buf) as u64;
+    comm.log_op("onebit_all_reduce", Some(crate::DType::F32), buf.len(), bytes, start);
+    Ok(())
+}
+
+fn all_reduce_inner(comm: &Communicator, buf: &mut [f32], state: &mut OneBitState) -> Result<()> {
     state.check(comm, buf.len())?;
     if buf.is_empty() {
         state.reset();

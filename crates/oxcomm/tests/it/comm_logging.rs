@@ -61,3 +61,29 @@ fn a_disabled_logger_records_nothing() {
     .unwrap();
     assert_eq!(out, vec![0, 0]);
 }
+
+#[test]
+fn compressed_collectives_are_recorded_under_their_names() {
+    use oxcomm::compression::{coalesced, onebit};
+    let out = threads::run_with(2, logged(), |comm| {
+        let mut v = vec![1.0f32; 64];
+        let mut state = onebit::OneBitState::new(v.len(), comm.size()).unwrap();
+        onebit::all_reduce(&comm, &mut v, &mut state).unwrap();
+        let t = [1.0f32; 10];
+        coalesced::reduce_scatter_coalesced(&comm, &[&t[..]]).unwrap();
+        let x = vec![0.5f32; 64];
+        let view = coalesced::TensorView::new(&x, &[8, 8]).unwrap();
+        coalesced::all_to_all_quant_reduce(&comm, &[view], None).unwrap();
+        comm.logger().records()
+    })
+    .unwrap();
+    for records in out {
+        let find = |op: &str| records.iter().find(|r| r.op == op).unwrap_or_else(|| panic!("{op} not logged"));
+        let ob = find("onebit_all_reduce");
+        assert_eq!((ob.count, ob.bytes, ob.group_size), (64, 256, 2));
+        assert_eq!(find("reduce_scatter_coalesced").bytes, 40);
+        assert_eq!(find("quant_reduce_scatter").bytes, 256);
+        // The collectives they ran inside are recorded too.
+        assert!(records.iter().any(|r| r.op == "all_to_all"));
+    }
+}
