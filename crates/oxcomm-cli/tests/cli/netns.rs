@@ -36,6 +36,8 @@ const REQUIRE_ENV: &str = "OXCOMM_NETNS_TESTS";
 
 /// The ops `oxcomm bench --op all` runs.
 const OPS: [&str; 6] = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"];
+/// The compressed collectives `--op all` also runs for f32 (checked with their own exact inputs).
+const COMPRESSED_OPS: [&str; 2] = ["onebit_all_reduce", "quant_reduce_scatter"];
 
 /// Serializes namespace creation (`ip netns add` mounts /run/netns on first use) and the sweep.
 static NETNS_LOCK: Mutex<()> = Mutex::new(());
@@ -402,7 +404,7 @@ fn children(parent: libc::pid_t) -> Vec<libc::pid_t> {
 /// Runs `oxcomm bench --worker --op all -c 1 ARGS` with `nproc` ranks on every host and checks
 /// that every launcher succeeds, the job ran over TCP with every rank, and every row of every
 /// op and mode (out-of-place, in-place) reports 0 wrong elements.
-fn every_collective_exact(net: &Net, nproc: usize, envs: &[(&str, &str)], args: &[&str]) {
+fn every_collective_exact(net: &Net, nproc: usize, envs: &[(&str, &str)], args: &[&str], compressed: bool) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("rows.jsonl");
     let json_arg = json.to_str().unwrap();
@@ -425,7 +427,8 @@ fn every_collective_exact(net: &Net, nproc: usize, envs: &[(&str, &str)], args: 
 
     let text = std::fs::read_to_string(&json).expect("rank 0 wrote the JSON rows");
     let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    for op in OPS {
+    let ops: Vec<&str> = OPS.iter().chain(if compressed { &COMPRESSED_OPS[..] } else { &[] }).copied().collect();
+    for op in ops {
         for in_place in [false, true] {
             let mine: Vec<&serde_json::Value> =
                 rows.iter().filter(|r| r["op"] == op && r["in_place"] == in_place).collect();
@@ -482,8 +485,10 @@ fn two_hosts_point_to_point_every_collective_exact() {
         return;
     };
     // 2 hosts × 2 ranks; sizes from one element per rank to 256 KiB (several TCP frames'
-    // worth of pipelining is covered by the library's own tests).
-    every_collective_exact(&net, 2, &[], &["-b", "64", "-e", "256K", "-f", "8", "-n", "2", "-w", "1"]);
+    // worth of pipelining is covered by the library's own tests). The qgZ quantized
+    // reduce-scatter runs hierarchically: inside each namespace, then across.
+    let args = ["-b", "64", "-e", "256K", "-f", "8", "-n", "2", "-w", "1", "--ranks-per-host", "2"];
+    every_collective_exact(&net, 2, &[], &args, true);
 }
 
 #[test]
@@ -494,7 +499,7 @@ fn three_hosts_on_a_bridge_every_collective_exact() {
     // 3 hosts × 2 ranks, another dtype and reduction, the root on the last host, and the
     // interface chosen by name.
     let args = ["-b", "96", "-e", "96K", "-f", "8", "-n", "2", "-w", "1", "-d", "i32", "-o", "max", "-r", "5"];
-    every_collective_exact(&net, 2, &[("OXCOMM_SOCKET_IFNAME", "eth0")], &args);
+    every_collective_exact(&net, 2, &[("OXCOMM_SOCKET_IFNAME", "eth0")], &args, false);
 }
 
 /// Long enough that the job is still running when the fault is injected.
