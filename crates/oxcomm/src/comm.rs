@@ -1579,8 +1579,3 @@ fn take<R>(slot: &Slot<R>, deadline: Instant) -> Result<Option<R>> {
         g = slot.cv.wait_timeout(g, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
     }
 }
-
-/// The dtype of an element type, for callers that only have a type parameter.
-pub fn dtype_of<T: Element>() -> DType {
-    T::DTYPE
-}

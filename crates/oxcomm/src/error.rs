@@ -155,8 +155,8 @@ impl Error {
         }
     }
 
-    /// If this error reports `Aborted`, the kind of the original cause is still useful; this
-    /// returns `true` when either is `kind`.
+    /// Whether this error is of `kind` (an [`ErrorKind::Aborted`] error reports `Aborted`; its
+    /// message carries the original cause).
     pub fn is(&self, kind: ErrorKind) -> bool {
         self.kind == kind
     }
