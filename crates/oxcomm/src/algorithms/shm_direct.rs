@@ -31,8 +31,6 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::{self, ReduceOp};
 use crate::transport::shm::direct::{Counter, ShmDirect, CHUNK_BYTES, SLOT_HEADER, SMALL_BYTES};
 
-/// How many times arrival polls the peers' stamps before waiting on the doorbell.
-const ARRIVAL_POLLS: usize = 200;
 use crate::wire::{Fingerprint, FP_BYTES};
 
 /// Per-communicator progress of the direct protocol (identical on every rank).
@@ -72,7 +70,7 @@ fn arrive(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint, payload: &[u8
     let n = ctx.size;
     let lagging = || (0..n).find(|r| shm.slot_stamp(*r, parity) != stamp);
     // Peers are often right there: poll their stamps briefly before the doorbell protocol.
-    for _ in 0..ARRIVAL_POLLS {
+    for _ in 0..shm.arrival_polls() {
         if lagging().is_none() {
             break;
         }

@@ -22,6 +22,10 @@ use std::sync::Arc;
 
 use super::segment::Segment;
 
+/// Default number of times arrival polls the peers' stamps before the doorbell protocol,
+/// when every rank has a core of its own.
+pub const ARRIVAL_POLLS: usize = 200;
+
 /// Largest payload that travels inline in a slot (small-message path).
 pub const SMALL_BYTES: usize = 32 * 1024;
 /// Bytes per chunk of the large-message path (per half). Small enough that a chunk stays in
@@ -58,6 +62,8 @@ pub enum Counter {
 /// [`super::ShmEndpoint::direct`] when every rank of the world is on this host.
 pub struct ShmDirect {
     rank: usize,
+    /// How many times arrival polls the peers' stamps before waiting on the doorbell.
+    arrival_polls: usize,
     /// Indexed by world rank; keeps the mappings alive.
     segs: Vec<Arc<Segment>>,
     bases: Vec<NonNull<u8>>,
@@ -76,9 +82,15 @@ impl std::fmt::Debug for ShmDirect {
 }
 
 impl ShmDirect {
-    pub(crate) fn new(rank: usize, segs: Vec<Arc<Segment>>) -> ShmDirect {
+    pub(crate) fn new(rank: usize, segs: Vec<Arc<Segment>>, arrival_polls: usize) -> ShmDirect {
         let bases = segs.iter().map(|s| s.workspace()).collect();
-        ShmDirect { rank, segs, bases }
+        ShmDirect { rank, arrival_polls, segs, bases }
+    }
+
+    /// How many times arrival should poll the peers' stamps before waiting on the doorbell
+    /// (0 when ranks share cores).
+    pub fn arrival_polls(&self) -> usize {
+        self.arrival_polls
     }
 
     /// This rank.
