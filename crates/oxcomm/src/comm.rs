@@ -356,20 +356,8 @@ impl Communicator {
     /// inside are recorded too, under their names.
     pub fn log_op(&self, op: &'static str, dtype: Option<DType>, count: usize, bytes: u64, start_ns: u64) {
         if self.core.logging(op) {
-            let end = self.core.logger.now_ns();
-            self.core.logger.record(OpRecord {
-                op,
-                dtype,
-                count,
-                bytes,
-                group_size: self.size(),
-                seq: self.group.seq.load(Ordering::SeqCst),
-                algorithm: "composite",
-                transport: self.core.transport,
-                start_ns,
-                latency_ns: end.saturating_sub(start_ns),
-                caller: None,
-            });
+            let seq = self.group.seq.load(Ordering::SeqCst);
+            self.core.push_record(op, dtype, count, bytes, self.size(), seq, "composite", start_ns, None);
         }
     }
 
@@ -1240,24 +1228,41 @@ impl Core {
         caller: &'static std::panic::Location<'static>,
     ) {
         let elem = fp.dtype.map_or(0, |d| d.size()) as u64;
-        let count = fp.count as usize;
         // Fingerprint counts already follow DeepSpeed's message-size convention: the whole
         // tensor (all_reduce, broadcast, reduce), one rank's input (all_gather, gather), the
         // full input (reduce_scatter, all_to_all), the output buffer (scatter).
-        let bytes = fp.count * elem;
+        let (op, count, bytes) = (fp.kind.name(), fp.count as usize, fp.count * elem);
+        let caller = self.logger.config().debug.then_some(caller);
+        self.push_record(op, fp.dtype, count, bytes, group_size, fp.seq, algorithm, start_ns, caller);
+    }
+
+    /// Appends one record that ends now.
+    #[allow(clippy::too_many_arguments)]
+    fn push_record(
+        &self,
+        op: &'static str,
+        dtype: Option<DType>,
+        count: usize,
+        bytes: u64,
+        group_size: usize,
+        seq: u64,
+        algorithm: &'static str,
+        start_ns: u64,
+        caller: Option<&'static std::panic::Location<'static>>,
+    ) {
         let end = self.logger.now_ns();
         self.logger.record(OpRecord {
-            op: fp.kind.name(),
-            dtype: fp.dtype,
+            op,
+            dtype,
             count,
             bytes,
             group_size,
-            seq: fp.seq,
+            seq,
             algorithm,
             transport: self.transport,
             start_ns,
             latency_ns: end.saturating_sub(start_ns),
-            caller: self.logger.config().debug.then_some(caller),
+            caller,
         });
     }
 
@@ -1423,17 +1428,8 @@ impl Core {
             }
             // Check what arrived before reading any payload.
             for (job, g) in jobs.iter().zip(got.iter()) {
-                if job.is_send {
-                    continue;
-                }
-                let theirs = Fingerprint::decode(g).map_err(|e| e.with_peer(job.peer))?;
-                if theirs != job.fp {
-                    return Err(Error::new(
-                        ErrorKind::Mismatch,
-                        format!("rank {} sent {theirs}, this rank expected {}", job.peer, job.fp),
-                    )
-                    .with_op(job.fp.to_string())
-                    .with_peer(job.peer));
+                if !job.is_send {
+                    job.check_header(g)?;
                 }
             }
             // Phase 2: payloads both ways at once (headers are small enough to never block,
@@ -1465,6 +1461,21 @@ pub(crate) struct P2pJob {
 }
 
 impl P2pJob {
+    /// Checks the header that arrived for this receive against what it expects (dtype,
+    /// count, tag, per-pair sequence number), before any payload is read.
+    pub(crate) fn check_header(&self, got: &[u8]) -> Result<()> {
+        let theirs = Fingerprint::decode(got).map_err(|e| e.with_peer(self.peer))?;
+        if theirs != self.fp {
+            return Err(Error::new(
+                ErrorKind::Mismatch,
+                format!("rank {} sent {theirs}, this rank expected {}", self.peer, self.fp),
+            )
+            .with_op(self.fp.to_string())
+            .with_peer(self.peer));
+        }
+        Ok(())
+    }
+
     fn send(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
         P2pJob { peer, is_send: true, bytes, fp, header: [0; FP_BYTES], slot }
     }

@@ -1004,17 +1004,8 @@ impl MpiBackend {
             return Err(e);
         }
         for (job, got) in jobs.iter().zip(&headers) {
-            if job.is_send {
-                continue;
-            }
-            let theirs = Fingerprint::decode(got).map_err(|e| e.with_peer(job.peer))?;
-            if theirs != job.fp {
-                return Err(Error::new(
-                    ErrorKind::Mismatch,
-                    format!("rank {} sent {theirs}, this rank expected {}", job.peer, job.fp),
-                )
-                .with_op(job.fp.to_string())
-                .with_peer(job.peer));
+            if !job.is_send {
+                job.check_header(got)?;
             }
         }
         let posted = post(c, jobs.iter_mut().map(|j| (j.peer, j.is_send, &mut j.bytes[..])), TAG_PAYLOAD)
