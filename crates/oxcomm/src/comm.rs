@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::algorithms::hierarchical::HostLayout;
 use crate::algorithms::{self, plan, Algorithm};
 use crate::dtype::{as_bytes, as_bytes_mut, DType, Element};
 use crate::engine::{Ctx, LinkStats, Xfer};
@@ -106,6 +107,9 @@ pub(crate) struct Core {
     /// The MPI backend: when set, every op runs through it instead of links and algorithms.
     #[cfg(feature = "mpi")]
     mpi: Option<Arc<crate::backend::mpi::MpiBackend>>,
+    /// Host index of every world rank (0, 1, … in order of first appearance; all 0 unless
+    /// the transport said otherwise).
+    hosts: Vec<usize>,
 }
 
 struct State {
@@ -134,6 +138,16 @@ struct Group {
     members: Vec<usize>,
     rank: usize,
     seq: AtomicU64,
+    /// How the group spans hosts, when hierarchical algorithms apply.
+    layout: Option<HostLayout>,
+}
+
+impl Group {
+    fn new(id: u64, members: Vec<usize>, rank: usize, hosts: &[usize]) -> Group {
+        let host_of: Vec<usize> = members.iter().map(|w| hosts[*w]).collect();
+        let layout = HostLayout::new(&host_of, rank);
+        Group { id, members, rank, seq: AtomicU64::new(0), layout }
+    }
 }
 
 impl std::fmt::Debug for Communicator {
@@ -242,9 +256,29 @@ impl Communicator {
             direct,
             #[cfg(feature = "mpi")]
             mpi: None,
+            hosts: vec![0; size],
         });
-        let group = Arc::new(Group { id: 0, members: (0..size).collect(), rank, seq: AtomicU64::new(0) });
+        let group = Arc::new(Group::new(0, (0..size).collect(), rank, &core.hosts));
         Communicator { core, group }
+    }
+
+    /// Records which host each world rank is on (`host_of[r]`: any label, equal for ranks on
+    /// one host), so groups that span hosts evenly use hierarchical algorithms. Only on a
+    /// fresh world communicator (transports and [`crate::threads::run_on_hosts`] call it).
+    pub(crate) fn with_hosts<L: PartialEq>(mut self, host_of: &[L]) -> Result<Communicator> {
+        let size = self.core.world_size;
+        if host_of.len() != size {
+            return Err(Error::invalid(format!("{} host labels for {size} ranks", host_of.len())));
+        }
+        let mut hosts = Vec::with_capacity(size);
+        for (r, label) in host_of.iter().enumerate() {
+            let first = host_of[..r].iter().position(|l| l == label);
+            hosts.push(first.map_or_else(|| hosts.iter().max().map_or(0, |m| m + 1), |f| hosts[f]));
+        }
+        let core = Arc::get_mut(&mut self.core).ok_or_else(|| Error::invalid("with_hosts on a shared communicator"))?;
+        core.hosts = hosts;
+        self.group = Arc::new(Group::new(0, (0..size).collect(), core.world_rank, &core.hosts));
+        Ok(self)
     }
 
     /// A world communicator whose ops all run through the MPI backend (no links).
@@ -328,6 +362,19 @@ impl Communicator {
     /// The transport's name (`threads`, `shm`, `tcp`).
     pub fn transport(&self) -> &'static str {
         self.core.transport
+    }
+
+    /// The host of each group rank: hosts are numbered 0, 1, … in order of their first
+    /// world rank; ranks that share a host (shared memory between them) share a number. On
+    /// thread ranks every rank is on host 0 unless built with [`crate::threads::run_on_hosts`].
+    pub fn hosts(&self) -> Vec<usize> {
+        self.group.members.iter().map(|w| self.core.hosts[*w]).collect()
+    }
+
+    /// How the group spans hosts when it does so evenly (the same number, at least 2, of its
+    /// ranks on each of at least 2 hosts); hierarchical algorithms run then.
+    pub fn host_layout(&self) -> Option<&HostLayout> {
+        self.group.layout.as_ref()
     }
 
     /// The communicator's settings.
@@ -492,7 +539,7 @@ impl Communicator {
             (None, Some(a)) if plan::candidates(fp.kind).contains(&a) => Some(a),
             _ => None,
         };
-        plan::choose(fp.kind, bytes, count, self.size(), forced, self.has_direct())
+        plan::choose(fp.kind, bytes, count, self.size(), forced, self.has_direct(), self.group.layout.is_some())
             .map_err(|e| e.with_op(self.describe(fp)).with_rank(self.core.world_rank))
     }
 
@@ -592,12 +639,14 @@ impl Communicator {
         }
         let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
         let n = self.size();
+        let layout = self.group.layout.as_ref();
         self.collective(fp, opts, algo != Algorithm::ShmDirect, algo.name(), |ctx, fp| {
-            match algo {
+            match (algo, layout) {
                 #[cfg(target_os = "linux")]
-                Algorithm::ShmDirect => with_direct(ctx, |ctx, d| {
+                (Algorithm::ShmDirect, _) => with_direct(ctx, |ctx, d| {
                     crate::algorithms::shm_direct::all_reduce(ctx, d, fp, buf, op.combiner())
                 })?,
+                (Algorithm::Hierarchical, Some(l)) => algorithms::hierarchical::all_reduce(ctx, l, buf, op.combiner())?,
                 _ => run_all_reduce(ctx, algo, buf, op.combiner())?,
             }
             reduce::finish_avg(buf, op, n);
@@ -651,11 +700,13 @@ impl Communicator {
             return b.broadcast(self, fp, buf, root, opts);
         }
         let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
-        self.collective(fp, opts, algo != Algorithm::ShmDirect, algo.name(), |ctx, fp| match algo {
+        let layout = self.group.layout.as_ref();
+        self.collective(fp, opts, algo != Algorithm::ShmDirect, algo.name(), |ctx, fp| match (algo, layout) {
             #[cfg(target_os = "linux")]
-            Algorithm::ShmDirect => {
+            (Algorithm::ShmDirect, _) => {
                 with_direct(ctx, |ctx, d| crate::algorithms::shm_direct::broadcast(ctx, d, fp, buf, root))
             }
+            (Algorithm::Hierarchical, Some(l)) => algorithms::hierarchical::broadcast(ctx, l, buf, root),
             _ => algorithms::tree::broadcast(ctx, buf, root),
         })
     }
@@ -685,8 +736,12 @@ impl Communicator {
         if let Some(b) = self.mpi() {
             return b.all_gather(self, fp, input, output, opts);
         }
-        self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
-        self.collective(fp, opts, true, "ring", |ctx, _| algorithms::ring::all_gather(ctx, input, output))
+        let algo = self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
+        let layout = self.group.layout.as_ref();
+        self.collective(fp, opts, true, algo.name(), |ctx, _| match (algo, layout) {
+            (Algorithm::Hierarchical, Some(l)) => algorithms::hierarchical::all_gather(ctx, l, input, output),
+            _ => algorithms::ring::all_gather(ctx, input, output),
+        })
     }
 
     /// Reduces `input` (size × output.len()) across the group; rank r gets block r of the
@@ -723,10 +778,16 @@ impl Communicator {
         if let Some(b) = self.mpi() {
             return b.reduce_scatter(self, fp, input, output, op, opts);
         }
-        self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
+        let algo = self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
         let n = self.size();
-        self.collective(fp, opts, true, "ring", |ctx, _| {
-            algorithms::ring::reduce_scatter(ctx, input, output, op.combiner())?;
+        let layout = self.group.layout.as_ref();
+        self.collective(fp, opts, true, algo.name(), |ctx, _| {
+            match (algo, layout) {
+                (Algorithm::Hierarchical, Some(l)) => {
+                    algorithms::hierarchical::reduce_scatter(ctx, l, input, output, op.combiner())?
+                }
+                _ => algorithms::ring::reduce_scatter(ctx, input, output, op.combiner())?,
+            }
             reduce::finish_avg(output, op, n);
             Ok(())
         })
@@ -1025,10 +1086,7 @@ impl Communicator {
         (self.group.id, self.group.seq.load(Ordering::SeqCst), salt, ranks).hash(&mut h);
         let id = h.finish() | 1;
         let members = ranks.iter().map(|r| self.group.members[*r]).collect();
-        Some(Communicator {
-            core: self.core.clone(),
-            group: Arc::new(Group { id, members, rank: me, seq: AtomicU64::new(0) }),
-        })
+        Some(Communicator { core: self.core.clone(), group: Arc::new(Group::new(id, members, me, &self.core.hosts)) })
     }
 
     // ---------------------------------------------------------------- point to point

@@ -153,6 +153,26 @@ impl<'c> Ctx<'c> {
         }
     }
 
+    /// A view of this op over a subset of the group: `members` are the world ranks of the
+    /// subset (this rank among them at index `rank`). Same links, doorbell, deadline and
+    /// counters; no direct shared-memory path. Hierarchical algorithms run their phases on it.
+    pub fn sub<'s>(&'s mut self, members: &'s [usize], rank: usize) -> Ctx<'s> {
+        debug_assert_eq!(members[rank], self.members[self.rank], "a sub-view must contain this rank");
+        Ctx {
+            rank,
+            size: members.len(),
+            members,
+            links: &mut *self.links,
+            bell: self.bell,
+            deadline: self.deadline,
+            timeout: self.timeout,
+            max_segment: self.max_segment,
+            stats: &mut *self.stats,
+            scratch: &mut *self.scratch,
+            direct: None,
+        }
+    }
+
     /// The world rank of group rank `r`.
     pub fn world(&self, r: usize) -> usize {
         self.members[r]

@@ -204,7 +204,7 @@ impl Init {
             let (links, bell) =
                 crate::transport::tcp::connect_mesh_with(&store, rank, world, ip, &self.token, &job, &tcp, deadline)
                     .map_err(fail)?;
-            return Communicator::from_links(rank, links, bell, self.config.clone(), "tcp");
+            return Communicator::from_links(rank, links, bell, self.config.clone(), "tcp")?.with_hosts(&hosts);
         }
         tracing::info!(target: "oxcomm::init", rank, world, job = %job, local = local.len(), "joining over shared memory");
 
@@ -226,7 +226,7 @@ impl Init {
         ep.unlink_own().map_err(fail)?;
         let direct = ep.direct();
         let (links, bell) = ep.into_parts();
-        Communicator::from_parts(rank, links, bell, self.config.clone(), "shm", direct)
+        Communicator::from_parts(rank, links, bell, self.config.clone(), "shm", direct)?.with_hosts(&hosts)
     }
 }
 

@@ -26,10 +26,19 @@ where
     R: Send,
     F: Fn(Communicator) -> R + Sync,
 {
+    spawn_ranks(communicators(n, config)?, f)
+}
+
+/// Runs `f` on one thread per communicator; see [`run`].
+fn spawn_ranks<R, F>(comms: Vec<Communicator>, f: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(Communicator) -> R + Sync,
+{
+    let n = comms.len();
     if n == 0 {
         return Err(Error::invalid("threads::run needs at least one rank"));
     }
-    let comms: Vec<Communicator> = communicators(n, config)?;
     let f = &f;
     std::thread::scope(|s| {
         let handles: Vec<_> = comms
@@ -64,6 +73,20 @@ where
             None => Ok(out),
         }
     })
+}
+
+/// [`run_with`] on `hosts.len()` thread ranks that behave as if rank `r` were on host
+/// `hosts[r]` (any labels): the links are still in-process, but groups that span these
+/// "hosts" evenly run the hierarchical algorithms, as a multi-host job would. For tests and
+/// benchmarks of the algorithms without a network.
+pub fn run_on_hosts<R, F, L>(hosts: &[L], config: CommConfig, f: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(Communicator) -> R + Sync,
+    L: PartialEq + Sync,
+{
+    let comms = communicators(hosts.len(), config)?.into_iter().map(|c| c.with_hosts(hosts)).collect::<Result<_>>()?;
+    spawn_ranks(comms, f)
 }
 
 /// Builds `n` connected world communicators over in-process links, without starting threads.

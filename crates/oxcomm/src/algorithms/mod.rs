@@ -7,6 +7,7 @@
 
 pub(crate) mod barrier;
 pub(crate) mod doubling;
+pub mod hierarchical;
 pub(crate) mod pairwise;
 pub mod plan;
 pub(crate) mod ring;
@@ -40,11 +41,14 @@ pub enum Algorithm {
     /// Ranks on one host read each other's shared memory directly (all_reduce, broadcast,
     /// barrier); only on the shm transport, for the world group.
     ShmDirect,
+    /// Inside each host, then across hosts, then back (all_reduce, reduce_scatter, all_gather,
+    /// broadcast); for groups with the same number (≥ 2) of ranks on each of ≥ 2 hosts.
+    Hierarchical,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 8] = [
+    pub const ALL: [Algorithm; 9] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
         Algorithm::Star,
@@ -53,9 +57,10 @@ impl Algorithm {
         Algorithm::Dissemination,
         Algorithm::Flat,
         Algorithm::ShmDirect,
+        Algorithm::Hierarchical,
     ];
 
-    /// Short name for logs and the CLI (`ring`, `rd`, `star`, `tree`, `pairwise`, `dissem`, `flat`, `direct`).
+    /// Short name for logs and the CLI (`ring`, `rd`, `star`, `tree`, `pairwise`, `dissem`, `flat`, `direct`, `hier`).
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
@@ -66,10 +71,12 @@ impl Algorithm {
             Algorithm::Dissemination => "dissem",
             Algorithm::Flat => "flat",
             Algorithm::ShmDirect => "direct",
+            Algorithm::Hierarchical => "hier",
         }
     }
 
-    /// Parses [`Algorithm::name`] (also `recursive_doubling`, `binomial`, `dissemination`).
+    /// Parses [`Algorithm::name`] (also `recursive_doubling`, `binomial`, `dissemination`,
+    /// `hierarchical`).
     pub fn parse(s: &str) -> Option<Algorithm> {
         Some(match s {
             "ring" => Algorithm::Ring,
@@ -80,6 +87,7 @@ impl Algorithm {
             "dissem" | "dissemination" => Algorithm::Dissemination,
             "flat" => Algorithm::Flat,
             "direct" | "shm_direct" => Algorithm::ShmDirect,
+            "hier" | "hierarchical" => Algorithm::Hierarchical,
             _ => return None,
         })
     }

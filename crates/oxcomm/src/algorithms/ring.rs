@@ -40,19 +40,25 @@ pub(crate) fn split_pair<T>(buf: &mut [T], a: std::ops::Range<usize>, b: std::op
 /// In-place ring all-reduce of `buf` with `op` (use the combiner: `Avg` is finished by the
 /// caller).
 pub(crate) fn all_reduce<T: Element>(ctx: &mut Ctx<'_>, buf: &mut [T], op: ReduceOp) -> Result<()> {
-    let (n, r) = (ctx.size, ctx.rank);
-    if n == 1 {
+    if ctx.size == 1 {
         return Ok(());
     }
+    reduce_scatter_in_place(ctx, buf, op)?;
+    all_gather_in_place(ctx, buf)
+}
+
+/// Ring reduce-scatter in place: on return chunk `rank` of `buf` ([`chunk`]`(len, n, rank)`)
+/// holds the reduction of every rank's chunk `rank`; other chunks hold partial sums.
+pub(crate) fn reduce_scatter_in_place<T: Element>(ctx: &mut Ctx<'_>, buf: &mut [T], op: ReduceOp) -> Result<()> {
+    let (n, r) = (ctx.size, ctx.rank);
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     let count = buf.len();
-    // Reduce-scatter: afterwards chunk `r` holds the full reduction.
-    for step in 0..n - 1 {
+    for step in 0..n.saturating_sub(1) {
         let (s, v) = schedule::ring_reduce_scatter(r, n, step);
         let (send, acc) = split_pair(buf, chunk(count, n, s), chunk(count, n, v));
         ctx.run(&mut [Xfer::send(next, as_bytes(send)), Xfer::recv_reduce(prev, acc, op)])?;
     }
-    all_gather_in_place(ctx, buf)
+    Ok(())
 }
 
 /// Ring all-gather in place: on entry chunk `rank` of `buf` is this rank's; on return every

@@ -67,6 +67,9 @@ pub struct CollectiveTester {
     counts: Vec<usize>,
     dtypes: Vec<DType>,
     segments: Vec<usize>,
+    /// When set, thread ranks are placed on these simulated hosts (one world per layout)
+    /// instead of running `worlds`.
+    layouts: Vec<Vec<usize>>,
     filter: Option<String>,
 }
 
@@ -77,6 +80,7 @@ impl CollectiveTester {
             counts: vec![0, 1, 7, 1000, 65537],
             dtypes: DType::ALL.to_vec(),
             segments: vec![1 << 20, 64],
+            layouts: Vec::new(),
             filter: std::env::var("OXCOMM_TEST_FILTER").ok(),
         }
     }
@@ -93,6 +97,18 @@ impl CollectiveTester {
 
     pub fn segments(mut self, s: &[usize]) -> Self {
         self.segments = s.to_vec();
+        self
+    }
+
+    pub fn dtypes(mut self, d: &[DType]) -> Self {
+        self.dtypes = d.to_vec();
+        self
+    }
+
+    /// Runs each case on thread ranks placed on simulated hosts: `layouts[i][r]` is the host
+    /// of rank `r` in world `i` (see `threads::run_on_hosts`).
+    pub fn layouts(mut self, l: &[&[usize]]) -> Self {
+        self.layouts = l.iter().map(|h| h.to_vec()).collect();
         self
     }
 
@@ -127,17 +143,23 @@ impl CollectiveTester {
     }
 
     fn each_world(&self, f: impl Fn(Communicator) -> Vec<String> + Sync) {
-        for &n in &self.worlds {
-            let failures = threads::run_with(
-                n,
-                CommConfig { timeout: std::time::Duration::from_secs(60), ..CommConfig::default() },
-                &f,
-            )
-            .unwrap_or_else(|e| panic!("world {n}: {e}"));
+        let config = CommConfig { timeout: std::time::Duration::from_secs(60), ..CommConfig::default() };
+        let worlds: Vec<(String, Vec<usize>)> = if self.layouts.is_empty() {
+            self.worlds.iter().map(|&n| (format!("world {n}"), vec![0; n])).collect()
+        } else {
+            self.layouts.iter().map(|h| (format!("hosts {h:?}"), h.clone())).collect()
+        };
+        for (name, hosts) in worlds {
+            let failures = if self.layouts.is_empty() {
+                threads::run_with(hosts.len(), config.clone(), &f)
+            } else {
+                threads::run_on_hosts(&hosts, config.clone(), &f)
+            }
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
             let failures: Vec<String> = failures.into_iter().flatten().collect();
             assert!(
                 failures.is_empty(),
-                "world {n}: {} failing cases, first: {:#?}",
+                "{name}: {} failing cases, first: {:#?}",
                 failures.len(),
                 &failures[..failures.len().min(5)]
             );
@@ -150,8 +172,17 @@ impl CollectiveTester {
         let comm = comm.clone();
         let mut bad = Vec::new();
         for &(count, d, op, seg) in &cases {
-            for algo in [Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Star, Algorithm::ShmDirect] {
+            for algo in [
+                Algorithm::Ring,
+                Algorithm::RecursiveDoubling,
+                Algorithm::Star,
+                Algorithm::ShmDirect,
+                Algorithm::Hierarchical,
+            ] {
                 if algo == Algorithm::ShmDirect && comm.transport() != "shm" {
+                    continue;
+                }
+                if algo == Algorithm::Hierarchical && comm.host_layout().is_none() {
                     continue;
                 }
                 let label = format!("all_reduce n={} {d} {op} count={count} {algo} seg={seg}", comm.size());
@@ -369,4 +400,40 @@ fn movement_matrix() {
 #[test]
 fn reduce_scatter_matrix() {
     CollectiveTester::new().run_reduce_scatter();
+}
+
+/// Thread ranks on simulated hosts: the planner picks the hierarchical algorithms for
+/// all_gather, reduce_scatter and broadcast, and all_reduce runs them forced; uneven layouts
+/// fall back to the flat ones. Every result is exact.
+#[test]
+fn hierarchical_matrix() {
+    let layouts: &[&[usize]] = &[&[0, 0, 1, 1], &[4, 9, 4, 9, 4, 9], &[0, 0, 0, 1, 1, 1, 2, 2, 2], &[0, 0, 1]];
+    let t = CollectiveTester::new().layouts(layouts).dtypes(&[DType::F32, DType::BF16, DType::I32, DType::U8]);
+    t.clone().run_all_reduce();
+    t.clone().run_rooted();
+    t.clone().run_gather_scatter();
+    t.run_reduce_scatter();
+}
+
+#[test]
+fn hierarchical_plan_and_layout() {
+    let hosts = [0usize, 0, 1, 1];
+    let out = threads::run_on_hosts(&hosts, CommConfig::default(), |comm| {
+        let layout = comm.host_layout().cloned();
+        let forced = OpOptions { algorithm: Some(Algorithm::Hierarchical), ..Default::default() };
+        // A sub-group inside one host has no hierarchy: forcing it is an argument error.
+        let pair = comm.split(Some(comm.rank() as u32 / 2), 0).unwrap().unwrap();
+        let mut b = vec![1.0f32; 4];
+        let err = pair.all_reduce_with(&mut b, ReduceOp::Sum, &forced).unwrap_err();
+        // A cross-host sub-group with one rank per host has none either.
+        let across = comm.split(Some(comm.rank() as u32 % 2), 0).unwrap().unwrap();
+        (comm.hosts(), layout.map(|l| (l.num_hosts(), l.ranks_per_host())), err.kind(), across.host_layout().is_none())
+    })
+    .unwrap();
+    for (hosts, layout, kind, flat) in out {
+        assert_eq!(hosts, vec![0, 0, 1, 1]);
+        assert_eq!(layout, Some((2, 2)));
+        assert_eq!(kind, oxcomm::ErrorKind::InvalidArgument);
+        assert!(flat);
+    }
 }
