@@ -20,20 +20,8 @@ mkdir -p "$OUT"
 
 cargo build --release -q -p oxcomm-cli
 OXCOMM="$(realpath "$TARGET/release/oxcomm")"
-NS="oxq$$h"
-cleanup() { for i in 0 1; do ip netns del "$NS$i" 2>/dev/null || true; done; }
-trap cleanup EXIT
-ip netns add "${NS}0"
-ip netns add "${NS}1"
-ip -n "${NS}0" link add eth0 type veth peer name eth0 netns "${NS}1"
-for i in 0 1; do
-    ip -n "$NS$i" addr add "10.79.0.$((i + 1))/24" dev eth0
-    ip -n "$NS$i" link set eth0 up
-    ip -n "$NS$i" link set lo up
-    ip netns exec "$NS$i" tc qdisc replace dev eth0 root tbf rate "$RATE" burst 128k latency 20ms
-done
-export OXCOMM_TOKEN
-OXCOMM_TOKEN=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+source bench/two_hosts.sh
+two_hosts "oxq$$h" 10.79.0 "$RATE"
 
 echo "# host: $(nproc) cores, load average $(cut -d" " -f1-3 /proc/loadavg); oxcomm $(git describe --always --dirty 2>/dev/null || echo '?')"
 echo "# 2 hosts (network namespaces), veth shaped to $RATE each way, f32, $SIZE, $ITERS timed + 1 warm-up"
@@ -42,13 +30,8 @@ run() { # name, ranks per host, ops, extra args...
     local name=$1 nproc=$2 ops=$3
     shift 3
     port=$((port + 1))
-    local args=(bench --worker --quiet --op "$ops" -d f32 -b "$SIZE" -e "$SIZE" -n "$ITERS" -w 1 --json "$OUT/$name.json" "$@")
-    local launch=(launch --nnodes 2 --master-addr 10.79.0.1 --master-port "$port" -n "$nproc")
-    ip netns exec "${NS}1" "$OXCOMM" "${launch[@]}" --node-rank 1 -- "$OXCOMM" "${args[@]}" >"$OUT/${name}_node1.txt" 2>&1 &
-    local node1=$!
-    ip netns exec "${NS}0" "$OXCOMM" "${launch[@]}" --node-rank 0 -- "$OXCOMM" "${args[@]}" >"$OUT/$name.txt" 2>&1 \
-        || { cat "$OUT/$name.txt" "$OUT/${name}_node1.txt" >&2; exit 1; }
-    wait "$node1"
+    on_two_hosts "$name" "$nproc" "$port" -- --quiet --op "$ops" -d f32 -b "$SIZE" -e "$SIZE" -n "$ITERS" -w 1 \
+        --json "$OUT/$name.json" "$@"
     # One line per op: in-place time, busbw, wire bytes, wrong.
     python3 - "$OUT/$name.json" <<'PY'
 import json, sys

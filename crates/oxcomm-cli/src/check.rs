@@ -12,8 +12,8 @@
 //! # What runs
 //!
 //! For each transport and world size: every op with every algorithm that applies to it
-//! (`auto` too; `direct` only on shm), for the dtypes f32, bf16, i32 and u8 (the compressed
-//! ops only for the dtypes they take), at counts of 0, 1, 7, 4097 and 2^18 elements per rank
+//! (`auto` too; `direct` only on shm, `hier` only across hosts), for the dtypes f32, bf16, i32
+//! and u8 (the compressed ops only for the dtypes they take), at counts of 0, 1, 7, 4097 and 2^18 elements per rank
 //! block (2^18 is 1 MiB of f32), both in place and out of place where the bench has both
 //! modes. Reducing ops use `sum`; all_reduce (auto) also `max` and `prod` up to 4097 elements. Inputs are small integers
 //! whose reductions are exact in every dtype (see `crate::bench`), so results are compared
@@ -143,9 +143,14 @@ impl Check {
     }
 }
 
-/// Every check for `transport` (`direct` algorithms only on shm), in table order.
+/// Every check for `transport` (`direct` algorithms only on shm, hierarchical ones only on
+/// jobs that mix shm and TCP, i.e. span hosts), in table order.
 fn checks(transport: &str) -> Vec<Check> {
-    let applies = |a: &Algorithm| *a != Algorithm::ShmDirect || transport == "shm";
+    let applies = |a: &Algorithm| match a {
+        Algorithm::ShmDirect => transport == "shm",
+        Algorithm::Hierarchical => transport == "shm+tcp",
+        _ => true,
+    };
     let mut out = Vec::new();
     for op in BenchOp::ALL {
         if op.averages() {
@@ -648,6 +653,8 @@ mod tests {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }
         assert!(!checks("threads").iter().any(|c| c.name().ends_with("/direct")));
+        assert!(!checks("shm").iter().any(|c| c.name().ends_with("/hier")));
+        assert!(checks("shm+tcp").iter().any(|c| c.name() == "all_reduce/hier"));
     }
 
     #[test]

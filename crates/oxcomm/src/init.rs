@@ -1,7 +1,7 @@
 //! Starting a communicator for ranks that are processes: [`init`] reads the environment that
 //! `oxcomm launch`, torchrun, mpirun or srun set, meets the other ranks through the
 //! authenticated key-value store, decides which peers share this host, and builds shared
-//! memory links to them (and TCP links to other hosts, where that transport is built).
+//! memory links to them and TCP links to the other hosts.
 //!
 //! [`Init`] is the explicit builder for programs that know their rank and store address
 //! without the environment.
@@ -186,31 +186,51 @@ impl Init {
             hosts.push(h);
         }
         let local: Vec<usize> = (0..world).filter(|r| hosts[*r] == host.as_bytes() && *r != rank).collect();
-        let remote = world - 1 - local.len();
+        let remote: Vec<usize> = (0..world).filter(|r| hosts[*r] != host.as_bytes()).collect();
         let use_shm = !matches!(self.transport, TransportChoice::Tcp);
-        if remote > 0 || !use_shm {
-            if matches!(self.transport, TransportChoice::Shm) {
-                return Err(Error::invalid(format!(
-                    "rank {rank}: OXCOMM_TRANSPORT=shm but {remote} peer(s) are on other hosts"
-                )));
-            }
-            // Until shm and TCP links share one doorbell, a job that spans hosts uses TCP for
-            // every link (see the README's transport table).
-            let ip =
-                crate::transport::tcp::choose_bind_ip(self.store_addr, self.socket_ifname.as_deref(), self.socket_addr)
-                    .map_err(fail)?;
-            tracing::info!(target: "oxcomm::init", rank, world, job = %job, %ip, "joining over TCP");
-            let tcp = crate::transport::tcp::TcpConfig::from_env().map_err(fail)?;
+        if !remote.is_empty() && matches!(self.transport, TransportChoice::Shm) {
+            return Err(Error::invalid(format!(
+                "rank {rank}: OXCOMM_TRANSPORT=shm but {} peer(s) are on other hosts",
+                remote.len()
+            )));
+        }
+        // TCP to every peer when asked, or when no peer shares this host.
+        if !use_shm || local.is_empty() {
+            tracing::info!(target: "oxcomm::init", rank, world, job = %job, "joining over TCP");
+            let (ip, tcp) = self.tcp_settings()?;
             let (links, bell) =
                 crate::transport::tcp::connect_mesh_with(&store, rank, world, ip, &self.token, &job, &tcp, deadline)
                     .map_err(fail)?;
             return Communicator::from_links(rank, links, bell, self.config.clone(), "tcp")?.with_hosts(&hosts);
         }
-        tracing::info!(target: "oxcomm::init", rank, world, job = %job, local = local.len(), "joining over shared memory");
-
         if std::env::var(ENV_BIND).map_or(true, |v| v != "none") {
             let local_rank = (0..world).filter(|r| hosts[*r] == host.as_bytes() && *r < rank).count();
             bind_to_core(local_rank, local.len() + 1);
+        }
+        // Peers on other hosts first (every rank does the same, so nobody waits on a rank
+        // that is still in the other phase), then shared memory with this host's.
+        let tcp = if remote.is_empty() {
+            None
+        } else {
+            tracing::info!(target: "oxcomm::init", rank, world, job = %job, local = local.len(), remote = remote.len(),
+                "joining over shared memory and TCP");
+            let (ip, tcp) = self.tcp_settings()?;
+            let parts = crate::transport::tcp::connect_peers_with(
+                &store,
+                rank,
+                world,
+                &remote,
+                ip,
+                &self.token,
+                &job,
+                &tcp,
+                deadline,
+            )
+            .map_err(fail)?;
+            Some(parts)
+        };
+        if tcp.is_none() {
+            tracing::info!(target: "oxcomm::init", rank, world, job = %job, local = local.len(), "joining over shared memory");
         }
 
         // Shared memory: create, tell, attach, wait until attached, unlink.
@@ -224,9 +244,29 @@ impl Init {
         ep.attach(&local, deadline).map_err(fail)?;
         ep.wait_attached(&local, deadline).map_err(fail)?;
         ep.unlink_own().map_err(fail)?;
-        let direct = ep.direct();
-        let (links, bell) = ep.into_parts();
-        Communicator::from_parts(rank, links, bell, self.config.clone(), "shm", direct)?.with_hosts(&hosts)
+        let comm = match tcp {
+            None => {
+                let direct = ep.direct();
+                let (links, bell) = ep.into_parts();
+                Communicator::from_parts(rank, links, bell, self.config.clone(), "shm", direct)?
+            }
+            Some((tcp_links, tcp_bell)) => {
+                let (shm_links, shm_bell) = ep.into_shm_parts();
+                let (links, bell) =
+                    crate::transport::mixed::combine(rank, shm_links, shm_bell, tcp_links, tcp_bell).map_err(fail)?;
+                Communicator::from_links(rank, links, bell, self.config.clone(), "shm+tcp")?
+            }
+        };
+        comm.with_hosts(&hosts)
+    }
+
+    /// The address TCP links bind and their settings.
+    fn tcp_settings(&self) -> Result<(std::net::IpAddr, crate::transport::tcp::TcpConfig)> {
+        let ip =
+            crate::transport::tcp::choose_bind_ip(self.store_addr, self.socket_ifname.as_deref(), self.socket_addr)
+                .map_err(|e| e.with_rank(self.rank))?;
+        let tcp = crate::transport::tcp::TcpConfig::from_env().map_err(|e| e.with_rank(self.rank))?;
+        Ok((ip, tcp))
     }
 }
 

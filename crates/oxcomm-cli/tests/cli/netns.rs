@@ -402,8 +402,9 @@ fn children(parent: libc::pid_t) -> Vec<libc::pid_t> {
 // ---------------------------------------------------------------------------------------------
 
 /// Runs `oxcomm bench --worker --op all -c 1 ARGS` with `nproc` ranks on every host and checks
-/// that every launcher succeeds, the job ran over TCP with every rank, and every row of every
-/// op and mode (out-of-place, in-place) reports 0 wrong elements.
+/// that every launcher succeeds, the job ran with every rank over TCP between hosts (and shared
+/// memory inside a host when it has several ranks), and every row of every op and mode
+/// (out-of-place, in-place) reports 0 wrong elements.
 fn every_collective_exact(net: &Net, nproc: usize, envs: &[(&str, &str)], args: &[&str], compressed: bool) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("rows.jsonl");
@@ -412,6 +413,7 @@ fn every_collective_exact(net: &Net, nproc: usize, envs: &[(&str, &str)], args: 
     bench.extend(args);
     let mut jobs = net.launch_all(nproc, envs, &bench);
     let world = net.hosts * nproc;
+    let transport = if nproc > 1 { "shm+tcp" } else { "tcp" };
     for job in &mut jobs {
         let code = job.wait(LIMIT);
         let host = job.host;
@@ -419,8 +421,8 @@ fn every_collective_exact(net: &Net, nproc: usize, envs: &[(&str, &str)], args: 
     }
     let out = jobs[0].output();
     assert!(
-        out.contains(&format!("[0] # oxcomm bench  ranks: {world}  transport: tcp ")),
-        "rank 0 reports {world} ranks over tcp:\n{out}"
+        out.contains(&format!("[0] # oxcomm bench  ranks: {world}  transport: {transport} ")),
+        "rank 0 reports {world} ranks over {transport}:\n{out}"
     );
     assert!(out.contains("[0] # Out of bounds values : 0 OK\n"), "{out}");
     assert!(!out.contains("not checked"), "every op is checked:\n{out}");
@@ -436,7 +438,7 @@ fn every_collective_exact(net: &Net, nproc: usize, envs: &[(&str, &str)], args: 
             for row in mine {
                 assert_eq!(row["wrong"], 0, "{op}: {row}");
                 assert_eq!(row["world_size"], world, "{row}");
-                assert_eq!(row["transport"], "tcp", "{row}");
+                assert_eq!(row["transport"], transport, "{row}");
             }
         }
     }

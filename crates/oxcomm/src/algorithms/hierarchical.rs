@@ -3,7 +3,7 @@
 //!
 //! This file owns the group's host layout ([`HostLayout`], from the host of every group rank)
 //! and the four hierarchical algorithms. Each phase is an ordinary algorithm (ring, recursive
-//! doubling, binomial tree) run on a sub-view of the op's [`Ctx`] ([`Ctx::sub`]): the ranks
+//! doubling, binomial tree) run on a sub-view of the op's context (`Ctx::sub`): the ranks
 //! of one host (*intra*), or the ranks with the same local index on every host (*inter*).
 //! It applies when every host holds the same number `k ≥ 2` of the group's ranks and there are
 //! `h ≥ 2` hosts; group ranks need not be contiguous per host.

@@ -21,6 +21,8 @@ use std::time::Instant;
 use crate::error::{Error, ErrorKind, Result};
 
 #[cfg(target_os = "linux")]
+pub mod mixed;
+#[cfg(target_os = "linux")]
 pub mod shm;
 #[cfg(unix)]
 pub mod tcp;

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use oxcomm::rendezvous::{self, Settings, StoreServer};
-use oxcomm::ReduceOp;
+use oxcomm::{Communicator, ReduceOp};
 
 use crate::collectives::CollectiveTester;
 
@@ -36,6 +36,12 @@ fn spawn_job(n: usize, role: &str, timeout_s: &str) -> Job {
 }
 
 fn spawn_job_with(n: usize, role: &str, timeout_s: &str, env: &[(&str, &str)]) -> Job {
+    spawn_job_on_hosts(n, role, timeout_s, env, &[])
+}
+
+/// [`spawn_job_with`], with rank `r` claiming host identity `host_ids[r]` (`OXCOMM_HOST_ID`)
+/// when given: ranks with different ids talk over TCP on loopback, as if on other hosts.
+fn spawn_job_on_hosts(n: usize, role: &str, timeout_s: &str, env: &[(&str, &str)], host_ids: &[&str]) -> Job {
     static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let token = rendezvous::generate_token();
     let token_bytes = Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
@@ -59,6 +65,7 @@ fn spawn_job_with(n: usize, role: &str, timeout_s: &str, env: &[(&str, &str)]) -
                 .env("OXCOMM_JOB_ID", &job_id)
                 .env("OXCOMM_TIMEOUT", timeout_s)
                 .envs(env.iter().copied())
+                .envs(host_ids.get(r).map(|h| ("OXCOMM_HOST_ID", *h)))
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -117,27 +124,20 @@ fn child_entry() {
         std::process::exit(3)
     });
     match role.as_str() {
-        "tester" => {
-            let t = CollectiveTester::new().counts(&[0, 1, 7, 1000, 65537]);
-            let mut bad = t.rank_all_reduce(&comm);
-            bad.extend(t.rank_rooted(&comm));
-            bad.extend(t.rank_gather_scatter(&comm));
-            bad.extend(t.rank_reduce_scatter(&comm));
-            if !bad.is_empty() {
-                eprintln!("{} failures, first: {:#?}", bad.len(), &bad[..bad.len().min(5)]);
-                std::process::exit(1);
-            }
-            println!("rank {} ok", comm.rank());
-        }
+        "tester" => full_matrix(&comm, CollectiveTester::new().counts(&[0, 1, 7, 1000, 65537])),
         "quick" => {
             let t = CollectiveTester::new().counts(&[0, 7, 1000]).segments(&[1 << 20]);
             let mut bad = t.rank_all_reduce(&comm);
             bad.extend(t.rank_gather_scatter(&comm));
-            if !bad.is_empty() {
-                eprintln!("{} failures, first: {:#?}", bad.len(), &bad[..bad.len().min(5)]);
-                std::process::exit(1);
-            }
-            println!("rank {} ok", comm.rank());
+            report(&comm, bad);
+        }
+        "hosts" => {
+            // Two simulated hosts of two ranks: shared memory inside, TCP across, and the
+            // hierarchical algorithms picked by the planner (all_reduce also forced).
+            assert_eq!(comm.transport(), "shm+tcp");
+            assert_eq!(comm.hosts(), vec![0, 0, 1, 1]);
+            assert!(comm.host_layout().is_some());
+            full_matrix(&comm, CollectiveTester::new().counts(&[0, 7, 1000, 65537]).segments(&[1 << 20]));
         }
         "loop" => {
             // All-reduce forever; the parent kills or stops one rank.
@@ -155,6 +155,24 @@ fn child_entry() {
     }
     drop(comm);
     std::process::exit(0);
+}
+
+/// Runs every case of `t` on this rank and reports.
+fn full_matrix(comm: &Communicator, t: CollectiveTester) {
+    let mut bad = t.rank_all_reduce(comm);
+    bad.extend(t.rank_rooted(comm));
+    bad.extend(t.rank_gather_scatter(comm));
+    bad.extend(t.rank_reduce_scatter(comm));
+    report(comm, bad);
+}
+
+/// Prints the failures and exits 1, or prints "rank N ok".
+fn report(comm: &Communicator, bad: Vec<String>) {
+    if !bad.is_empty() {
+        eprintln!("{} failures, first: {:#?}", bad.len(), &bad[..bad.len().min(5)]);
+        std::process::exit(1);
+    }
+    println!("rank {} ok", comm.rank());
 }
 
 fn run_tester(n: usize, role: &str) {
@@ -188,6 +206,16 @@ fn shm_collectives_4_ranks() {
 #[test]
 fn shm_collectives_8_ranks_on_2_cores() {
     run_tester(8, "quick");
+}
+
+#[test]
+fn mixed_shm_and_tcp_2_simulated_hosts_of_2_ranks() {
+    let mut job = spawn_job_on_hosts(4, "hosts", "60", &[], &["host-a", "host-a", "host-b", "host-b"]);
+    let results = wait_all(&mut job, Instant::now() + Duration::from_secs(240));
+    for (r, (code, out)) in results.iter().enumerate() {
+        assert_eq!(*code, Some(0), "rank {r} of 4 failed:\n{out}");
+    }
+    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
 }
 
 #[test]

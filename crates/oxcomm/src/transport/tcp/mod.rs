@@ -557,6 +557,28 @@ pub fn connect_mesh_with(
     config: &TcpConfig,
     deadline: Instant,
 ) -> Result<(Vec<Option<Box<dyn Link>>>, Arc<dyn Doorbell>)> {
+    let peers: Vec<usize> = (0..world).filter(|&p| p != rank).collect();
+    let (links, bell) = connect_peers_with(store, rank, world, &peers, bind_ip, token, job, config, deadline)?;
+    let links = links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect();
+    Ok((links, bell))
+}
+
+/// [`connect_mesh_with`] to the listed `peers` only (e.g. the ranks on other hosts, when
+/// peers on this host use shared memory); every rank that lists this one must be listed
+/// here. Returns the links indexed by world rank (`None` for unlisted ranks) and the doorbell
+/// with their concrete types.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+pub fn connect_peers_with(
+    store: &dyn Store,
+    rank: usize,
+    world: usize,
+    peers: &[usize],
+    bind_ip: IpAddr,
+    token: &[u8],
+    job: &str,
+    config: &TcpConfig,
+    deadline: Instant,
+) -> Result<(Vec<Option<TcpLink>>, Arc<TcpDoorbell>)> {
     if bind_ip.is_unspecified() {
         return Err(Error::invalid(format!(
             "cannot publish the unspecified address {bind_ip} for peers to connect to; bind a real address \
@@ -566,8 +588,8 @@ pub fn connect_mesh_with(
     }
     let mut ep = TcpEndpoint::listen_with(bind_ip, rank, world, token, job, config)?;
     store.set(&address_key(job, rank), ep.local_addr().to_string().as_bytes()).map_err(|e| e.with_rank(rank))?;
-    let mut peers = Vec::with_capacity(world.saturating_sub(1));
-    for p in (0..world).filter(|&p| p != rank) {
+    let mut addrs = Vec::with_capacity(peers.len());
+    for &p in peers {
         let raw = store.get(&address_key(job, p), deadline).map_err(|e| e.with_peer(p).with_rank(rank))?;
         let addr = std::str::from_utf8(&raw)
             .ok()
@@ -581,10 +603,10 @@ pub fn connect_mesh_with(
                 .with_peer(p)
                 .with_rank(rank)
             })?;
-        peers.push((p, addr));
+        addrs.push((p, addr));
     }
-    ep.connect(&peers, deadline)?;
-    Ok(ep.into_parts())
+    ep.connect(&addrs, deadline)?;
+    Ok(ep.into_tcp_parts())
 }
 
 /// Picks the IP address this rank binds and advertises: `addr` if given; else the first IPv4

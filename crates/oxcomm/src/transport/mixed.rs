@@ -1,0 +1,185 @@
+//! Jobs that span hosts with several ranks per host: shared-memory links to the peers on this
+//! host and TCP links to the others, behind one [`MixedDoorbell`].
+//!
+//! This file owns only the joining: [`combine`] merges the two transports' links into one
+//! table indexed by world rank and builds the doorbell. Setting up each transport is theirs
+//! (`shm`, `tcp`); choosing who is local is `init`'s.
+//!
+//! # Waiting on two kinds of event
+//!
+//! Shared-memory peers ring a futex word in this rank's segment; TCP peers make a socket
+//! readable or writable. No single system call sleeps on both, so the doorbell waits on the
+//! one that matters: every link records *interest* when a call could not move all its bytes
+//! (TCP links per socket, as always; shared-memory links through [`Watched`], in one flag).
+//!
+//! - interest on shared-memory links only: sleep on the futex ([`ShmDoorbell`]);
+//! - on TCP links only: sleep in `poll(2)` ([`TcpDoorbell`]);
+//! - on both (a flat ring whose neighbours are on different transports, say): sleep in
+//!   `poll(2)` for a slice that starts at 20 µs and doubles up to [`MAX_SLICE`], checking the
+//!   futex word between slices. A shared-memory peer then waits at most one slice longer to
+//!   be noticed; the hierarchical algorithms, which the planner picks for such jobs, wait on
+//!   one transport at a time.
+//!
+//! The epoch is the (wrapping) sum of the two counters; both only grow, so it changes
+//! whenever either does.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::shm::{ShmDoorbell, ShmLink};
+use super::tcp::{TcpDoorbell, TcpLink};
+use super::{Doorbell, Link};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Longest sleep in `poll(2)` before looking at the shared-memory doorbell again, while
+/// links of both kinds are waited on.
+pub const MAX_SLICE: Duration = Duration::from_micros(200);
+
+/// First slice of such a wait.
+const FIRST_SLICE: Duration = Duration::from_micros(20);
+
+/// A link that raises a shared flag whenever a call could not move all the bytes asked for
+/// (so the caller may wait on this link next).
+pub struct Watched<L> {
+    inner: L,
+    interest: Arc<AtomicBool>,
+}
+
+impl<L: Link> Link for Watched<L> {
+    fn peer(&self) -> usize {
+        self.inner.peer()
+    }
+
+    fn try_send(&mut self, data: &[u8]) -> Result<usize> {
+        let n = self.inner.try_send(data)?;
+        if n < data.len() {
+            self.interest.store(true, Ordering::SeqCst);
+        }
+        Ok(n)
+    }
+
+    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let n = self.inner.try_recv(buf)?;
+        if n < buf.len() {
+            self.interest.store(true, Ordering::SeqCst);
+        }
+        Ok(n)
+    }
+
+    fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8])) -> Result<usize> {
+        let n = self.inner.recv_with(max, consume)?;
+        if n < max {
+            self.interest.store(true, Ordering::SeqCst);
+        }
+        Ok(n)
+    }
+
+    fn check_peer(&mut self) -> Result<()> {
+        self.inner.check_peer()
+    }
+
+    fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
+        self.inner.close(cause);
+    }
+
+    fn peer_idle(&mut self) -> Option<Duration> {
+        self.inner.peer_idle()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+}
+
+/// The doorbell of a rank with links of both kinds; see the [module docs](self).
+pub struct MixedDoorbell {
+    shm: Arc<ShmDoorbell>,
+    tcp: Arc<TcpDoorbell>,
+    shm_interest: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for MixedDoorbell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MixedDoorbell").field("tcp", &self.tcp).finish_non_exhaustive()
+    }
+}
+
+impl MixedDoorbell {
+    /// Sleeps in `poll(2)` slice by slice, looking at the futex word in between.
+    fn wait_both(&self, shm_seen: u32, tcp_seen: u32, until: Instant) {
+        let mut slice = FIRST_SLICE;
+        loop {
+            if self.shm.epoch() != shm_seen || self.tcp.epoch() != tcp_seen {
+                return;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            self.tcp.wait(tcp_seen, until.min(now + slice));
+            slice = (slice * 2).min(MAX_SLICE);
+        }
+    }
+}
+
+impl Doorbell for MixedDoorbell {
+    fn epoch(&self) -> u32 {
+        self.shm.epoch().wrapping_add(self.tcp.epoch())
+    }
+
+    fn wait(&self, epoch: u32, until: Instant) {
+        let (shm_seen, tcp_seen) = (self.shm.epoch(), self.tcp.epoch());
+        if shm_seen.wrapping_add(tcp_seen) != epoch {
+            return;
+        }
+        let want_shm = self.shm_interest.swap(false, Ordering::SeqCst);
+        let want_tcp = self.tcp.has_interest();
+        match (want_shm, want_tcp) {
+            (true, false) => self.shm.wait(shm_seen, until),
+            (false, true) => self.tcp.wait(tcp_seen, until),
+            // Both, or neither (a caller polling something else): wake for either.
+            _ => self.wait_both(shm_seen, tcp_seen, until),
+        }
+    }
+
+    fn heartbeat(&self) {
+        self.shm.heartbeat();
+        self.tcp.heartbeat();
+    }
+}
+
+/// Merges shared-memory links (to this host's peers) and TCP links (to the other hosts'),
+/// both indexed by world rank, into one table, with a doorbell over both. Fails if a rank has
+/// links of both kinds, or if a peer has neither (except `rank` itself).
+#[allow(clippy::type_complexity)] // the shape every transport hands to the communicator
+pub fn combine(
+    rank: usize,
+    shm_links: Vec<Option<ShmLink>>,
+    shm_bell: Arc<ShmDoorbell>,
+    tcp_links: Vec<Option<TcpLink>>,
+    tcp_bell: Arc<TcpDoorbell>,
+) -> Result<(Vec<Option<Box<dyn Link>>>, Arc<dyn Doorbell>)> {
+    let world = shm_links.len().max(tcp_links.len());
+    let shm_interest = Arc::new(AtomicBool::new(false));
+    let mut shm_links = shm_links.into_iter();
+    let mut tcp_links = tcp_links.into_iter();
+    let mut links: Vec<Option<Box<dyn Link>>> = Vec::with_capacity(world);
+    for p in 0..world {
+        let link: Option<Box<dyn Link>> = match (shm_links.next().flatten(), tcp_links.next().flatten()) {
+            (Some(s), None) => Some(Box::new(Watched { inner: s, interest: shm_interest.clone() })),
+            (None, Some(t)) => Some(Box::new(t)),
+            (None, None) if p == rank => None,
+            (None, None) => {
+                return Err(Error::invalid(format!("rank {rank} has no link to rank {p}")).with_rank(rank).with_peer(p))
+            }
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid(format!("rank {rank} has both a shared-memory and a TCP link to rank {p}"))
+                    .with_rank(rank)
+                    .with_peer(p))
+            }
+        };
+        links.push(link);
+    }
+    Ok((links, Arc::new(MixedDoorbell { shm: shm_bell, tcp: tcp_bell, shm_interest })))
+}
