@@ -12,17 +12,23 @@
 //! `n` is the group size, `L` the caller's buffer length, `N ≥ L` the *padded length* (the
 //! length of the worker error, a multiple of `8n`; [`padded_len`] gives DeepSpeed's choice,
 //! a multiple of `n · lcm(n, 8)`), and `C = N / n` the *server chunk*: rank `r` is the
-//! server of elements `[r·C, (r+1)·C)`. One call is four collectives:
+//! server of elements `[r·C, (r+1)·C)`. One call is two collectives; each scale rides at the
+//! end of its row of sign bytes (an `f32`, little-endian), where DeepSpeed all-gathers the
+//! scales separately:
 //!
 //! | step | op | bytes sent per rank |
 //! |---|---|---|
-//! | worker signs | `all_to_all::<u8>` of `N/8` bytes | `(n−1)·C/8` |
-//! | worker scales | `all_gather::<f32>` of 1 | about `(n−1)·4` |
-//! | server signs | `all_gather::<u8>` of `C/8` | `(n−1)·C/8` (ring) |
-//! | server scales | `all_gather::<f32>` of 1 | about `(n−1)·4` |
+//! | worker signs and `α` | `all_to_all::<u8>` of `n` rows of `C/8 + 4` | `(n−1)·(C/8 + 4)` |
+//! | server signs and `β` | `all_gather::<u8>` of `C/8 + 4` | `(n−1)·(C/8 + 4)` (ring) |
 //!
 //! so about `N/4 · (n−1)/n` bytes against `8N · (n−1)/n` for a ring all-reduce of f32: 32×
 //! less, minus the scales and each op's fixed cost.
+//!
+//! The arithmetic takes five passes over memory, each a fused kernel of [`pack`]:
+//! [`pack::add_pack_squares`] (`u = x + e`, its signs and `Σu²`), [`pack::subtract_signs`]
+//! (`e ← u − α·sgn(u)`), the same two on the server's chunk ([`pack::unpack_sum_pack_squares`]
+//! unpacks every rank's signs with its scale), and the output unpacked straight into the
+//! caller's buffer.
 //!
 //! # The algorithm (spec §2.2)
 //!
@@ -33,8 +39,8 @@
 //! √C`, `s ← m − β·sgn(m)`, signs of `m` all-gathered with every `β`. Every rank then holds
 //! the same `y`, `y[j·C + k] = β_j · sgn_j[k]`, and the caller's buffer gets `y[..L]`.
 //!
-//! Norms are accumulated in f64 and rounded to f32 once; everything else is f32 in
-//! DeepSpeed's order of operations.
+//! Norms are accumulated in f64 (the order is [`pack::SQUARE_LANES`]'s) and rounded to f32
+//! once; everything else is f32 in DeepSpeed's order of operations.
 //!
 //! # Non-finite values
 //!
@@ -112,16 +118,13 @@ pub struct OneBitState {
 /// Buffers reused by every call (allocated on the first one).
 #[derive(Clone, Default)]
 struct Scratch {
-    /// Worker signs (`N/8` bytes); later the first `C/8` hold the server signs.
+    /// `n` rows of `C/8` sign bytes and a scale: the worker's rows (row `j` for rank `j`),
+    /// later the server's row in the first.
     send: Vec<u8>,
-    /// Signs received from every rank (`N/8` bytes); later every server's signs.
+    /// The rows received: every worker's signs for this chunk, later every server's.
     recv: Vec<u8>,
-    /// The server's compensated chunk `m` (`C` floats); later the tail of the output.
-    server: Vec<f32>,
-    /// `α` of every rank.
-    worker_scales: Vec<f32>,
-    /// `β` of every rank.
-    server_scales: Vec<f32>,
+    /// `αᵢ · (1/n)` of every rank.
+    scales: Vec<f32>,
 }
 
 impl std::fmt::Debug for OneBitState {
@@ -236,13 +239,11 @@ impl OneBitState {
     }
 
     fn prepare_scratch(&mut self) {
-        let (n, bytes, c) = (self.world_size, self.padded_len() / 8, self.chunk_len());
+        let (n, row) = (self.world_size, self.chunk_len() / 8 + SCALE_BYTES);
         let s = &mut self.scratch;
-        s.send.resize(bytes, 0);
-        s.recv.resize(bytes, 0);
-        s.server.resize(c, 0.0);
-        s.worker_scales.resize(n, 0.0);
-        s.server_scales.resize(n, 0.0);
+        s.send.resize(n * row, 0);
+        s.recv.resize(n * row, 0);
+        s.scales.resize(n, 0.0);
     }
 }
 
@@ -257,7 +258,7 @@ impl OneBitState {
 /// Unlike DeepSpeed, the result is always written into `buf` (whether or not it needed
 /// padding), and `buf` is untouched on error. Errors: [`ErrorKind::InvalidArgument`] if the
 /// state is for another group size or `buf.len() > N` (nothing is sent); any error of the
-/// four collectives (then the communicator is aborted and the state's errors are garbage).
+/// two collectives (then the communicator is aborted and the state's errors are garbage).
 pub fn all_reduce(comm: &Communicator, buf: &mut [f32], state: &mut OneBitState) -> Result<()> {
     let start = comm.logger().now_ns();
     all_reduce_inner(comm, buf, state)?;
@@ -276,112 +277,70 @@ fn all_reduce_inner(comm: &Communicator, buf: &mut [f32], state: &mut OneBitStat
     let n = comm.size();
     let order = state.order;
     let c = state.chunk_len();
+    let signs = c / 8;
+    let row = signs + SCALE_BYTES;
+    let len = buf.len();
     let OneBitState { worker_error, server_error, scratch: s, .. } = state;
 
-    // Worker: u = pad(x) + e (built in place in `e`), α, e ← u − α·sgn(u), signs of u.
-    let (head, tail) = worker_error.split_at_mut(buf.len());
-    let squares = add_sum_squares(head, buf) + sum_squares(tail);
+    // Worker: u = pad(x) + e (built in place in `e`) with its signs in row j of `send` and
+    // Σu², chunk by chunk; then α, and e ← u − α·sgn(u).
+    let mut squares = 0.0;
+    for (j, (u, out)) in worker_error.chunks_exact_mut(c).zip(s.send.chunks_exact_mut(row)).enumerate() {
+        let x = &buf[(j * c).min(len)..((j + 1) * c).min(len)];
+        squares += pack::add_pack_squares(u, x, &mut out[..signs], order)?;
+    }
     let alpha = scale_of(squares, worker_error.len());
-    pack::pack_signs(worker_error, &mut s.send, order)?;
-    subtract_signed(worker_error, alpha);
+    for out in s.send.chunks_exact_mut(row) {
+        out[signs..].copy_from_slice(&alpha.to_le_bytes());
+    }
+    pack::subtract_signs(worker_error, alpha);
 
-    // Phase 1: signs chunk j → rank j; every α to everyone.
+    // Phase 1: signs of chunk j, with α, → rank j.
     comm.all_to_all(&s.send, &mut s.recv)?;
-    comm.all_gather(&[alpha], &mut s.worker_scales)?;
 
-    // Server: m = Σᵢ (αᵢ · 1/n) · sgnᵢ, m ← m + s, β, s ← m − β·sgn(m), signs of m.
+    // Server: m = Σᵢ (αᵢ · 1/n) · sgnᵢ + s (built in place in `s`) with its signs and Σm²;
+    // then β, and s ← m − β·sgn(m).
     let inv_n = 1.0 / n as f32;
-    let m = &mut s.server;
-    m.fill(0.0);
-    for (signs, &alpha_i) in s.recv.chunks_exact(c / 8).zip(&s.worker_scales) {
-        pack::unpack_scaled_add(signs, m, alpha_i * inv_n, order)?;
+    for (scale, from) in s.scales.iter_mut().zip(s.recv.chunks_exact(row)) {
+        *scale = scale_in(from) * inv_n;
     }
-    for (mk, &sk) in m.iter_mut().zip(server_error.iter()) {
-        *mk += sk;
-    }
-    let beta = rms(m);
-    let server_signs = &mut s.send[..c / 8];
-    pack::pack_signs(m, server_signs, order)?;
-    for (sk, &mk) in server_error.iter_mut().zip(m.iter()) {
-        *sk = mk - beta * sgn(mk);
-    }
+    let squares = pack::unpack_sum_pack_squares(&s.recv, row, &s.scales, server_error, &mut s.send[..signs], order)?;
+    let beta = scale_of(squares, c);
+    s.send[signs..row].copy_from_slice(&beta.to_le_bytes());
+    pack::subtract_signs(server_error, beta);
 
-    // Phase 2: every server's signs and β to everyone.
-    comm.all_gather(&s.send[..c / 8], &mut s.recv)?;
-    comm.all_gather(&[beta], &mut s.server_scales)?;
+    // Phase 2: every server's signs, with its β, to everyone.
+    comm.all_gather(&s.send[..row], &mut s.recv)?;
 
-    // Output: y[j·C + k] = β_j · sgn_j[k], truncated to the caller's length.
-    let len = buf.len();
-    for (j, (signs, &beta_j)) in s.recv.chunks_exact(c / 8).zip(&s.server_scales).enumerate() {
-        let start = j * c;
-        if start + c <= len {
-            pack::unpack_scaled(signs, &mut buf[start..start + c], beta_j, order)?;
-        } else if start < len {
-            pack::unpack_scaled(signs, m, beta_j, order)?;
-            buf[start..].copy_from_slice(&m[..len - start]);
+    // Output: y[j·C + k] = β_j · sgn_j[k], straight into the caller's buffer up to its length.
+    for (out, from) in buf.chunks_mut(c).zip(s.recv.chunks_exact(row)) {
+        let beta_j = scale_in(from);
+        let whole = out.len() / 8;
+        let (head, tail) = out.split_at_mut(8 * whole);
+        pack::unpack_scaled(&from[..whole], head, beta_j, order)?;
+        if !tail.is_empty() {
+            let mut last = [0f32; 8];
+            pack::unpack_scaled(&from[whole..whole + 1], &mut last, beta_j, order)?;
+            tail.copy_from_slice(&last[..tail.len()]);
         }
     }
     Ok(())
 }
 
-/// `sgn` as DeepSpeed computes it: `−1` for `v < 0`, else `+1` (`±0` and NaN give `+1`).
-#[inline]
-fn sgn(v: f32) -> f32 {
-    if v < 0.0 {
-        -1.0
-    } else {
-        1.0
-    }
-}
+/// Bytes of the scale (`f32`, little-endian) that ends each row of signs on the wire.
+const SCALE_BYTES: usize = 4;
 
-/// `v ← v − scale · sgn(v)` elementwise.
-fn subtract_signed(v: &mut [f32], scale: f32) {
-    for x in v {
-        *x -= scale * sgn(*x);
-    }
-}
-
-/// `‖v‖₂ / √len` (`len > 0`).
-fn rms(v: &[f32]) -> f32 {
-    scale_of(sum_squares(v), v.len())
+/// The scale at the end of a row of signs.
+fn scale_in(row: &[u8]) -> f32 {
+    let mut bytes = [0u8; SCALE_BYTES];
+    bytes.copy_from_slice(&row[row.len() - SCALE_BYTES..]);
+    f32::from_le_bytes(bytes)
 }
 
 /// The scale from a sum of squares: the norm rounded to f32 once, then divided as DeepSpeed
 /// divides a float32 norm by `√numel`.
 fn scale_of(sum_squares: f64, len: usize) -> f32 {
     sum_squares.sqrt() as f32 / (len as f64).sqrt() as f32
-}
-
-/// `Σ v²`, accumulated in f64 over 8 lanes.
-fn sum_squares(v: &[f32]) -> f64 {
-    let mut acc = [0f64; 8];
-    let mut chunks = v.chunks_exact(8);
-    for c in &mut chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a += f64::from(x) * f64::from(x);
-        }
-    }
-    let tail: f64 = chunks.remainder().iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-    acc.iter().sum::<f64>() + tail
-}
-
-/// `u ← x + u` elementwise, returning `Σ u²` (one pass instead of two).
-fn add_sum_squares(u: &mut [f32], x: &[f32]) -> f64 {
-    let mut acc = [0f64; 8];
-    let mut uc = u.chunks_exact_mut(8);
-    let mut xc = x.chunks_exact(8);
-    for (us, xs) in (&mut uc).zip(&mut xc) {
-        for ((a, u), &x) in acc.iter_mut().zip(us).zip(xs) {
-            *u += x;
-            *a += f64::from(*u) * f64::from(*u);
-        }
-    }
-    let mut tail = 0f64;
-    for (u, &x) in uc.into_remainder().iter_mut().zip(xc.remainder()) {
-        *u += x;
-        tail += f64::from(*u) * f64::from(*u);
-    }
-    acc.iter().sum::<f64>() + tail
 }
 
 // -------------------------------------------------------------------- async
@@ -391,7 +350,7 @@ fn add_sum_squares(u: &mut [f32], x: &[f32]) -> f64 {
 pub struct OneBitWork {
     rx: mpsc::Receiver<Result<(Vec<f32>, OneBitState)>>,
     thread: Option<JoinHandle<()>>,
-    /// Outer bound of [`OneBitWork::wait`]: the four ops' own deadlines, with slack.
+    /// Outer bound of [`OneBitWork::wait`]: the two ops' own deadlines, with slack.
     bound: Duration,
     rank: usize,
     taken: bool,
@@ -406,7 +365,7 @@ impl std::fmt::Debug for OneBitWork {
 /// [`all_reduce`] on a background thread: takes the buffer and the state, and gives both back
 /// through [`OneBitWork::wait`].
 ///
-/// The thread uses a clone of `comm` and issues its four collectives when it gets to them,
+/// The thread uses a clone of `comm` and issues its two collectives when it gets to them,
 /// so **ordering against other ops on the same communicator (or a group of it) is the
 /// caller's job**: issue none until the handle completes. (If ranks interleave ops
 /// differently, the agreement phase of the next op reports a mismatch; nothing is
@@ -701,17 +660,10 @@ mod tests {
     }
 
     #[test]
-    fn rms_and_sign_conventions() {
-        assert_eq!(rms(&[3.0, 4.0]), 5.0f32 / 2f64.sqrt() as f32);
-        let (mut u, x) = (vec![1.0f32; 13], vec![2.0f32; 13]);
-        assert_eq!(add_sum_squares(&mut u, &x), 13.0 * 9.0);
-        assert_eq!(u, vec![3.0; 13]);
-        assert_eq!(sgn(0.0), 1.0);
-        assert_eq!(sgn(-0.0), 1.0);
-        assert_eq!(sgn(f32::NAN), 1.0);
-        assert_eq!(sgn(-1e-30), -1.0);
-        let mut v = [1.0, -1.0, 0.0];
-        subtract_signed(&mut v, 0.5);
-        assert_eq!(v, [0.5, -0.5, -0.5]);
+    fn scales_ride_at_the_end_of_a_row() {
+        assert_eq!(scale_of(25.0, 2), 5.0f32 / 2f64.sqrt() as f32);
+        let mut row = vec![0xAAu8; 3];
+        row.extend_from_slice(&(-1.5f32).to_le_bytes());
+        assert_eq!(scale_in(&row), -1.5);
     }
 }
