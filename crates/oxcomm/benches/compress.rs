@@ -68,15 +68,16 @@ fn main() {
     row("unpack_scaled_add", bytes, t);
     // The fused passes of the 1-bit all-reduce (`dst` plays the error buffer).
     let t = median_time(runs, || {
-        black_box(pack::add_pack_squares(&mut dst, black_box(&src), &mut signs, BitOrder::Big).unwrap());
+        black_box(pack::add_pack_squares(&mut dst, 1e-3, black_box(&src), &mut signs, BitOrder::Big).unwrap());
     });
-    row("add_pack_squares (u = x + e, signs, Σu²)", bytes, t);
+    row("add_pack_squares (e, u = x + e, signs, Σu²)", bytes, t);
     let t = median_time(runs, || pack::subtract_signs(&mut dst, black_box(1e-3)));
     row("subtract_signs (e ← u − α·sgn u)", bytes, t);
     let rows2 = [signs.clone(), signs.clone()].concat();
     let t = median_time(runs, || {
         let (acc, out) = (&mut dst[..n / 2], &mut signs[..n / 16]);
-        black_box(pack::unpack_sum_pack_squares(&rows2, n / 16, &[1e-3, 2e-3], acc, out, BitOrder::Big).unwrap());
+        let scales = [1e-3, 2e-3];
+        black_box(pack::unpack_sum_pack_squares(&rows2, n / 16, &scales, acc, 1e-3, out, BitOrder::Big).unwrap());
     });
     row("unpack_sum_pack_squares, 2 rows (f32 bytes ×2)", bytes, t);
     let sym = QuantType::Symmetric;

@@ -24,11 +24,12 @@
 //! so about `N/4 · (n−1)/n` bytes against `8N · (n−1)/n` for a ring all-reduce of f32: 32×
 //! less, minus the scales and each op's fixed cost.
 //!
-//! The arithmetic takes five passes over memory, each a fused kernel of [`pack`]:
-//! [`pack::add_pack_squares`] (`u = x + e`, its signs and `Σu²`), [`pack::subtract_signs`]
-//! (`e ← u − α·sgn(u)`), the same two on the server's chunk ([`pack::unpack_sum_pack_squares`]
-//! unpacks every rank's signs with its scale), and the output unpacked straight into the
-//! caller's buffer.
+//! The arithmetic takes three passes over memory, each a fused kernel of [`pack`]:
+//! [`pack::add_pack_squares`] over `N` floats (`e ← u − α·sgn(u)` left by the last call, `u =
+//! x + e`, its signs and `Σu²`), [`pack::unpack_sum_pack_squares`] over the server's `C` (`s ←
+//! m − β·sgn(m)` left by the last call, every rank's signs with its scale, `m`, its signs and
+//! `Σm²`), and the output unpacked straight into the caller's buffer. The error updates of a
+//! call are done by the next one (see [`OneBitState`]).
 //!
 //! # The algorithm (spec §2.2)
 //!
@@ -65,6 +66,7 @@
 //! assert_eq!(out[0].as_ref().unwrap(), out[1].as_ref().unwrap()); // identical on every rank
 //! ```
 
+use std::borrow::Cow;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -106,12 +108,22 @@ fn gcd(mut a: usize, mut b: usize) -> usize {
 ///
 /// The errors are per rank (never identical across ranks) and belong to one buffer and one
 /// group: use one state per buffer, and a new one if the group changes.
+///
+/// A call leaves its last step, the error updates `e ← u − α·sgn(u)` and `s ← m − β·sgn(m)`,
+/// to the next call, which does them on the fly in its own pass over the buffers (the same f32
+/// operations, so the same bits; one pass over `N + C` floats fewer per call). So the state
+/// holds `u`, `m`, `α` and `β`, and [`OneBitState::worker_error`] and
+/// [`OneBitState::server_error`] compute the errors when asked.
 #[derive(Clone)]
 pub struct OneBitState {
     world_size: usize,
     order: BitOrder,
-    worker_error: Vec<f32>,
-    server_error: Vec<f32>,
+    /// `u` of the last call (the worker error is `u − carry.0 · sgn(u)`); length `N`.
+    worker: Vec<f32>,
+    /// `m` of the last call (the server error is `m − carry.1 · sgn(m)`); length `C`.
+    server: Vec<f32>,
+    /// `(α, β)` of the last call; `(0, 0)` when the buffers hold the errors themselves.
+    carry: (f32, f32),
     scratch: Scratch,
 }
 
@@ -132,8 +144,8 @@ impl std::fmt::Debug for OneBitState {
         f.debug_struct("OneBitState")
             .field("world_size", &self.world_size)
             .field("order", &self.order)
-            .field("padded_len", &self.worker_error.len())
-            .field("chunk_len", &self.server_error.len())
+            .field("padded_len", &self.worker.len())
+            .field("chunk_len", &self.server.len())
             .finish_non_exhaustive()
     }
 }
@@ -168,7 +180,14 @@ impl OneBitState {
                 n_padded / world_size
             )));
         }
-        Ok(OneBitState { world_size, order: BitOrder::Big, worker_error, server_error, scratch: Scratch::default() })
+        Ok(OneBitState {
+            world_size,
+            order: BitOrder::Big,
+            worker: worker_error,
+            server: server_error,
+            carry: (0.0, 0.0),
+            scratch: Scratch::default(),
+        })
     }
 
     /// The same state with another bit order. Every rank must use the same one; the result
@@ -190,33 +209,38 @@ impl OneBitState {
 
     /// `N`: the longest buffer this state serves, and the length scales are computed over.
     pub fn padded_len(&self) -> usize {
-        self.worker_error.len()
+        self.worker.len()
     }
 
     /// `C = N / n`: the length of each rank's server chunk.
     pub fn chunk_len(&self) -> usize {
-        self.server_error.len()
+        self.server.len()
     }
 
     /// This rank's worker error `e` (length `N`; the tail past the buffer takes part too).
-    pub fn worker_error(&self) -> &[f32] {
-        &self.worker_error
+    /// After a call it is computed here (a new vector of `N` floats; see the type's docs).
+    pub fn worker_error(&self) -> Cow<'_, [f32]> {
+        settled(&self.worker, self.carry.0)
     }
 
-    /// This rank's server error `s` for its chunk (length `C`).
-    pub fn server_error(&self) -> &[f32] {
-        &self.server_error
+    /// This rank's server error `s` for its chunk (length `C`), computed as
+    /// [`OneBitState::worker_error`] is.
+    pub fn server_error(&self) -> Cow<'_, [f32]> {
+        settled(&self.server, self.carry.1)
     }
 
     /// Zeroes both errors (what an empty input does, and the way back from NaN errors).
     pub fn reset(&mut self) {
-        self.worker_error.fill(0.0);
-        self.server_error.fill(0.0);
+        self.worker.fill(0.0);
+        self.server.fill(0.0);
+        self.carry = (0.0, 0.0);
     }
 
     /// The error buffers `(worker, server)`, for saving.
-    pub fn into_errors(self) -> (Vec<f32>, Vec<f32>) {
-        (self.worker_error, self.server_error)
+    pub fn into_errors(mut self) -> (Vec<f32>, Vec<f32>) {
+        pack::subtract_signs(&mut self.worker, self.carry.0);
+        pack::subtract_signs(&mut self.server, self.carry.1);
+        (self.worker, self.server)
     }
 
     /// Checks this state against the group and a buffer of `len` elements.
@@ -245,6 +269,16 @@ impl OneBitState {
         s.recv.resize(n * row, 0);
         s.scales.resize(n, 0.0);
     }
+}
+
+/// `v − carry · sgn(v)`, borrowed when `carry` is zero (then it is `v` exactly).
+fn settled(v: &[f32], carry: f32) -> Cow<'_, [f32]> {
+    if carry == 0.0 {
+        return Cow::Borrowed(v);
+    }
+    let mut e = v.to_vec();
+    pack::subtract_signs(&mut e, carry);
+    Cow::Owned(e)
 }
 
 /// The 1-bit error-compensated all-reduce: on return every rank's `buf` holds the same
@@ -280,34 +314,35 @@ fn all_reduce_inner(comm: &Communicator, buf: &mut [f32], state: &mut OneBitStat
     let signs = c / 8;
     let row = signs + SCALE_BYTES;
     let len = buf.len();
-    let OneBitState { worker_error, server_error, scratch: s, .. } = state;
+    let OneBitState { worker, server, carry, scratch: s, .. } = state;
 
-    // Worker: u = pad(x) + e (built in place in `e`) with its signs in row j of `send` and
-    // Σu², chunk by chunk; then α, and e ← u − α·sgn(u).
+    // Worker: e ← u − α·sgn(u) of the last call, then u = pad(x) + e with its signs in row j
+    // of `send` and Σu², chunk by chunk, in place; then α.
     let mut squares = 0.0;
-    for (j, (u, out)) in worker_error.chunks_exact_mut(c).zip(s.send.chunks_exact_mut(row)).enumerate() {
+    for (j, (u, out)) in worker.chunks_exact_mut(c).zip(s.send.chunks_exact_mut(row)).enumerate() {
         let x = &buf[(j * c).min(len)..((j + 1) * c).min(len)];
-        squares += pack::add_pack_squares(u, x, &mut out[..signs], order)?;
+        squares += pack::add_pack_squares(u, carry.0, x, &mut out[..signs], order)?;
     }
-    let alpha = scale_of(squares, worker_error.len());
+    let alpha = scale_of(squares, worker.len());
+    carry.0 = alpha;
     for out in s.send.chunks_exact_mut(row) {
         out[signs..].copy_from_slice(&alpha.to_le_bytes());
     }
-    pack::subtract_signs(worker_error, alpha);
 
     // Phase 1: signs of chunk j, with α, → rank j.
     comm.all_to_all(&s.send, &mut s.recv)?;
 
-    // Server: m = Σᵢ (αᵢ · 1/n) · sgnᵢ + s (built in place in `s`) with its signs and Σm²;
-    // then β, and s ← m − β·sgn(m).
+    // Server: s ← m − β·sgn(m) of the last call, then m = Σᵢ (αᵢ · 1/n) · sgnᵢ + s with its
+    // signs and Σm², in place; then β.
     let inv_n = 1.0 / n as f32;
     for (scale, from) in s.scales.iter_mut().zip(s.recv.chunks_exact(row)) {
         *scale = scale_in(from) * inv_n;
     }
-    let squares = pack::unpack_sum_pack_squares(&s.recv, row, &s.scales, server_error, &mut s.send[..signs], order)?;
+    let out = &mut s.send[..signs];
+    let squares = pack::unpack_sum_pack_squares(&s.recv, row, &s.scales, server, carry.1, out, order)?;
     let beta = scale_of(squares, c);
+    carry.1 = beta;
     s.send[signs..row].copy_from_slice(&beta.to_le_bytes());
-    pack::subtract_signs(server_error, beta);
 
     // Phase 2: every server's signs, with its β, to everyone.
     comm.all_gather(&s.send[..row], &mut s.recv)?;

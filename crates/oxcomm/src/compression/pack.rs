@@ -98,27 +98,30 @@ pub fn unpack_scaled_add(src: &[u8], acc: &mut [f32], scale: f32, order: BitOrde
 /// fast kernels and [`scalar`] agree bit for bit.
 pub const SQUARE_LANES: usize = 16;
 
-/// The worker's first pass of the 1-bit all-reduce (spec §2.2 steps 1–3 and 5): `u[k] ←
-/// x[k] + u[k]` for `k < x.len()` (the rest of `u` is kept as it is: `x` is taken as padded
-/// with zeros), the signs of the new `u` packed into `signs`, and `Σ u[k]²` over all of `u`
-/// returned (accumulated as [`SQUARE_LANES`] says).
+/// The worker's pass of the 1-bit all-reduce (spec §2.2 steps 1–3 and 5, with step 4 of the
+/// previous call): for every `k`, `e = u[k] − carry · sgn(u[k])` (the error update the previous
+/// call left to do, as [`subtract_signs`]; `carry = 0` keeps `u[k]` exactly), then `u[k] ←
+/// x[k] + e` where `x` reaches (`x` is taken as padded with zeros: past it `u[k] ← e`), the
+/// signs of the new `u` packed into `signs`, and `Σ u[k]²` over all of `u` returned
+/// (accumulated as [`SQUARE_LANES`] says).
 ///
 /// Requires `u.len()` a multiple of 8, `x.len() ≤ u.len()` and `signs.len() == u.len() / 8`;
 /// otherwise [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) and nothing is
 /// written.
-pub fn add_pack_squares(u: &mut [f32], x: &[f32], signs: &mut [u8], order: BitOrder) -> Result<f64> {
+pub fn add_pack_squares(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8], order: BitOrder) -> Result<f64> {
     check_bytes("add_pack_squares", signs.len(), u.len())?;
     if x.len() > u.len() {
         return Err(Error::invalid(format!("add_pack_squares: {} inputs do not fit {} elements", x.len(), u.len())));
     }
-    Ok(fast::add_pack_squares(u, x, signs, order))
+    Ok(fast::add_pack_squares(u, carry, x, signs, order))
 }
 
-/// The server's first pass of the 1-bit all-reduce (spec §2.2 steps 8, 9, 10 and 12):
-/// `acc[k] ← (Σᵢ scales[i] · (±1)) + acc[k]`, the signs of row `i` read from
-/// `src[i · stride ..][.. acc.len() / 8]` and added in row order to `0.0` (as
-/// [`unpack_scaled_add`] into a zeroed buffer would), then the signs of the new `acc` packed
-/// into `signs` and `Σ acc[k]²` returned (as [`SQUARE_LANES`] says).
+/// The server's pass of the 1-bit all-reduce (spec §2.2 steps 8, 9, 10 and 12, with step 11
+/// of the previous call): `acc[k] ← (Σᵢ scales[i] · (±1)) + (acc[k] − carry · sgn(acc[k]))`,
+/// the signs of row `i` read from `src[i · stride ..][.. acc.len() / 8]` and added in row
+/// order to `0.0` (as [`unpack_scaled_add`] into a zeroed buffer would; `carry` as in
+/// [`add_pack_squares`]), then the signs of the new `acc` packed into `signs` and `Σ acc[k]²`
+/// returned (as [`SQUARE_LANES`] says).
 ///
 /// Requires `acc.len()` a multiple of 8, `signs.len() == acc.len() / 8` and `src` long enough
 /// for `scales.len()` rows (rows may overlap); otherwise
@@ -128,6 +131,7 @@ pub fn unpack_sum_pack_squares(
     stride: usize,
     scales: &[f32],
     acc: &mut [f32],
+    carry: f32,
     signs: &mut [u8],
     order: BitOrder,
 ) -> Result<f64> {
@@ -144,7 +148,7 @@ pub fn unpack_sum_pack_squares(
             src.len()
         )));
     }
-    Ok(fast::unpack_sum_pack_squares(src, stride, scales, acc, signs, order))
+    Ok(fast::unpack_sum_pack_squares(src, stride, scales, acc, carry, signs, order))
 }
 
 /// The error update of the 1-bit all-reduce (spec §2.2 steps 4 and 11): `v[k] ← v[k] −
@@ -215,6 +219,12 @@ pub mod scalar {
         }
     }
 
+    /// `v − scale · sgn(v)`.
+    fn minus_signed(v: f32, scale: f32) -> f32 {
+        let sign = if v < 0.0 { -1.0 } else { 1.0 };
+        v - scale * sign
+    }
+
     /// `±1.0` for a bit.
     fn sign_of_bit(byte: u8, j: usize, order: BitOrder) -> f32 {
         if (byte >> order.shift(j)) & 1 == 1 {
@@ -226,12 +236,13 @@ pub mod scalar {
 
     /// Reference for [`add_pack_squares`](super::add_pack_squares) (`x` may be shorter than
     /// `u`; whole bytes only).
-    pub fn add_pack_squares(u: &mut [f32], x: &[f32], signs: &mut [u8], order: BitOrder) -> f64 {
+    pub fn add_pack_squares(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8], order: BitOrder) -> f64 {
         let mut lanes = [0f64; super::SQUARE_LANES];
         for (m, (chunk, byte)) in u.chunks_exact_mut(8).zip(signs.iter_mut()).enumerate() {
             let mut b = 0u8;
             for (j, v) in chunk.iter_mut().enumerate() {
                 let k = 8 * m + j;
+                *v = minus_signed(*v, carry);
                 if let Some(&xk) = x.get(k) {
                     *v += xk;
                 }
@@ -249,6 +260,7 @@ pub mod scalar {
         stride: usize,
         scales: &[f32],
         acc: &mut [f32],
+        carry: f32,
         signs: &mut [u8],
         order: BitOrder,
     ) -> f64 {
@@ -260,7 +272,7 @@ pub mod scalar {
                 for (i, &scale) in scales.iter().enumerate() {
                     sum += scale * sign_of_bit(src[i * stride + m], j, order);
                 }
-                *v += sum;
+                *v = sum + minus_signed(*v, carry);
                 lanes[(8 * m + j) % super::SQUARE_LANES] += f64::from(*v) * f64::from(*v);
                 b |= bit(*v) << order.shift(j);
             }
@@ -272,8 +284,7 @@ pub mod scalar {
     /// Reference for [`subtract_signs`](super::subtract_signs).
     pub fn subtract_signs(v: &mut [f32], scale: f32) {
         for x in v {
-            let sign = if *x < 0.0 { -1.0 } else { 1.0 };
-            *x -= scale * sign;
+            *x = minus_signed(*x, scale);
         }
     }
 }
@@ -296,14 +307,14 @@ mod fast {
         super::portable::pack(src, dst, order);
     }
 
-    pub(super) fn add_pack_squares(u: &mut [f32], x: &[f32], signs: &mut [u8], order: BitOrder) -> f64 {
+    pub(super) fn add_pack_squares(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8], order: BitOrder) -> f64 {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above); the caller checked the
             // lengths (`u.len() == 8 · signs.len()`, `x.len() ≤ u.len()`).
-            return unsafe { super::x86::add_pack_squares_avx2(u, x, signs, order) };
+            return unsafe { super::x86::add_pack_squares_avx2(u, carry, x, signs, order) };
         }
-        super::scalar::add_pack_squares(u, x, signs, order)
+        super::scalar::add_pack_squares(u, carry, x, signs, order)
     }
 
     pub(super) fn unpack_sum_pack_squares(
@@ -311,6 +322,7 @@ mod fast {
         stride: usize,
         scales: &[f32],
         acc: &mut [f32],
+        carry: f32,
         signs: &mut [u8],
         order: BitOrder,
     ) -> f64 {
@@ -318,9 +330,9 @@ mod fast {
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above); the caller checked the
             // lengths (`acc.len() == 8 · signs.len()`, every row inside `src`).
-            return unsafe { super::x86::unpack_sum_pack_squares_avx2(src, stride, scales, acc, signs, order) };
+            return unsafe { super::x86::unpack_sum_pack_squares_avx2(src, stride, scales, acc, carry, signs, order) };
         }
-        super::scalar::unpack_sum_pack_squares(src, stride, scales, acc, signs, order)
+        super::scalar::unpack_sum_pack_squares(src, stride, scales, acc, carry, signs, order)
     }
 
     pub(super) fn subtract_signs(v: &mut [f32], scale: f32) {
@@ -551,49 +563,67 @@ mod x86 {
         super::scalar::lane_total(&lanes)
     }
 
-    /// The 8 elements of `u` at `k` after `u ← x + u` where `x` reaches (`xl` elements).
+    /// `v − scale · sgn(v)`: `sgn(v) = +1` for `!(v < 0)` (±0 and NaN included), so `scale`
+    /// is flipped (exactly `scale * -1`) where `v < 0`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn minus_signed(v: __m256, scale: __m256) -> __m256 {
+        let nonneg = _mm256_cmp_ps::<_CMP_NLT_UQ>(v, _mm256_setzero_ps());
+        _mm256_sub_ps(v, _mm256_xor_ps(scale, _mm256_andnot_ps(nonneg, _mm256_set1_ps(-0.0))))
+    }
+
+    /// The 8 elements of `u` at `k` after `u ← x + (u − carry · sgn(u))`, `x` where it
+    /// reaches (`xl` elements).
     ///
     /// # Safety
     /// The CPU must support AVX2; `up` is valid for reads and writes of `k + 8` floats and
     /// `xp` for reads of `xl` floats.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn add_group(up: *mut f32, xp: *const f32, xl: usize, k: usize) -> __m256 {
+    unsafe fn add_group(up: *mut f32, carry: __m256, xp: *const f32, xl: usize, k: usize) -> __m256 {
         let p = up.add(k);
-        let v = _mm256_loadu_ps(p);
-        if k + 8 <= xl {
-            let v = _mm256_add_ps(_mm256_loadu_ps(xp.add(k)), v);
-            _mm256_storeu_ps(p, v);
-            v
+        let e = minus_signed(_mm256_loadu_ps(p), carry);
+        let v = if k + 8 <= xl {
+            _mm256_add_ps(_mm256_loadu_ps(xp.add(k)), e)
         } else if k < xl {
-            // Lanes below `xl − k` take `x`; the others keep `u` as it is (as the scalar
+            // Lanes below `xl − k` add `x`; the others keep `e` as it is (as the scalar
             // reference does: adding a padding `0.0` would turn `−0` into `+0`). Masked-off
             // lanes of the load are not read.
             let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
             let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((xl - k) as i32), lanes);
             let x = _mm256_maskload_ps(xp.add(k), mask);
-            let v = _mm256_blendv_ps(v, _mm256_add_ps(x, v), _mm256_castsi256_ps(mask));
-            _mm256_storeu_ps(p, v);
-            v
+            _mm256_blendv_ps(e, _mm256_add_ps(x, e), _mm256_castsi256_ps(mask))
         } else {
-            v
-        }
+            e
+        };
+        _mm256_storeu_ps(p, v);
+        v
     }
 
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn add_pack_squares_avx2(u: &mut [f32], x: &[f32], signs: &mut [u8], order: BitOrder) -> f64 {
+    pub(super) unsafe fn add_pack_squares_avx2(
+        u: &mut [f32],
+        carry: f32,
+        x: &[f32],
+        signs: &mut [u8],
+        order: BitOrder,
+    ) -> f64 {
         match order {
-            BitOrder::Big => add_pack_squares_impl::<true>(u, x, signs),
-            BitOrder::Little => add_pack_squares_impl::<false>(u, x, signs),
+            BitOrder::Big => add_pack_squares_impl::<true>(u, carry, x, signs),
+            BitOrder::Little => add_pack_squares_impl::<false>(u, carry, x, signs),
         }
     }
 
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    unsafe fn add_pack_squares_impl<const BIG: bool>(u: &mut [f32], x: &[f32], signs: &mut [u8]) -> f64 {
+    unsafe fn add_pack_squares_impl<const BIG: bool>(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8]) -> f64 {
+        let carry = _mm256_set1_ps(carry);
         let groups = signs.len().min(u.len() / 8);
         let xl = x.len().min(u.len());
         let (up, xp, sp) = (u.as_mut_ptr(), x.as_ptr(), signs.as_mut_ptr());
@@ -605,24 +635,25 @@ mod x86 {
         while g + 2 <= groups {
             // `g + 1 < groups`: both groups' 8 floats of `u` and their sign bytes are in
             // bounds, and `add_group` reads `x` only below `xl`.
-            let v = add_group(up, xp, xl, 8 * g);
+            let v = add_group(up, carry, xp, xl, 8 * g);
             add_squares(v, a0, a1);
             *sp.add(g) = sign_byte::<BIG>(v);
-            let v = add_group(up, xp, xl, 8 * g + 8);
+            let v = add_group(up, carry, xp, xl, 8 * g + 8);
             add_squares(v, a2, a3);
             *sp.add(g + 1) = sign_byte::<BIG>(v);
             g += 2;
         }
         if g < groups {
             // The last (even) group, in bounds as above.
-            let v = add_group(up, xp, xl, 8 * g);
+            let v = add_group(up, carry, xp, xl, 8 * g);
             add_squares(v, a0, a1);
             *sp.add(g) = sign_byte::<BIG>(v);
         }
         lane_total(acc)
     }
 
-    /// The 8 elements of `acc` at group `g` after `acc ← Σᵢ scales[i] · (±1) + acc`.
+    /// The 8 elements of `acc` at group `g` after `acc ← Σᵢ scales[i] · (±1) + (acc − carry ·
+    /// sgn(acc))`.
     ///
     /// # Safety
     /// The CPU must support AVX2; `src` is valid for reads at `i · stride + g` for every row
@@ -636,6 +667,7 @@ mod x86 {
         bits: __m256i,
         g: usize,
         accp: *mut f32,
+        carry: __m256,
     ) -> __m256 {
         let sign = _mm256_set1_ps(-0.0);
         let mut m = _mm256_setzero_ps();
@@ -646,7 +678,7 @@ mod x86 {
             m = _mm256_add_ps(m, _mm256_xor_ps(_mm256_set1_ps(scale), _mm256_andnot_ps(set, sign)));
         }
         let p = accp.add(8 * g);
-        let m = _mm256_add_ps(m, _mm256_loadu_ps(p));
+        let m = _mm256_add_ps(m, minus_signed(_mm256_loadu_ps(p), carry));
         _mm256_storeu_ps(p, m);
         m
     }
@@ -660,14 +692,16 @@ mod x86 {
         stride: usize,
         scales: &[f32],
         acc: &mut [f32],
+        carry: f32,
         signs: &mut [u8],
         order: BitOrder,
     ) -> f64 {
         let bits = lane_bits(order);
         let bits = _mm256_loadu_si256(bits.as_ptr().cast());
+        let carry = _mm256_set1_ps(carry);
         match order {
-            BitOrder::Big => unpack_sum_pack_squares_impl::<true>(src, stride, scales, acc, signs, bits),
-            BitOrder::Little => unpack_sum_pack_squares_impl::<false>(src, stride, scales, acc, signs, bits),
+            BitOrder::Big => unpack_sum_pack_squares_impl::<true>(src, stride, scales, acc, carry, signs, bits),
+            BitOrder::Little => unpack_sum_pack_squares_impl::<false>(src, stride, scales, acc, carry, signs, bits),
         }
     }
 
@@ -679,6 +713,7 @@ mod x86 {
         stride: usize,
         scales: &[f32],
         acc: &mut [f32],
+        carry: __m256,
         signs: &mut [u8],
         bits: __m256i,
     ) -> f64 {
@@ -690,16 +725,16 @@ mod x86 {
         // Two groups per step, as in `add_pack_squares_impl`; `g + 1 < groups` keeps both
         // groups of `acc`, `signs` and every row in bounds (the caller's contract).
         while g + 2 <= groups {
-            let v = sum_group(src, stride, scales, bits, g, ap);
+            let v = sum_group(src, stride, scales, bits, g, ap, carry);
             add_squares(v, a0, a1);
             *sp.add(g) = sign_byte::<BIG>(v);
-            let v = sum_group(src, stride, scales, bits, g + 1, ap);
+            let v = sum_group(src, stride, scales, bits, g + 1, ap, carry);
             add_squares(v, a2, a3);
             *sp.add(g + 1) = sign_byte::<BIG>(v);
             g += 2;
         }
         if g < groups {
-            let v = sum_group(src, stride, scales, bits, g, ap);
+            let v = sum_group(src, stride, scales, bits, g, ap, carry);
             add_squares(v, a0, a1);
             *sp.add(g) = sign_byte::<BIG>(v);
         }
@@ -710,15 +745,12 @@ mod x86 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn subtract_signs_avx2(v: &mut [f32], scale: f32) {
-        let (s, sign, zero) = (_mm256_set1_ps(scale), _mm256_set1_ps(-0.0), _mm256_setzero_ps());
+        let s = _mm256_set1_ps(scale);
         let mut chunks = v.chunks_exact_mut(8);
         for chunk in &mut chunks {
             // `chunk` has 8 floats: the unaligned 8-float load/store is in bounds.
             let p = chunk.as_mut_ptr();
-            let x = _mm256_loadu_ps(p);
-            // `sgn(x) = +1` for `!(x < 0)` (±0 and NaN included), so flip `scale` where x < 0.
-            let nonneg = _mm256_cmp_ps::<_CMP_NLT_UQ>(x, zero);
-            _mm256_storeu_ps(p, _mm256_sub_ps(x, _mm256_xor_ps(s, _mm256_andnot_ps(nonneg, sign))));
+            _mm256_storeu_ps(p, minus_signed(_mm256_loadu_ps(p), s));
         }
         super::scalar::subtract_signs(chunks.into_remainder(), scale);
     }
