@@ -66,6 +66,20 @@ fn main() {
         pack::unpack_scaled_add(black_box(&signs), &mut dst, 1e-3, BitOrder::Big).unwrap();
     });
     row("unpack_scaled_add", bytes, t);
+    // The fused passes of the 1-bit all-reduce (`dst` plays the error buffer).
+    let t = median_time(runs, || {
+        black_box(pack::add_pack_squares(&mut dst, 1e-3, black_box(&src), &mut signs, BitOrder::Big).unwrap());
+    });
+    row("add_pack_squares (e, u = x + e, signs, Σu²)", bytes, t);
+    let t = median_time(runs, || pack::subtract_signs(&mut dst, black_box(1e-3)));
+    row("subtract_signs (e ← u − α·sgn u)", bytes, t);
+    let rows2 = [signs.clone(), signs.clone()].concat();
+    let t = median_time(runs, || {
+        let (acc, out) = (&mut dst[..n / 2], &mut signs[..n / 16]);
+        let scales = [1e-3, 2e-3];
+        black_box(pack::unpack_sum_pack_squares(&rows2, n / 16, &scales, acc, 1e-3, out, BitOrder::Big).unwrap());
+    });
+    row("unpack_sum_pack_squares, 2 rows (f32 bytes ×2)", bytes, t);
     let sym = QuantType::Symmetric;
     let t = median_time(runs, || {
         quant::quantize(black_box(&src), GROUP, QuantBits::Int4, sym, &mut q4, &mut params).unwrap();

@@ -12,17 +12,24 @@
 //! `n` is the group size, `L` the caller's buffer length, `N ≥ L` the *padded length* (the
 //! length of the worker error, a multiple of `8n`; [`padded_len`] gives DeepSpeed's choice,
 //! a multiple of `n · lcm(n, 8)`), and `C = N / n` the *server chunk*: rank `r` is the
-//! server of elements `[r·C, (r+1)·C)`. One call is four collectives:
+//! server of elements `[r·C, (r+1)·C)`. One call is two collectives; each scale rides at the
+//! end of its row of sign bytes (an `f32`, little-endian), where DeepSpeed all-gathers the
+//! scales separately:
 //!
 //! | step | op | bytes sent per rank |
 //! |---|---|---|
-//! | worker signs | `all_to_all::<u8>` of `N/8` bytes | `(n−1)·C/8` |
-//! | worker scales | `all_gather::<f32>` of 1 | about `(n−1)·4` |
-//! | server signs | `all_gather::<u8>` of `C/8` | `(n−1)·C/8` (ring) |
-//! | server scales | `all_gather::<f32>` of 1 | about `(n−1)·4` |
+//! | worker signs and `α` | `all_to_all::<u8>` of `n` rows of `C/8 + 4` | `(n−1)·(C/8 + 4)` |
+//! | server signs and `β` | `all_gather::<u8>` of `C/8 + 4` | `(n−1)·(C/8 + 4)` (ring) |
 //!
 //! so about `N/4 · (n−1)/n` bytes against `8N · (n−1)/n` for a ring all-reduce of f32: 32×
 //! less, minus the scales and each op's fixed cost.
+//!
+//! The arithmetic takes three passes over memory, each a fused kernel of [`pack`]:
+//! [`pack::add_pack_squares`] over `N` floats (`e ← u − α·sgn(u)` left by the last call, `u =
+//! x + e`, its signs and `Σu²`), [`pack::unpack_sum_pack_squares`] over the server's `C` (`s ←
+//! m − β·sgn(m)` left by the last call, every rank's signs with its scale, `m`, its signs and
+//! `Σm²`), and the output unpacked straight into the caller's buffer. The error updates of a
+//! call are done by the next one (see [`OneBitState`]).
 //!
 //! # The algorithm (spec §2.2)
 //!
@@ -33,8 +40,8 @@
 //! √C`, `s ← m − β·sgn(m)`, signs of `m` all-gathered with every `β`. Every rank then holds
 //! the same `y`, `y[j·C + k] = β_j · sgn_j[k]`, and the caller's buffer gets `y[..L]`.
 //!
-//! Norms are accumulated in f64 and rounded to f32 once; everything else is f32 in
-//! DeepSpeed's order of operations.
+//! Norms are accumulated in f64 (the order is [`pack::SQUARE_LANES`]'s) and rounded to f32
+//! once; everything else is f32 in DeepSpeed's order of operations.
 //!
 //! # Non-finite values
 //!
@@ -59,6 +66,7 @@
 //! assert_eq!(out[0].as_ref().unwrap(), out[1].as_ref().unwrap()); // identical on every rank
 //! ```
 
+use std::borrow::Cow;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -100,28 +108,35 @@ fn gcd(mut a: usize, mut b: usize) -> usize {
 ///
 /// The errors are per rank (never identical across ranks) and belong to one buffer and one
 /// group: use one state per buffer, and a new one if the group changes.
+///
+/// A call leaves its last step, the error updates `e ← u − α·sgn(u)` and `s ← m − β·sgn(m)`,
+/// to the next call, which does them on the fly in its own pass over the buffers (the same f32
+/// operations, so the same bits; one pass over `N + C` floats fewer per call). So the state
+/// holds `u`, `m`, `α` and `β`, and [`OneBitState::worker_error`] and
+/// [`OneBitState::server_error`] compute the errors when asked.
 #[derive(Clone)]
 pub struct OneBitState {
     world_size: usize,
     order: BitOrder,
-    worker_error: Vec<f32>,
-    server_error: Vec<f32>,
+    /// `u` of the last call (the worker error is `u − carry.0 · sgn(u)`); length `N`.
+    worker: Vec<f32>,
+    /// `m` of the last call (the server error is `m − carry.1 · sgn(m)`); length `C`.
+    server: Vec<f32>,
+    /// `(α, β)` of the last call; `(0, 0)` when the buffers hold the errors themselves.
+    carry: (f32, f32),
     scratch: Scratch,
 }
 
 /// Buffers reused by every call (allocated on the first one).
 #[derive(Clone, Default)]
 struct Scratch {
-    /// Worker signs (`N/8` bytes); later the first `C/8` hold the server signs.
+    /// `n` rows of `C/8` sign bytes and a scale: the worker's rows (row `j` for rank `j`),
+    /// later the server's row in the first.
     send: Vec<u8>,
-    /// Signs received from every rank (`N/8` bytes); later every server's signs.
+    /// The rows received: every worker's signs for this chunk, later every server's.
     recv: Vec<u8>,
-    /// The server's compensated chunk `m` (`C` floats); later the tail of the output.
-    server: Vec<f32>,
-    /// `α` of every rank.
-    worker_scales: Vec<f32>,
-    /// `β` of every rank.
-    server_scales: Vec<f32>,
+    /// `αᵢ · (1/n)` of every rank.
+    scales: Vec<f32>,
 }
 
 impl std::fmt::Debug for OneBitState {
@@ -129,8 +144,8 @@ impl std::fmt::Debug for OneBitState {
         f.debug_struct("OneBitState")
             .field("world_size", &self.world_size)
             .field("order", &self.order)
-            .field("padded_len", &self.worker_error.len())
-            .field("chunk_len", &self.server_error.len())
+            .field("padded_len", &self.worker.len())
+            .field("chunk_len", &self.server.len())
             .finish_non_exhaustive()
     }
 }
@@ -165,7 +180,14 @@ impl OneBitState {
                 n_padded / world_size
             )));
         }
-        Ok(OneBitState { world_size, order: BitOrder::Big, worker_error, server_error, scratch: Scratch::default() })
+        Ok(OneBitState {
+            world_size,
+            order: BitOrder::Big,
+            worker: worker_error,
+            server: server_error,
+            carry: (0.0, 0.0),
+            scratch: Scratch::default(),
+        })
     }
 
     /// The same state with another bit order. Every rank must use the same one; the result
@@ -187,33 +209,38 @@ impl OneBitState {
 
     /// `N`: the longest buffer this state serves, and the length scales are computed over.
     pub fn padded_len(&self) -> usize {
-        self.worker_error.len()
+        self.worker.len()
     }
 
     /// `C = N / n`: the length of each rank's server chunk.
     pub fn chunk_len(&self) -> usize {
-        self.server_error.len()
+        self.server.len()
     }
 
     /// This rank's worker error `e` (length `N`; the tail past the buffer takes part too).
-    pub fn worker_error(&self) -> &[f32] {
-        &self.worker_error
+    /// After a call it is computed here (a new vector of `N` floats; see the type's docs).
+    pub fn worker_error(&self) -> Cow<'_, [f32]> {
+        settled(&self.worker, self.carry.0)
     }
 
-    /// This rank's server error `s` for its chunk (length `C`).
-    pub fn server_error(&self) -> &[f32] {
-        &self.server_error
+    /// This rank's server error `s` for its chunk (length `C`), computed as
+    /// [`OneBitState::worker_error`] is.
+    pub fn server_error(&self) -> Cow<'_, [f32]> {
+        settled(&self.server, self.carry.1)
     }
 
     /// Zeroes both errors (what an empty input does, and the way back from NaN errors).
     pub fn reset(&mut self) {
-        self.worker_error.fill(0.0);
-        self.server_error.fill(0.0);
+        self.worker.fill(0.0);
+        self.server.fill(0.0);
+        self.carry = (0.0, 0.0);
     }
 
     /// The error buffers `(worker, server)`, for saving.
-    pub fn into_errors(self) -> (Vec<f32>, Vec<f32>) {
-        (self.worker_error, self.server_error)
+    pub fn into_errors(mut self) -> (Vec<f32>, Vec<f32>) {
+        pack::subtract_signs(&mut self.worker, self.carry.0);
+        pack::subtract_signs(&mut self.server, self.carry.1);
+        (self.worker, self.server)
     }
 
     /// Checks this state against the group and a buffer of `len` elements.
@@ -236,14 +263,22 @@ impl OneBitState {
     }
 
     fn prepare_scratch(&mut self) {
-        let (n, bytes, c) = (self.world_size, self.padded_len() / 8, self.chunk_len());
+        let (n, row) = (self.world_size, self.chunk_len() / 8 + SCALE_BYTES);
         let s = &mut self.scratch;
-        s.send.resize(bytes, 0);
-        s.recv.resize(bytes, 0);
-        s.server.resize(c, 0.0);
-        s.worker_scales.resize(n, 0.0);
-        s.server_scales.resize(n, 0.0);
+        s.send.resize(n * row, 0);
+        s.recv.resize(n * row, 0);
+        s.scales.resize(n, 0.0);
     }
+}
+
+/// `v − carry · sgn(v)`, borrowed when `carry` is zero (then it is `v` exactly).
+fn settled(v: &[f32], carry: f32) -> Cow<'_, [f32]> {
+    if carry == 0.0 {
+        return Cow::Borrowed(v);
+    }
+    let mut e = v.to_vec();
+    pack::subtract_signs(&mut e, carry);
+    Cow::Owned(e)
 }
 
 /// The 1-bit error-compensated all-reduce: on return every rank's `buf` holds the same
@@ -257,7 +292,7 @@ impl OneBitState {
 /// Unlike DeepSpeed, the result is always written into `buf` (whether or not it needed
 /// padding), and `buf` is untouched on error. Errors: [`ErrorKind::InvalidArgument`] if the
 /// state is for another group size or `buf.len() > N` (nothing is sent); any error of the
-/// four collectives (then the communicator is aborted and the state's errors are garbage).
+/// two collectives (then the communicator is aborted and the state's errors are garbage).
 pub fn all_reduce(comm: &Communicator, buf: &mut [f32], state: &mut OneBitState) -> Result<()> {
     let start = comm.logger().now_ns();
     all_reduce_inner(comm, buf, state)?;
@@ -276,112 +311,71 @@ fn all_reduce_inner(comm: &Communicator, buf: &mut [f32], state: &mut OneBitStat
     let n = comm.size();
     let order = state.order;
     let c = state.chunk_len();
-    let OneBitState { worker_error, server_error, scratch: s, .. } = state;
-
-    // Worker: u = pad(x) + e (built in place in `e`), α, e ← u − α·sgn(u), signs of u.
-    let (head, tail) = worker_error.split_at_mut(buf.len());
-    let squares = add_sum_squares(head, buf) + sum_squares(tail);
-    let alpha = scale_of(squares, worker_error.len());
-    pack::pack_signs(worker_error, &mut s.send, order)?;
-    subtract_signed(worker_error, alpha);
-
-    // Phase 1: signs chunk j → rank j; every α to everyone.
-    comm.all_to_all(&s.send, &mut s.recv)?;
-    comm.all_gather(&[alpha], &mut s.worker_scales)?;
-
-    // Server: m = Σᵢ (αᵢ · 1/n) · sgnᵢ, m ← m + s, β, s ← m − β·sgn(m), signs of m.
-    let inv_n = 1.0 / n as f32;
-    let m = &mut s.server;
-    m.fill(0.0);
-    for (signs, &alpha_i) in s.recv.chunks_exact(c / 8).zip(&s.worker_scales) {
-        pack::unpack_scaled_add(signs, m, alpha_i * inv_n, order)?;
-    }
-    for (mk, &sk) in m.iter_mut().zip(server_error.iter()) {
-        *mk += sk;
-    }
-    let beta = rms(m);
-    let server_signs = &mut s.send[..c / 8];
-    pack::pack_signs(m, server_signs, order)?;
-    for (sk, &mk) in server_error.iter_mut().zip(m.iter()) {
-        *sk = mk - beta * sgn(mk);
-    }
-
-    // Phase 2: every server's signs and β to everyone.
-    comm.all_gather(&s.send[..c / 8], &mut s.recv)?;
-    comm.all_gather(&[beta], &mut s.server_scales)?;
-
-    // Output: y[j·C + k] = β_j · sgn_j[k], truncated to the caller's length.
+    let signs = c / 8;
+    let row = signs + SCALE_BYTES;
     let len = buf.len();
-    for (j, (signs, &beta_j)) in s.recv.chunks_exact(c / 8).zip(&s.server_scales).enumerate() {
-        let start = j * c;
-        if start + c <= len {
-            pack::unpack_scaled(signs, &mut buf[start..start + c], beta_j, order)?;
-        } else if start < len {
-            pack::unpack_scaled(signs, m, beta_j, order)?;
-            buf[start..].copy_from_slice(&m[..len - start]);
+    let OneBitState { worker, server, carry, scratch: s, .. } = state;
+
+    // Worker: e ← u − α·sgn(u) of the last call, then u = pad(x) + e with its signs in row j
+    // of `send` and Σu², chunk by chunk, in place; then α.
+    let mut squares = 0.0;
+    for (j, (u, out)) in worker.chunks_exact_mut(c).zip(s.send.chunks_exact_mut(row)).enumerate() {
+        let x = &buf[(j * c).min(len)..((j + 1) * c).min(len)];
+        squares += pack::add_pack_squares(u, carry.0, x, &mut out[..signs], order)?;
+    }
+    let alpha = scale_of(squares, worker.len());
+    carry.0 = alpha;
+    for out in s.send.chunks_exact_mut(row) {
+        out[signs..].copy_from_slice(&alpha.to_le_bytes());
+    }
+
+    // Phase 1: signs of chunk j, with α, → rank j.
+    comm.all_to_all(&s.send, &mut s.recv)?;
+
+    // Server: s ← m − β·sgn(m) of the last call, then m = Σᵢ (αᵢ · 1/n) · sgnᵢ + s with its
+    // signs and Σm², in place; then β.
+    let inv_n = 1.0 / n as f32;
+    for (scale, from) in s.scales.iter_mut().zip(s.recv.chunks_exact(row)) {
+        *scale = scale_in(from) * inv_n;
+    }
+    let out = &mut s.send[..signs];
+    let squares = pack::unpack_sum_pack_squares(&s.recv, row, &s.scales, server, carry.1, out, order)?;
+    let beta = scale_of(squares, c);
+    carry.1 = beta;
+    s.send[signs..row].copy_from_slice(&beta.to_le_bytes());
+
+    // Phase 2: every server's signs, with its β, to everyone.
+    comm.all_gather(&s.send[..row], &mut s.recv)?;
+
+    // Output: y[j·C + k] = β_j · sgn_j[k], straight into the caller's buffer up to its length.
+    for (out, from) in buf.chunks_mut(c).zip(s.recv.chunks_exact(row)) {
+        let beta_j = scale_in(from);
+        let whole = out.len() / 8;
+        let (head, tail) = out.split_at_mut(8 * whole);
+        pack::unpack_scaled(&from[..whole], head, beta_j, order)?;
+        if !tail.is_empty() {
+            let mut last = [0f32; 8];
+            pack::unpack_scaled(&from[whole..whole + 1], &mut last, beta_j, order)?;
+            tail.copy_from_slice(&last[..tail.len()]);
         }
     }
     Ok(())
 }
 
-/// `sgn` as DeepSpeed computes it: `−1` for `v < 0`, else `+1` (`±0` and NaN give `+1`).
-#[inline]
-fn sgn(v: f32) -> f32 {
-    if v < 0.0 {
-        -1.0
-    } else {
-        1.0
-    }
-}
+/// Bytes of the scale (`f32`, little-endian) that ends each row of signs on the wire.
+const SCALE_BYTES: usize = 4;
 
-/// `v ← v − scale · sgn(v)` elementwise.
-fn subtract_signed(v: &mut [f32], scale: f32) {
-    for x in v {
-        *x -= scale * sgn(*x);
-    }
-}
-
-/// `‖v‖₂ / √len` (`len > 0`).
-fn rms(v: &[f32]) -> f32 {
-    scale_of(sum_squares(v), v.len())
+/// The scale at the end of a row of signs.
+fn scale_in(row: &[u8]) -> f32 {
+    let mut bytes = [0u8; SCALE_BYTES];
+    bytes.copy_from_slice(&row[row.len() - SCALE_BYTES..]);
+    f32::from_le_bytes(bytes)
 }
 
 /// The scale from a sum of squares: the norm rounded to f32 once, then divided as DeepSpeed
 /// divides a float32 norm by `√numel`.
 fn scale_of(sum_squares: f64, len: usize) -> f32 {
     sum_squares.sqrt() as f32 / (len as f64).sqrt() as f32
-}
-
-/// `Σ v²`, accumulated in f64 over 8 lanes.
-fn sum_squares(v: &[f32]) -> f64 {
-    let mut acc = [0f64; 8];
-    let mut chunks = v.chunks_exact(8);
-    for c in &mut chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a += f64::from(x) * f64::from(x);
-        }
-    }
-    let tail: f64 = chunks.remainder().iter().map(|&x| f64::from(x) * f64::from(x)).sum();
-    acc.iter().sum::<f64>() + tail
-}
-
-/// `u ← x + u` elementwise, returning `Σ u²` (one pass instead of two).
-fn add_sum_squares(u: &mut [f32], x: &[f32]) -> f64 {
-    let mut acc = [0f64; 8];
-    let mut uc = u.chunks_exact_mut(8);
-    let mut xc = x.chunks_exact(8);
-    for (us, xs) in (&mut uc).zip(&mut xc) {
-        for ((a, u), &x) in acc.iter_mut().zip(us).zip(xs) {
-            *u += x;
-            *a += f64::from(*u) * f64::from(*u);
-        }
-    }
-    let mut tail = 0f64;
-    for (u, &x) in uc.into_remainder().iter_mut().zip(xc.remainder()) {
-        *u += x;
-        tail += f64::from(*u) * f64::from(*u);
-    }
-    acc.iter().sum::<f64>() + tail
 }
 
 // -------------------------------------------------------------------- async
@@ -391,7 +385,7 @@ fn add_sum_squares(u: &mut [f32], x: &[f32]) -> f64 {
 pub struct OneBitWork {
     rx: mpsc::Receiver<Result<(Vec<f32>, OneBitState)>>,
     thread: Option<JoinHandle<()>>,
-    /// Outer bound of [`OneBitWork::wait`]: the four ops' own deadlines, with slack.
+    /// Outer bound of [`OneBitWork::wait`]: the two ops' own deadlines, with slack.
     bound: Duration,
     rank: usize,
     taken: bool,
@@ -406,7 +400,7 @@ impl std::fmt::Debug for OneBitWork {
 /// [`all_reduce`] on a background thread: takes the buffer and the state, and gives both back
 /// through [`OneBitWork::wait`].
 ///
-/// The thread uses a clone of `comm` and issues its four collectives when it gets to them,
+/// The thread uses a clone of `comm` and issues its two collectives when it gets to them,
 /// so **ordering against other ops on the same communicator (or a group of it) is the
 /// caller's job**: issue none until the handle completes. (If ranks interleave ops
 /// differently, the agreement phase of the next op reports a mismatch; nothing is
@@ -701,17 +695,10 @@ mod tests {
     }
 
     #[test]
-    fn rms_and_sign_conventions() {
-        assert_eq!(rms(&[3.0, 4.0]), 5.0f32 / 2f64.sqrt() as f32);
-        let (mut u, x) = (vec![1.0f32; 13], vec![2.0f32; 13]);
-        assert_eq!(add_sum_squares(&mut u, &x), 13.0 * 9.0);
-        assert_eq!(u, vec![3.0; 13]);
-        assert_eq!(sgn(0.0), 1.0);
-        assert_eq!(sgn(-0.0), 1.0);
-        assert_eq!(sgn(f32::NAN), 1.0);
-        assert_eq!(sgn(-1e-30), -1.0);
-        let mut v = [1.0, -1.0, 0.0];
-        subtract_signed(&mut v, 0.5);
-        assert_eq!(v, [0.5, -0.5, -0.5]);
+    fn scales_ride_at_the_end_of_a_row() {
+        assert_eq!(scale_of(25.0, 2), 5.0f32 / 2f64.sqrt() as f32);
+        let mut row = vec![0xAAu8; 3];
+        row.extend_from_slice(&(-1.5f32).to_le_bytes());
+        assert_eq!(scale_in(&row), -1.5);
     }
 }

@@ -90,6 +90,73 @@ pub fn unpack_scaled_add(src: &[u8], acc: &mut [f32], scale: f32, order: BitOrde
     Ok(())
 }
 
+// ------------------------------------------------------------------ fused 1-bit passes
+
+/// Lanes of the f64 sums of squares the fused kernels return: element `k` of the slice goes
+/// into lane `k mod 16`, and the lanes are added in order at the end (starting from `0.0`).
+/// Every f32 square is exact in f64, so the order is the only freedom; fixing it makes the
+/// fast kernels and [`scalar`] agree bit for bit.
+pub const SQUARE_LANES: usize = 16;
+
+/// The worker's pass of the 1-bit all-reduce (spec §2.2 steps 1–3 and 5, with step 4 of the
+/// previous call): for every `k`, `e = u[k] − carry · sgn(u[k])` (the error update the previous
+/// call left to do, as [`subtract_signs`]; `carry = 0` keeps `u[k]` exactly), then `u[k] ←
+/// x[k] + e` where `x` reaches (`x` is taken as padded with zeros: past it `u[k] ← e`), the
+/// signs of the new `u` packed into `signs`, and `Σ u[k]²` over all of `u` returned
+/// (accumulated as [`SQUARE_LANES`] says).
+///
+/// Requires `u.len()` a multiple of 8, `x.len() ≤ u.len()` and `signs.len() == u.len() / 8`;
+/// otherwise [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) and nothing is
+/// written.
+pub fn add_pack_squares(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8], order: BitOrder) -> Result<f64> {
+    check_bytes("add_pack_squares", signs.len(), u.len())?;
+    if x.len() > u.len() {
+        return Err(Error::invalid(format!("add_pack_squares: {} inputs do not fit {} elements", x.len(), u.len())));
+    }
+    Ok(fast::add_pack_squares(u, carry, x, signs, order))
+}
+
+/// The server's pass of the 1-bit all-reduce (spec §2.2 steps 8, 9, 10 and 12, with step 11
+/// of the previous call): `acc[k] ← (Σᵢ scales[i] · (±1)) + (acc[k] − carry · sgn(acc[k]))`,
+/// the signs of row `i` read from `src[i · stride ..][.. acc.len() / 8]` and added in row
+/// order to `0.0` (as [`unpack_scaled_add`] into a zeroed buffer would; `carry` as in
+/// [`add_pack_squares`]), then the signs of the new `acc` packed into `signs` and `Σ acc[k]²`
+/// returned (as [`SQUARE_LANES`] says).
+///
+/// Requires `acc.len()` a multiple of 8, `signs.len() == acc.len() / 8` and `src` long enough
+/// for `scales.len()` rows (rows may overlap); otherwise
+/// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) and nothing is written.
+pub fn unpack_sum_pack_squares(
+    src: &[u8],
+    stride: usize,
+    scales: &[f32],
+    acc: &mut [f32],
+    carry: f32,
+    signs: &mut [u8],
+    order: BitOrder,
+) -> Result<f64> {
+    check_bytes("unpack_sum_pack_squares", signs.len(), acc.len())?;
+    let row = acc.len() / 8;
+    let needed = match scales.len() {
+        0 => Some(0),
+        rows => (rows - 1).checked_mul(stride).and_then(|b| b.checked_add(row)),
+    };
+    if needed.is_none_or(|b| b > src.len()) {
+        return Err(Error::invalid(format!(
+            "unpack_sum_pack_squares: {} rows of {row} bytes every {stride} do not fit {} bytes",
+            scales.len(),
+            src.len()
+        )));
+    }
+    Ok(fast::unpack_sum_pack_squares(src, stride, scales, acc, carry, signs, order))
+}
+
+/// The error update of the 1-bit all-reduce (spec §2.2 steps 4 and 11): `v[k] ← v[k] −
+/// scale · sgn(v[k])` with `sgn = −1` for `v < 0`, else `+1` (`±0` and NaN give `+1`).
+pub fn subtract_signs(v: &mut [f32], scale: f32) {
+    fast::subtract_signs(v, scale);
+}
+
 fn check_bytes(what: &str, bytes: usize, elems: usize) -> Result<()> {
     if elems % 8 != 0 || bytes != elems / 8 {
         return Err(Error::invalid(format!(
@@ -137,6 +204,89 @@ pub mod scalar {
             }
         }
     }
+
+    /// `Σ` of per-lane sums of squares in lane order (see [`SQUARE_LANES`](super::SQUARE_LANES)).
+    pub(super) fn lane_total(lanes: &[f64; super::SQUARE_LANES]) -> f64 {
+        lanes.iter().fold(0.0, |t, &l| t + l)
+    }
+
+    /// The sign bit of one element: 1 unless `x < 0`.
+    fn bit(x: f32) -> u8 {
+        if x < 0.0 {
+            0
+        } else {
+            1
+        }
+    }
+
+    /// `v − scale · sgn(v)`.
+    fn minus_signed(v: f32, scale: f32) -> f32 {
+        let sign = if v < 0.0 { -1.0 } else { 1.0 };
+        v - scale * sign
+    }
+
+    /// `±1.0` for a bit.
+    fn sign_of_bit(byte: u8, j: usize, order: BitOrder) -> f32 {
+        if (byte >> order.shift(j)) & 1 == 1 {
+            1.0
+        } else {
+            -1.0
+        }
+    }
+
+    /// Reference for [`add_pack_squares`](super::add_pack_squares) (`x` may be shorter than
+    /// `u`; whole bytes only).
+    pub fn add_pack_squares(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8], order: BitOrder) -> f64 {
+        let mut lanes = [0f64; super::SQUARE_LANES];
+        for (m, (chunk, byte)) in u.chunks_exact_mut(8).zip(signs.iter_mut()).enumerate() {
+            let mut b = 0u8;
+            for (j, v) in chunk.iter_mut().enumerate() {
+                let k = 8 * m + j;
+                *v = minus_signed(*v, carry);
+                if let Some(&xk) = x.get(k) {
+                    *v += xk;
+                }
+                lanes[k % super::SQUARE_LANES] += f64::from(*v) * f64::from(*v);
+                b |= bit(*v) << order.shift(j);
+            }
+            *byte = b;
+        }
+        lane_total(&lanes)
+    }
+
+    /// Reference for [`unpack_sum_pack_squares`](super::unpack_sum_pack_squares).
+    pub fn unpack_sum_pack_squares(
+        src: &[u8],
+        stride: usize,
+        scales: &[f32],
+        acc: &mut [f32],
+        carry: f32,
+        signs: &mut [u8],
+        order: BitOrder,
+    ) -> f64 {
+        let mut lanes = [0f64; super::SQUARE_LANES];
+        for (m, (chunk, byte)) in acc.chunks_exact_mut(8).zip(signs.iter_mut()).enumerate() {
+            let mut b = 0u8;
+            for (j, v) in chunk.iter_mut().enumerate() {
+                let mut sum = 0.0f32;
+                for (i, &scale) in scales.iter().enumerate() {
+                    sum += scale * sign_of_bit(src[i * stride + m], j, order);
+                }
+                *v = sum + minus_signed(*v, carry);
+                lanes[(8 * m + j) % super::SQUARE_LANES] += f64::from(*v) * f64::from(*v);
+                b |= bit(*v) << order.shift(j);
+            }
+            *byte = b;
+        }
+        lane_total(&lanes)
+    }
+
+    /// Reference for [`subtract_signs`](super::subtract_signs).
+    pub fn subtract_signs(v: &mut [f32], scale: f32) {
+        for x in v {
+            *x = minus_signed(*x, scale);
+        }
+    }
 }
 
 /// Dispatch to the best kernel for this CPU. Lengths are already checked.
@@ -155,6 +305,44 @@ mod fast {
         }
         #[cfg(not(target_arch = "x86_64"))]
         super::portable::pack(src, dst, order);
+    }
+
+    pub(super) fn add_pack_squares(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8], order: BitOrder) -> f64 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above); the caller checked the
+            // lengths (`u.len() == 8 · signs.len()`, `x.len() ≤ u.len()`).
+            return unsafe { super::x86::add_pack_squares_avx2(u, carry, x, signs, order) };
+        }
+        super::scalar::add_pack_squares(u, carry, x, signs, order)
+    }
+
+    pub(super) fn unpack_sum_pack_squares(
+        src: &[u8],
+        stride: usize,
+        scales: &[f32],
+        acc: &mut [f32],
+        carry: f32,
+        signs: &mut [u8],
+        order: BitOrder,
+    ) -> f64 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above); the caller checked the
+            // lengths (`acc.len() == 8 · signs.len()`, every row inside `src`).
+            return unsafe { super::x86::unpack_sum_pack_squares_avx2(src, stride, scales, acc, carry, signs, order) };
+        }
+        super::scalar::unpack_sum_pack_squares(src, stride, scales, acc, carry, signs, order)
+    }
+
+    pub(super) fn subtract_signs(v: &mut [f32], scale: f32) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            unsafe { super::x86::subtract_signs_avx2(v, scale) };
+            return;
+        }
+        super::scalar::subtract_signs(v, scale)
     }
 
     pub(super) fn unpack<const ADD: bool>(src: &[u8], dst: &mut [f32], scale: f32, order: BitOrder) {
@@ -331,6 +519,240 @@ mod x86 {
                 _mm256_storeu_ps(p, x);
             }
         }
+    }
+
+    /// The sign byte of 8 floats, element `j` at bit `7 − j` (`BIG`) or `j`: bit 1 unless
+    /// `x < 0`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn sign_byte<const BIG: bool>(v: __m256) -> u8 {
+        let v = if BIG { _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0)) } else { v };
+        // `!(x < 0)`, unordered-quiet: true for x ≥ 0, ±0 and NaN.
+        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(v, _mm256_setzero_ps())) as u8
+    }
+
+    /// `lo += v[0..4]²`, `hi += v[4..8]²` in f64 (the squares are exact).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn add_squares(v: __m256, lo: &mut __m256d, hi: &mut __m256d) {
+        let a = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+        let b = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v));
+        *lo = _mm256_add_pd(*lo, _mm256_mul_pd(a, a));
+        *hi = _mm256_add_pd(*hi, _mm256_mul_pd(b, b));
+    }
+
+    /// The four accumulators of 4 lanes each, added in lane order as the scalar reference
+    /// adds its [`SQUARE_LANES`](super::SQUARE_LANES).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn lane_total(acc: [__m256d; 4]) -> f64 {
+        let mut lanes = [0f64; super::SQUARE_LANES];
+        for (i, a) in acc.into_iter().enumerate() {
+            // `lanes` has 16 f64: lanes `4i .. 4i + 4` are in bounds for i < 4.
+            _mm256_storeu_pd(lanes.as_mut_ptr().add(4 * i), a);
+        }
+        super::scalar::lane_total(&lanes)
+    }
+
+    /// `v − scale · sgn(v)`: `sgn(v) = +1` for `!(v < 0)` (±0 and NaN included), so `scale`
+    /// is flipped (exactly `scale * -1`) where `v < 0`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn minus_signed(v: __m256, scale: __m256) -> __m256 {
+        let nonneg = _mm256_cmp_ps::<_CMP_NLT_UQ>(v, _mm256_setzero_ps());
+        _mm256_sub_ps(v, _mm256_xor_ps(scale, _mm256_andnot_ps(nonneg, _mm256_set1_ps(-0.0))))
+    }
+
+    /// The 8 elements of `u` at `k` after `u ← x + (u − carry · sgn(u))`, `x` where it
+    /// reaches (`xl` elements).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `up` is valid for reads and writes of `k + 8` floats and
+    /// `xp` for reads of `xl` floats.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn add_group(up: *mut f32, carry: __m256, xp: *const f32, xl: usize, k: usize) -> __m256 {
+        let p = up.add(k);
+        let e = minus_signed(_mm256_loadu_ps(p), carry);
+        let v = if k + 8 <= xl {
+            _mm256_add_ps(_mm256_loadu_ps(xp.add(k)), e)
+        } else if k < xl {
+            // Lanes below `xl − k` add `x`; the others keep `e` as it is (as the scalar
+            // reference does: adding a padding `0.0` would turn `−0` into `+0`). Masked-off
+            // lanes of the load are not read.
+            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((xl - k) as i32), lanes);
+            let x = _mm256_maskload_ps(xp.add(k), mask);
+            _mm256_blendv_ps(e, _mm256_add_ps(x, e), _mm256_castsi256_ps(mask))
+        } else {
+            e
+        };
+        _mm256_storeu_ps(p, v);
+        v
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn add_pack_squares_avx2(
+        u: &mut [f32],
+        carry: f32,
+        x: &[f32],
+        signs: &mut [u8],
+        order: BitOrder,
+    ) -> f64 {
+        match order {
+            BitOrder::Big => add_pack_squares_impl::<true>(u, carry, x, signs),
+            BitOrder::Little => add_pack_squares_impl::<false>(u, carry, x, signs),
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    unsafe fn add_pack_squares_impl<const BIG: bool>(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8]) -> f64 {
+        let carry = _mm256_set1_ps(carry);
+        let groups = signs.len().min(u.len() / 8);
+        let xl = x.len().min(u.len());
+        let (up, xp, sp) = (u.as_mut_ptr(), x.as_ptr(), signs.as_mut_ptr());
+        let mut acc = [_mm256_setzero_pd(); 4];
+        let [a0, a1, a2, a3] = &mut acc;
+        // Two groups per step, so that the f64 additions run in four independent chains;
+        // group `g` feeds lanes `8 · (g mod 2) ..` as in the scalar reference.
+        let mut g = 0;
+        while g + 2 <= groups {
+            // `g + 1 < groups`: both groups' 8 floats of `u` and their sign bytes are in
+            // bounds, and `add_group` reads `x` only below `xl`.
+            let v = add_group(up, carry, xp, xl, 8 * g);
+            add_squares(v, a0, a1);
+            *sp.add(g) = sign_byte::<BIG>(v);
+            let v = add_group(up, carry, xp, xl, 8 * g + 8);
+            add_squares(v, a2, a3);
+            *sp.add(g + 1) = sign_byte::<BIG>(v);
+            g += 2;
+        }
+        if g < groups {
+            // The last (even) group, in bounds as above.
+            let v = add_group(up, carry, xp, xl, 8 * g);
+            add_squares(v, a0, a1);
+            *sp.add(g) = sign_byte::<BIG>(v);
+        }
+        lane_total(acc)
+    }
+
+    /// The 8 elements of `acc` at group `g` after `acc ← Σᵢ scales[i] · (±1) + (acc − carry ·
+    /// sgn(acc))`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `src` is valid for reads at `i · stride + g` for every row
+    /// `i < scales.len()`, and `accp` for reads and writes of `8g + 8` floats.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn sum_group(
+        src: *const u8,
+        stride: usize,
+        scales: &[f32],
+        bits: __m256i,
+        g: usize,
+        accp: *mut f32,
+        carry: __m256,
+    ) -> __m256 {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for (i, &scale) in scales.iter().enumerate() {
+            let byte = _mm256_set1_epi32(i32::from(*src.add(i * stride + g)));
+            let set = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(byte, bits), bits));
+            // Clear bit → flip the sign of `scale` (exactly `scale * -1`).
+            m = _mm256_add_ps(m, _mm256_xor_ps(_mm256_set1_ps(scale), _mm256_andnot_ps(set, sign)));
+        }
+        let p = accp.add(8 * g);
+        let m = _mm256_add_ps(m, minus_signed(_mm256_loadu_ps(p), carry));
+        _mm256_storeu_ps(p, m);
+        m
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2; every row `i < scales.len()` has `acc.len() / 8` bytes at
+    /// `src[i · stride ..]`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn unpack_sum_pack_squares_avx2(
+        src: &[u8],
+        stride: usize,
+        scales: &[f32],
+        acc: &mut [f32],
+        carry: f32,
+        signs: &mut [u8],
+        order: BitOrder,
+    ) -> f64 {
+        let bits = lane_bits(order);
+        let bits = _mm256_loadu_si256(bits.as_ptr().cast());
+        let carry = _mm256_set1_ps(carry);
+        match order {
+            BitOrder::Big => unpack_sum_pack_squares_impl::<true>(src, stride, scales, acc, carry, signs, bits),
+            BitOrder::Little => unpack_sum_pack_squares_impl::<false>(src, stride, scales, acc, carry, signs, bits),
+        }
+    }
+
+    /// # Safety
+    /// As [`unpack_sum_pack_squares_avx2`].
+    #[target_feature(enable = "avx2")]
+    unsafe fn unpack_sum_pack_squares_impl<const BIG: bool>(
+        src: &[u8],
+        stride: usize,
+        scales: &[f32],
+        acc: &mut [f32],
+        carry: __m256,
+        signs: &mut [u8],
+        bits: __m256i,
+    ) -> f64 {
+        let groups = signs.len().min(acc.len() / 8);
+        let (ap, sp, src) = (acc.as_mut_ptr(), signs.as_mut_ptr(), src.as_ptr());
+        let mut sums = [_mm256_setzero_pd(); 4];
+        let [a0, a1, a2, a3] = &mut sums;
+        let mut g = 0;
+        // Two groups per step, as in `add_pack_squares_impl`; `g + 1 < groups` keeps both
+        // groups of `acc`, `signs` and every row in bounds (the caller's contract).
+        while g + 2 <= groups {
+            let v = sum_group(src, stride, scales, bits, g, ap, carry);
+            add_squares(v, a0, a1);
+            *sp.add(g) = sign_byte::<BIG>(v);
+            let v = sum_group(src, stride, scales, bits, g + 1, ap, carry);
+            add_squares(v, a2, a3);
+            *sp.add(g + 1) = sign_byte::<BIG>(v);
+            g += 2;
+        }
+        if g < groups {
+            let v = sum_group(src, stride, scales, bits, g, ap, carry);
+            add_squares(v, a0, a1);
+            *sp.add(g) = sign_byte::<BIG>(v);
+        }
+        lane_total(sums)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn subtract_signs_avx2(v: &mut [f32], scale: f32) {
+        let s = _mm256_set1_ps(scale);
+        let mut chunks = v.chunks_exact_mut(8);
+        for chunk in &mut chunks {
+            // `chunk` has 8 floats: the unaligned 8-float load/store is in bounds.
+            let p = chunk.as_mut_ptr();
+            _mm256_storeu_ps(p, minus_signed(_mm256_loadu_ps(p), s));
+        }
+        super::scalar::subtract_signs(chunks.into_remainder(), scale);
     }
 }
 

@@ -187,6 +187,179 @@ proptest! {
 }
 
 // ------------------------------------------------------------------------------------------
+// Fused 1-bit all-reduce passes
+
+fn same_sum(a: f64, b: f64) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// The worker pass against the unfused steps it replaces (the last call's `subtract_signs`,
+/// `u + x` where `x` reaches, `pack_signs`, the f64 sum of squares): NaN, ±0, ±∞ and a `−0`
+/// in the padding, which must stay `−0` when nothing is carried.
+#[test]
+fn add_pack_squares_by_hand() {
+    let u = [1.0f32, -0.0, 2.0, -3.0, f32::NAN, 0.5, -0.0, 4.0, -1.0, -0.0, 0.0, 1.0, -2.0, 3.0, 0.25, -0.0];
+    let x = [-2.0f32, 0.0, -2.0, 3.0, 1.0, -1.0, 0.0, -4.0, 1.0, -0.0, -0.0]; // 11 of 16
+    for (order, carry) in [(BitOrder::Big, 0.0), (BitOrder::Little, 0.0), (BitOrder::Big, 0.75)] {
+        let mut fused = u;
+        let mut signs = [0u8; 2];
+        let ss = pack::add_pack_squares(&mut fused, carry, &x, &mut signs, order).unwrap();
+        let mut want = u;
+        pack::subtract_signs(&mut want, carry);
+        for (w, &xk) in want.iter_mut().zip(&x) {
+            *w += xk;
+        }
+        assert!(same_f32(&fused, &want), "{fused:?}");
+        if carry == 0.0 {
+            assert_eq!(fused[15].to_bits(), (-0.0f32).to_bits(), "padding keeps −0");
+        }
+        let mut want_signs = [0u8; 2];
+        pack::pack_signs(&want, &mut want_signs, order).unwrap();
+        assert_eq!(signs, want_signs);
+        assert!(ss.is_nan()); // the NaN element
+    }
+    let mut u = u;
+    u[4] = 7.0;
+    let mut signs = [0u8; 2];
+    let ss = pack::add_pack_squares(&mut u, 0.0, &[], &mut signs, BitOrder::Big).unwrap();
+    let want: f64 = u.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    assert_eq!(ss, want); // small integers: exact in any order
+    assert_eq!(signs, [0b1110_1111, 0b0111_0111]);
+}
+
+/// The server pass against DeepSpeed's order: `unpack_scaled_add` of each row into zeros, then
+/// `+ s` (the last call's `subtract_signs` applied to `acc`), then `pack_signs`.
+#[test]
+fn unpack_sum_pack_squares_by_hand() {
+    let rows = [0x03u8, 0xAA, 0x6C, 0x55, 0xFF, 0x00]; // 3 rows of 1 sign byte, stride 2
+    let scales = [1.5f32, 0.25, -0.0];
+    let acc0 = [0.5f32, -0.5, 0.0, -0.0, 2.0, -2.0, 1e-3, -1.75];
+    for (order, carry) in [(BitOrder::Big, 0.0), (BitOrder::Little, 0.0), (BitOrder::Little, 0.375)] {
+        let mut want = [0.0f32; 8];
+        for (i, &scale) in scales.iter().enumerate() {
+            pack::unpack_scaled_add(&rows[2 * i..2 * i + 1], &mut want, scale, order).unwrap();
+        }
+        let mut s = acc0;
+        pack::subtract_signs(&mut s, carry);
+        for (w, &sk) in want.iter_mut().zip(&s) {
+            *w += sk;
+        }
+        let mut want_signs = [0u8];
+        pack::pack_signs(&want, &mut want_signs, order).unwrap();
+        let mut acc = acc0;
+        let mut signs = [0u8];
+        let ss = pack::unpack_sum_pack_squares(&rows, 2, &scales, &mut acc, carry, &mut signs, order).unwrap();
+        assert!(same_f32(&acc, &want), "{acc:?} vs {want:?}");
+        assert_eq!(signs, want_signs);
+        let sq: f64 = want.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        assert!((ss - sq).abs() <= 1e-12 * sq, "{ss} vs {sq}");
+    }
+}
+
+#[test]
+fn subtract_signs_treats_zeros_and_nan_as_positive() {
+    let mut v = [1.0f32, -1.0, 0.0, -0.0, f32::NAN, -3.0, 2.5, f32::NEG_INFINITY, 0.75];
+    pack::subtract_signs(&mut v, 0.5);
+    let want = [0.5f32, -0.5, -0.5, -0.5, f32::NAN, -2.5, 2.0, f32::NEG_INFINITY, 0.25];
+    assert!(same_f32(&v, &want), "{v:?}");
+    // A zero scale leaves every value as it is, −0 included.
+    let mut z = [-0.0f32, 0.0, -1.0];
+    pack::subtract_signs(&mut z, 0.0);
+    assert_eq!(z.map(f32::to_bits), [-0.0f32, 0.0, -1.0].map(f32::to_bits));
+}
+
+#[test]
+fn fused_passes_reject_bad_lengths_and_write_nothing() {
+    let mut u = [1.0f32; 16];
+    let mut signs = [0xAAu8; 2];
+    let big = BitOrder::Big;
+    let bad = [
+        pack::add_pack_squares(&mut u[..15], 1.0, &[], &mut signs[..1], big),
+        pack::add_pack_squares(&mut u, 1.0, &[], &mut signs[..1], big),
+        pack::add_pack_squares(&mut u[..8], 1.0, &[1.0; 9], &mut signs[..1], big),
+        pack::unpack_sum_pack_squares(&[0; 2], 2, &[1.0, 1.0], &mut u[..8], 1.0, &mut signs[..1], big),
+        pack::unpack_sum_pack_squares(&[0; 4], 3, &[1.0, 1.0], &mut u, 1.0, &mut signs, big),
+        pack::unpack_sum_pack_squares(&[0; 4], usize::MAX, &[1.0, 1.0], &mut u[..8], 1.0, &mut signs[..1], big),
+        pack::unpack_sum_pack_squares(&[0; 4], 2, &[1.0], &mut u, 1.0, &mut signs[..1], big),
+    ];
+    for r in bad {
+        assert_eq!(r.unwrap_err().kind(), ErrorKind::InvalidArgument);
+    }
+    assert_eq!((u, signs), ([1.0; 16], [0xAA; 2]));
+    // No rows: the sum is just `acc`; empty slices are fine.
+    let ss = pack::unpack_sum_pack_squares(&[], 0, &[], &mut u[..8], 0.0, &mut signs[..1], big).unwrap();
+    assert_eq!((ss, signs[0]), (8.0, 0xFF));
+    assert_eq!(pack::add_pack_squares(&mut [], 1.0, &[], &mut [], BitOrder::Little).unwrap(), 0.0);
+}
+
+fn carry() -> impl Strategy<Value = f32> {
+    prop_oneof![Just(0.0f32), 0f32..1e3, Just(f32::INFINITY), Just(f32::NAN)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn add_pack_squares_matches_scalar(
+        bytes in 0usize..70,
+        xlen in 0usize..600,
+        seed in prop::collection::vec(any_f32(), 16),
+        carry in carry(),
+        order in order(),
+    ) {
+        let n = bytes * 8;
+        let xlen = xlen.min(n);
+        let u0: Vec<f32> = (0..n).map(|i| seed[i % 16] * if i % 5 == 0 { -1.0 } else { 1.0 }).collect();
+        let x: Vec<f32> = (0..xlen).map(|i| seed[(i * 7 + 3) % 16] * (1.0 + i as f32)).collect();
+        let (mut fast, mut slow) = (u0.clone(), u0);
+        let (mut fast_signs, mut slow_signs) = (vec![0u8; bytes], vec![0u8; bytes]);
+        let a = pack::add_pack_squares(&mut fast, carry, &x, &mut fast_signs, order).unwrap();
+        let b = pack::scalar::add_pack_squares(&mut slow, carry, &x, &mut slow_signs, order);
+        prop_assert!(same_f32(&fast, &slow));
+        prop_assert_eq!(&fast_signs, &slow_signs);
+        prop_assert!(same_sum(a, b), "{} vs {}", a, b);
+    }
+
+    #[test]
+    fn unpack_sum_pack_squares_matches_scalar(
+        bytes in 0usize..40,
+        gap in 0usize..5,
+        rows in prop::collection::vec(any::<u8>(), 0..1000),
+        scales in prop::collection::vec(
+            prop_oneof![-1e3f32..1e3, Just(0.0f32), Just(-0.0f32), Just(f32::INFINITY), Just(f32::NAN)], 0..5),
+        acc_seed in prop::collection::vec(any_f32(), 8),
+        carry in carry(),
+        order in order(),
+    ) {
+        let n = bytes * 8;
+        let stride = bytes + gap;
+        let mut src = rows;
+        src.resize(scales.len() * stride, 0x5A);
+        let acc0: Vec<f32> = (0..n).map(|i| acc_seed[i % 8] + (i % 13) as f32).collect();
+        let (mut fast, mut slow) = (acc0.clone(), acc0);
+        let (mut fast_signs, mut slow_signs) = (vec![0u8; bytes], vec![0u8; bytes]);
+        let a = pack::unpack_sum_pack_squares(&src, stride, &scales, &mut fast, carry, &mut fast_signs, order).unwrap();
+        let b = pack::scalar::unpack_sum_pack_squares(&src, stride, &scales, &mut slow, carry, &mut slow_signs, order);
+        prop_assert!(same_f32(&fast, &slow));
+        prop_assert_eq!(&fast_signs, &slow_signs);
+        prop_assert!(same_sum(a, b), "{} vs {}", a, b);
+    }
+
+    #[test]
+    fn subtract_signs_matches_scalar(
+        len in 0usize..300,
+        seed in prop::collection::vec(any_f32(), 8),
+        scale in prop_oneof![-1e3f32..1e3, Just(0.0f32), Just(-0.0f32), Just(f32::INFINITY)],
+    ) {
+        let v0: Vec<f32> = (0..len).map(|i| seed[i % 8] * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+        let (mut fast, mut slow) = (v0.clone(), v0);
+        pack::subtract_signs(&mut fast, scale);
+        pack::scalar::subtract_signs(&mut slow, scale);
+        prop_assert!(same_f32(&fast, &slow));
+    }
+}
+
+// ------------------------------------------------------------------------------------------
 // Quantization
 
 const SYM: QuantType = QuantType::Symmetric;

@@ -125,8 +125,8 @@ fn torch_sim(comm: &Communicator, a: &[f32], padded: usize, variant: Variant) ->
 fn matches(out: &[f32], state: &OneBitState, sim: &Sim) -> bool {
     const TOL: f32 = 1e-6;
     close(out, &sim.out, TOL)
-        && close(state.worker_error(), &sim.worker_error, TOL)
-        && close(state.server_error(), &sim.server_error, TOL)
+        && close(&state.worker_error(), &sim.worker_error, TOL)
+        && close(&state.server_error(), &sim.server_error, TOL)
 }
 
 // ------------------------------------------------------------------ against torch_sim
@@ -152,8 +152,8 @@ fn matches_torch_sim_reference_for_every_world_size() {
                     matches(&out, &state, &sim),
                     "{label}: max diffs out {}, worker {}, server {}",
                     max_diff(&out, &sim.out),
-                    max_diff(state.worker_error(), &sim.worker_error),
-                    max_diff(state.server_error(), &sim.server_error)
+                    max_diff(&state.worker_error(), &sim.worker_error),
+                    max_diff(&state.server_error(), &sim.server_error)
                 );
 
                 // A single flipped input element on rank 0 must be caught (on rank 0, through
@@ -206,13 +206,13 @@ fn worked_example_of_the_spec() {
     let mut e0: Vec<f32> = [-2.627316, -1.627316, -0.627316, 0.372684, 1.372684, 2.372684].to_vec();
     e0.extend([-3.372684, -2.372684, -1.372684, -0.372684, 0.627316, 1.627316, 2.627316]);
     e0.extend([-a0; 3]); // the padded tail holds −α0
-    assert!(close(results[0].1.worker_error(), &e0, 1e-6), "{:?}", results[0].1.worker_error());
+    assert!(close(&results[0].1.worker_error(), &e0, 1e-6), "{:?}", results[0].1.worker_error());
     let (p, q) = (0.703503f32, 1.150546f32);
     let s0 = [-q, p, p, -q, p, p, -p, -p];
-    assert!(close(results[0].1.server_error(), &s0, 1e-6), "{:?}", results[0].1.server_error());
+    assert!(close(&results[0].1.server_error(), &s0, 1e-6), "{:?}", results[0].1.server_error());
     let (p, q) = (0.154089f32, 1.69996f32);
     let s1 = [p, p, -q, p, p, p, p, p];
-    assert!(close(results[1].1.server_error(), &s1, 1e-6), "{:?}", results[1].1.server_error());
+    assert!(close(&results[1].1.server_error(), &s1, 1e-6), "{:?}", results[1].1.server_error());
 }
 
 // ------------------------------------------------------------------ a single-process model
@@ -295,8 +295,8 @@ fn error_buffers_after_several_steps_match_the_model() {
             for t in 0..STEPS {
                 assert!(close(&outs[t], &want[t], 1e-6), "n={n} rank {r} step {t}: {}", max_diff(&outs[t], &want[t]));
             }
-            assert!(close(state.worker_error(), &model.worker[r], 1e-6), "n={n} rank {r} worker error");
-            assert!(close(state.server_error(), &model.server[r], 1e-6), "n={n} rank {r} server error");
+            assert!(close(&state.worker_error(), &model.worker[r], 1e-6), "n={n} rank {r} worker error");
+            assert!(close(&state.server_error(), &model.server[r], 1e-6), "n={n} rank {r} server error");
             assert!(state.worker_error().iter().any(|&e| e != 0.0));
         }
     }
@@ -401,6 +401,79 @@ fn running_average_converges_to_the_true_mean() {
     assert!(naive_worst > 0.5, "no-feedback bias {naive_worst} vs {w400}");
 }
 
+/// One call of the unfused algorithm with eager error updates, from `pack`'s scalar
+/// references and plain collectives (the scales all-gathered on their own). Its norms use the
+/// fused kernels' summation order (per chunk, `SQUARE_LANES` lanes), so every bit must match.
+fn eager_step(comm: &Communicator, x: &[f32], e: &mut Vec<f32>, s: &mut Vec<f32>, order: BitOrder) -> Vec<f32> {
+    use oxcomm::compression::pack::scalar;
+    let (n, padded) = (comm.size(), e.len());
+    let c = padded / n;
+    // Σv² and the signs of v, chunk by chunk (`carry = 0` leaves v as it is).
+    let norm_and_signs = |v: &[f32]| {
+        let mut signs = vec![0u8; v.len() / 8];
+        let mut squares = 0.0;
+        for (chunk, out) in v.chunks(c).zip(signs.chunks_mut(c / 8)) {
+            squares += scalar::add_pack_squares(&mut chunk.to_vec(), 0.0, &[], out, order);
+        }
+        (squares.sqrt() as f32 / (v.len() as f64).sqrt() as f32, signs)
+    };
+    let mut u = e.clone();
+    u.iter_mut().zip(x).for_each(|(u, &x)| *u += x);
+    let (alpha, signs) = norm_and_signs(&u);
+    *e = u;
+    scalar::subtract_signs(e, alpha);
+    let mut rows = vec![0u8; padded / 8];
+    comm.all_to_all(&signs, &mut rows).unwrap();
+    let mut alphas = vec![0f32; n];
+    comm.all_gather(&[alpha], &mut alphas).unwrap();
+    let mut m = vec![0f32; c];
+    for (row, &a) in rows.chunks(c / 8).zip(&alphas) {
+        scalar::unpack_scaled_add(row, &mut m, a * (1.0 / n as f32), order);
+    }
+    m.iter_mut().zip(s.iter()).for_each(|(m, &s)| *m += s);
+    let (beta, server_signs) = norm_and_signs(&m);
+    *s = m;
+    scalar::subtract_signs(s, beta);
+    let (mut all_signs, mut betas) = (vec![0u8; padded / 8], vec![0f32; n]);
+    comm.all_gather(&server_signs, &mut all_signs).unwrap();
+    comm.all_gather(&[beta], &mut betas).unwrap();
+    let mut y = vec![0f32; padded];
+    for ((out, signs), &b) in y.chunks_mut(c).zip(all_signs.chunks(c / 8)).zip(&betas) {
+        scalar::unpack_scaled(signs, out, b, order);
+    }
+    y.truncate(x.len());
+    y
+}
+
+/// The fused passes, with each call's error updates left to the next one, give the eager
+/// algorithm's bits: outputs and both errors after every call, with padding, for several
+/// world sizes and both bit orders.
+#[test]
+fn fused_calls_match_the_eager_algorithm_bit_for_bit() {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (n, len, order) in [(2, 1000, BitOrder::Big), (3, 100, BitOrder::Little), (4, 4096, BitOrder::Big)] {
+        threads::run(n, |comm| {
+            let mut state = OneBitState::new(len, n).unwrap().with_bit_order(order);
+            let (mut e, mut s) = (vec![0f32; state.padded_len()], vec![0f32; state.chunk_len()]);
+            for step in 0..4 {
+                // The last step is shorter than the one before: the tail keeps its error.
+                let l = if step == 3 { len / 2 } else { len };
+                let x = spec_input(comm.rank(), l, 20 + step as u64);
+                let mut out = x.clone();
+                onebit::all_reduce(&comm, &mut out, &mut state).unwrap();
+                let want = eager_step(&comm, &x, &mut e, &mut s, order);
+                let r = comm.rank();
+                assert_eq!(bits(&out), bits(&want), "n={n} rank {r} step {step} output");
+                assert_eq!(bits(&state.worker_error()), bits(&e), "n={n} rank {r} step {step} worker error");
+                assert_eq!(bits(&state.server_error()), bits(&s), "n={n} rank {r} step {step} server error");
+            }
+            let (we, se) = state.clone().into_errors();
+            assert_eq!((bits(&we), bits(&se)), (bits(&e), bits(&s)));
+        })
+        .unwrap();
+    }
+}
+
 // ------------------------------------------------------------------ edge cases
 
 #[test]
@@ -410,7 +483,7 @@ fn empty_input_zeroes_errors_and_sends_nothing() {
         let before = comm.stats();
         onebit::all_reduce(&comm, &mut [], &mut state).unwrap();
         assert_eq!(comm.stats(), before);
-        assert!(state.worker_error().iter().chain(state.server_error()).all(|&e| e == 0.0));
+        assert!(state.worker_error().iter().chain(state.server_error().iter()).all(|&e| e == 0.0));
         // An empty state and an empty buffer: the same, with nothing to zero.
         let mut empty = OneBitState::new(0, 3).unwrap();
         onebit::all_reduce(&comm, &mut [], &mut empty).unwrap();
@@ -444,7 +517,7 @@ fn zero_input_gives_zero_output_and_errors() {
         let mut x = vec![0.0f32; 50];
         let mut state = OneBitState::new(50, 2).unwrap();
         onebit::all_reduce(&comm, &mut x, &mut state).unwrap();
-        assert!(x.iter().chain(state.worker_error()).chain(state.server_error()).all(|&v| v == 0.0));
+        assert!(x.iter().chain(state.worker_error().iter()).chain(state.server_error().iter()).all(|&v| v == 0.0));
     })
     .unwrap();
 }
