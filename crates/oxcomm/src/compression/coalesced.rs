@@ -573,14 +573,9 @@ impl<'g> Hosts<'g> {
     }
 }
 
-/// A tensor's partial result after the intra-host phase: the `nodes` partitions with this
-/// rank's local index, summed over the host.
-enum HostSum {
-    /// f32 sums (`dpn > 1`).
-    Exact(Vec<f32>),
-    /// Codes and scales of the one rank on the host (`dpn == 1`: nothing was summed).
-    Quantized(Vec<u8>, Vec<f32>),
-}
+/// Elements of host sums (whole groups, at least one) that step 3 adds up in f32 and step 4
+/// requantizes before moving on: 16 KiB of f32, which stay in L1 between the two.
+const FUSE_BLOCK: usize = 4096;
 
 /// Steps 1–5 of the quantized path for every quantized tensor.
 fn quantized_reduce_scatter<T: QuantFloat>(
@@ -614,93 +609,118 @@ fn quantized_reduce_scatter<T: QuantFloat>(
         send
     };
 
-    // Step 3: reduce the dpn records of each tensor in f32 (requantized in step 4).
-    let mut sums: Vec<HostSum> = Vec::with_capacity(plans.len());
-    let mut at = 0;
-    for plan in plans {
-        let rec_len = plan.record_bytes(h.nodes);
-        let groups = h.nodes * plan.gpp;
-        if h.dpn == 1 {
-            let (codes, sc) = recv[at..at + rec_len].split_at(h.nodes * plan.code_bytes());
-            sums.push(HostSum::Quantized(codes.to_vec(), bytemuck::pod_collect_to_vec(sc)));
-        } else {
-            let mut acc = vec![0f32; h.nodes * plan.p];
-            for j in 0..h.dpn {
-                let rec = &recv[j * chunk + at..][..rec_len];
-                let (codes, sc) = rec.split_at(h.nodes * plan.code_bytes());
-                let sc: Vec<f32> = bytemuck::pod_collect_to_vec(sc);
-                debug_assert_eq!(sc.len(), groups);
-                quant::dequantize_add_f32(codes, &sc, plan.e, BITS, TY, &mut acc)?;
-            }
-            sums.push(HostSum::Exact(acc));
+    let Some(inter) = h.inter else {
+        // One host: the host sums are the whole sums; step 3 and 5 in one pass.
+        let mut out = Vec::with_capacity(plans.len());
+        let mut at = 0;
+        for plan in plans {
+            let recs = Records::read(&recv, chunk, at, *plan, h.nodes, h.dpn);
+            let mut ins = Vec::new();
+            recs.groups(0..plan.gpp, &mut ins);
+            let mut o = vec![T::default(); plan.p];
+            quant::dequantize_mean(&ins, plan.e, BITS, TY, h.w as f32, &mut o)?;
+            out.push(o);
+            at += plan.record_bytes(h.nodes);
         }
-        at += rec_len;
+        return Ok(out);
+    };
+
+    // Steps 3 and 4, a block of groups at a time: sum the dpn records of each tensor in f32,
+    // requantize the sums into the inter-host send buffer (chunk k: partition k·dpn + dev).
+    let chunk2: usize = plans.iter().map(|p| p.record_bytes(1)).sum();
+    let mut send = vec![0u8; h.nodes * chunk2];
+    let mut sums: Vec<f32> = Vec::new();
+    let (mut at, mut at2) = (0, 0);
+    for plan in plans {
+        let recs = Records::read(&recv, chunk, at, *plan, h.nodes, h.dpn);
+        let mut ins = Vec::with_capacity(h.dpn);
+        let per_block = (FUSE_BLOCK / plan.e).max(1);
+        for (k, dst) in send.chunks_exact_mut(chunk2).enumerate() {
+            let (codes, sc) = dst[at2..at2 + plan.record_bytes(1)].split_at_mut(plan.code_bytes());
+            let groups = k * plan.gpp..(k + 1) * plan.gpp;
+            if h.dpn == 1 {
+                // Nothing to sum: forward the one record's codes and scales.
+                recs.groups(groups, &mut ins);
+                if let [(c, s)] = ins[..] {
+                    codes.copy_from_slice(c);
+                    sc.copy_from_slice(bytemuck::cast_slice(s));
+                }
+                continue;
+            }
+            scales.clear();
+            scales.resize(plan.gpp, 0.0);
+            let mut g = 0;
+            while g < plan.gpp {
+                let ng = per_block.min(plan.gpp - g);
+                let n = ng * plan.e;
+                sums.resize(n, 0.0);
+                let block = groups.start + g..groups.start + g + ng;
+                recs.groups(block, &mut ins);
+                quant::dequantize_sum_f32(&ins, plan.e, BITS, TY, &mut sums)?;
+                let q = &mut codes[quant::quantized_len(g * plan.e, BITS)..][..quant::quantized_len(n, BITS)];
+                quant::quantize(&sums, plan.e, BITS, TY, q, &mut scales[g..g + ng])?;
+                g += ng;
+            }
+            sc.copy_from_slice(bytemuck::cast_slice(&scales));
+        }
+        at += plan.record_bytes(h.nodes);
+        at2 += plan.record_bytes(1);
     }
     drop(recv);
-
-    let inv_w = |acc: Vec<f32>| -> Vec<T> {
-        let w = h.w as f32;
-        acc.into_iter().map(|v| T::from_f32(v / w)).collect()
-    };
-    let Some(inter) = h.inter else {
-        // One host: the host sums are the whole sums.
-        return plans
-            .iter()
-            .zip(sums)
-            .map(|(plan, s)| match s {
-                HostSum::Exact(acc) => Ok(inv_w(acc)),
-                HostSum::Quantized(codes, sc) => {
-                    let mut acc = vec![0f32; plan.p];
-                    quant::dequantize_add_f32(&codes, &sc, plan.e, BITS, TY, &mut acc)?;
-                    Ok(inv_w(acc))
-                }
-            })
-            .collect();
-    };
-
-    // Step 4: requantize the host sums into the inter-host send buffer (chunk k: partition
-    // k·dpn + dev) and exchange across hosts.
-    let chunk: usize = plans.iter().map(|p| p.record_bytes(1)).sum();
-    let mut send = vec![0u8; h.nodes * chunk];
-    let mut at = 0;
-    for (plan, s) in plans.iter().zip(&sums) {
-        for (k, dst) in send.chunks_exact_mut(chunk).enumerate() {
-            let rec = &mut dst[at..at + plan.record_bytes(1)];
-            match s {
-                HostSum::Exact(acc) => {
-                    quantize_record(std::iter::once(&acc[k * plan.p..][..plan.p]), *plan, rec, &mut scales)?;
-                }
-                HostSum::Quantized(codes, sc) => {
-                    let (rc, rs) = rec.split_at_mut(plan.code_bytes());
-                    rc.copy_from_slice(&codes[k * plan.code_bytes()..][..plan.code_bytes()]);
-                    rs.copy_from_slice(bytemuck::cast_slice(&sc[k * plan.gpp..][..plan.gpp]));
-                }
-            }
-        }
-        at += plan.record_bytes(1);
-    }
-    drop(sums);
     let mut recv = vec![0u8; send.len()];
     let before = inter.stats();
     inter.all_to_all(&send, &mut recv)?;
     report.inter = delta(before, inter.stats());
     drop(send);
 
-    // Step 5: dequantize and sum the nodes' records, divide by W.
+    // Step 5: dequantize and sum the nodes' records, divide by W, round to T, in one pass.
     let mut out = Vec::with_capacity(plans.len());
     let mut at = 0;
     for plan in plans {
-        let mut acc = vec![0f32; plan.p];
-        for k in 0..h.nodes {
-            let rec = &recv[k * chunk + at..][..plan.record_bytes(1)];
-            let (codes, sc) = rec.split_at(plan.code_bytes());
-            let sc: Vec<f32> = bytemuck::pod_collect_to_vec(sc);
-            quant::dequantize_add_f32(codes, &sc, plan.e, BITS, TY, &mut acc)?;
-        }
-        out.push(inv_w(acc));
+        let recs = Records::read(&recv, chunk2, at, *plan, 1, h.nodes);
+        let mut ins = Vec::new();
+        recs.groups(0..plan.gpp, &mut ins);
+        let mut o = vec![T::default(); plan.p];
+        quant::dequantize_mean(&ins, plan.e, BITS, TY, h.w as f32, &mut o)?;
+        out.push(o);
         at += plan.record_bytes(1);
     }
     Ok(out)
+}
+
+/// One tensor's records in a received all-to-all buffer, one per sender: their codes in
+/// place and their scales copied out (a record's scales need not be 4-byte aligned).
+struct Records<'a> {
+    /// Codes of `m` partitions per sender.
+    codes: Vec<&'a [u8]>,
+    /// Scales of `m` partitions per sender.
+    scales: Vec<Vec<f32>>,
+    plan: Plan,
+}
+
+impl<'a> Records<'a> {
+    /// The records of `senders` ranks, each `m` partitions long, starting `at` bytes into
+    /// each sender's `chunk` of `buf`.
+    fn read(buf: &'a [u8], chunk: usize, at: usize, plan: Plan, m: usize, senders: usize) -> Records<'a> {
+        let (mut codes, mut scales) = (Vec::with_capacity(senders), Vec::with_capacity(senders));
+        for j in 0..senders {
+            let (c, s) = buf[j * chunk + at..][..plan.record_bytes(m)].split_at(m * plan.code_bytes());
+            let mut sc = vec![0f32; m * plan.gpp];
+            bytemuck::cast_slice_mut::<f32, u8>(&mut sc).copy_from_slice(s);
+            codes.push(c);
+            scales.push(sc);
+        }
+        Records { codes, scales, plan }
+    }
+
+    /// Groups `groups` (counted across the record's partitions) of every sender, as
+    /// `(codes, scales)` inputs of the [`quant`] sum kernels, into `into`.
+    fn groups<'s>(&'s self, groups: Range<usize>, into: &mut Vec<(&'s [u8], &'s [f32])>) {
+        let bytes = quant::quantized_len(groups.start * self.plan.e, BITS)
+            ..quant::quantized_len(groups.end * self.plan.e, BITS);
+        into.clear();
+        into.extend(self.codes.iter().zip(&self.scales).map(|(c, s)| (&c[bytes.clone()], &s[groups.clone()])));
+    }
 }
 
 /// Quantizes `partitions` (each `plan.p` elements, in order) into one record: their codes,

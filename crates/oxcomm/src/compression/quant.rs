@@ -270,13 +270,7 @@ pub fn dequantize<T: QuantFloat>(
     out: &mut [T],
 ) -> Result<()> {
     let f = Format::check("dequantize", out.len(), group_size, bits, ty, q.len(), params.len())?;
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { avx2::dequantize(q, params, f, out) };
-        return Ok(());
-    }
-    dequantize_driver(q, params, f, out);
+    sum_dispatch(&[(q, params)], f, Start::Set, None, out);
     Ok(())
 }
 
@@ -293,14 +287,80 @@ pub fn dequantize_add_f32(
     acc: &mut [f32],
 ) -> Result<()> {
     let f = Format::check("dequantize_add_f32", acc.len(), group_size, bits, ty, q.len(), params.len())?;
+    sum_dispatch(&[(q, params)], f, Start::Add, None, acc);
+    Ok(())
+}
+
+/// Dequantizes several inputs of the same shape and sums them in f32, in input order,
+/// starting from `+0.0`: `out[k] = ((0 + x'_0[k]) + x'_1[k]) + …`.
+///
+/// Bit for bit what zeroing `out` and calling [`dequantize_add_f32`] once per input computes,
+/// in one pass over `out` (each block of `out` stays in cache while every input is added).
+/// Each input is `(codes, params)` with the requirements of [`dequantize`] for `out.len()`
+/// elements; otherwise [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) and
+/// nothing is written. No inputs give zeros.
+pub fn dequantize_sum_f32(
+    inputs: &[(&[u8], &[f32])],
+    group_size: usize,
+    bits: QuantBits,
+    ty: QuantType,
+    out: &mut [f32],
+) -> Result<()> {
+    let f = check_inputs("dequantize_sum_f32", inputs, out.len(), group_size, bits, ty)?;
+    sum_dispatch(inputs, f, Start::Zero, None, out);
+    Ok(())
+}
+
+/// Dequantizes several inputs, sums them in f32 as [`dequantize_sum_f32`] does, divides each
+/// sum by `divisor` and rounds it once to `T`: `out[k] = T::from_f32(sum[k] / divisor)`.
+///
+/// The last step of quantized reduce-scatter (the mean over ranks), without an f32 buffer of
+/// the whole output. Same requirements and errors as [`dequantize_sum_f32`].
+pub fn dequantize_mean<T: QuantFloat>(
+    inputs: &[(&[u8], &[f32])],
+    group_size: usize,
+    bits: QuantBits,
+    ty: QuantType,
+    divisor: f32,
+    out: &mut [T],
+) -> Result<()> {
+    let f = check_inputs("dequantize_mean", inputs, out.len(), group_size, bits, ty)?;
+    sum_dispatch(inputs, f, Start::Zero, Some(divisor), out);
+    Ok(())
+}
+
+/// [`Format::check`] of every input of a sum (and of the group shape when there are none).
+fn check_inputs(
+    what: &str,
+    inputs: &[(&[u8], &[f32])],
+    n: usize,
+    group_size: usize,
+    bits: QuantBits,
+    ty: QuantType,
+) -> Result<Format> {
+    let want = (quantized_len(n, bits), params_len(n, group_size, ty));
+    let mut f = Format::check(what, n, group_size, bits, ty, want.0, want.1)?;
+    for &(q, p) in inputs {
+        f = Format::check(what, n, group_size, bits, ty, q.len(), p.len())?;
+    }
+    Ok(f)
+}
+
+/// Runs [`sum_driver`] with AVX2 where the CPU has it.
+fn sum_dispatch<T: QuantFloat>(
+    inputs: &[(&[u8], &[f32])],
+    f: Format,
+    start: Start,
+    divisor: Option<f32>,
+    out: &mut [T],
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { avx2::dequantize_add(q, params, f, acc) };
-        return Ok(());
+        unsafe { avx2::sum(inputs, f, start, divisor, out) };
+        return;
     }
-    dequantize_add_driver(q, params, f, acc);
-    Ok(())
+    sum_driver::<T, false>(inputs, f, start, divisor, out);
 }
 
 /// Checked shape of one call.
@@ -459,52 +519,103 @@ fn read_params(p: &[f32]) -> (f32, f32) {
     }
 }
 
+/// How the first input of a sum meets `out`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// `out = x'` (one input: plain dequantization).
+    Set,
+    /// `out += x'` (accumulate into what `out` holds).
+    Add,
+    /// `out = 0 + x'` (a fresh sum: `−0.0` becomes `+0.0`, as adding to a zeroed buffer does).
+    Zero,
+}
+
+/// `out` = the sum of the dequantized `inputs` (how it starts: `start`), divided by
+/// `divisor` when given, rounded once to `T`. Works a chunk of at most [`CHUNK`] elements of
+/// one group at a time, so that the f32 partial sums stay in L1 while every input is added.
+///
+/// `AVX2` selects the intrinsics of [`x86::dequantize`]; it is `true` only in the
+/// instantiation made by [`avx2::sum`], whose caller has checked that the CPU supports AVX2.
 #[inline(always)]
-fn dequantize_driver<T: QuantFloat>(q: &[u8], params: &[f32], f: Format, out: &mut [T]) {
+fn sum_driver<T: QuantFloat, const AVX2: bool>(
+    inputs: &[(&[u8], &[f32])],
+    f: Format,
+    start: Start,
+    divisor: Option<f32>,
+    out: &mut [T],
+) {
     let mut buf = [0f32; CHUNK];
     let chunk_bytes = quantized_len(CHUNK, f.bits);
-    let groups = out
-        .chunks_exact_mut(f.group_size)
-        .zip(q.chunks_exact(f.group_bytes()))
-        .zip(params.chunks_exact(f.ty.params_per_group()));
-    let asym = f.ty == QuantType::Asymmetric;
-    for ((group, qg), p) in groups {
-        let (scale, offset) = read_params(p);
-        for (dc, qc) in group.chunks_mut(CHUNK).zip(qg.chunks(chunk_bytes)) {
+    let (gb, ppg) = (f.group_bytes(), f.ty.params_per_group());
+    for (g, group) in out.chunks_exact_mut(f.group_size).enumerate() {
+        for (c, dc) in group.chunks_mut(CHUNK).enumerate() {
             let o = T::out(dc, &mut buf);
-            match (f.bits, asym) {
-                (QuantBits::Int8, false) => kernel::dequantize_i8::<false, false>(qc, scale, offset, o),
-                (QuantBits::Int8, true) => kernel::dequantize_i8::<false, true>(qc, scale, offset, o),
-                (QuantBits::Int4, false) => kernel::dequantize_i4::<false, false>(qc, scale, offset, o),
-                (QuantBits::Int4, true) => kernel::dequantize_i4::<false, true>(qc, scale, offset, o),
+            if inputs.is_empty() && start != Start::Add {
+                o.fill(0.0);
+            }
+            for (j, &(q, p)) in inputs.iter().enumerate() {
+                let (scale, offset) = read_params(&p[g * ppg..][..ppg]);
+                let qc = &q[g * gb + c * chunk_bytes..][..quantized_len(o.len(), f.bits)];
+                let mode = if j == 0 { start } else { Start::Add };
+                dequantize_chunk::<AVX2>(qc, scale, offset, f, mode, o);
+            }
+            if let Some(d) = divisor {
+                for v in o.iter_mut() {
+                    *v /= d;
+                }
             }
             T::finish(&buf, dc);
         }
     }
 }
 
+/// One input's codes `q` dequantized into `o` as `mode` says (monomorphised per case).
 #[inline(always)]
-fn dequantize_add_driver(q: &[u8], params: &[f32], f: Format, acc: &mut [f32]) {
-    let groups = acc
-        .chunks_exact_mut(f.group_size)
-        .zip(q.chunks_exact(f.group_bytes()))
-        .zip(params.chunks_exact(f.ty.params_per_group()));
-    let asym = f.ty == QuantType::Asymmetric;
-    for ((a, qg), p) in groups {
-        let (scale, offset) = read_params(p);
-        match (f.bits, asym) {
-            (QuantBits::Int8, false) => kernel::dequantize_i8::<true, false>(qg, scale, offset, a),
-            (QuantBits::Int8, true) => kernel::dequantize_i8::<true, true>(qg, scale, offset, a),
-            (QuantBits::Int4, false) => kernel::dequantize_i4::<true, false>(qg, scale, offset, a),
-            (QuantBits::Int4, true) => kernel::dequantize_i4::<true, true>(qg, scale, offset, a),
-        }
+fn dequantize_chunk<const AVX2: bool>(q: &[u8], scale: f32, offset: f32, f: Format, mode: Start, o: &mut [f32]) {
+    macro_rules! run {
+        ($m:expr) => {{
+            const M: u8 = $m;
+            #[cfg(target_arch = "x86_64")]
+            if AVX2 {
+                // SAFETY: `AVX2` is only true when the CPU supports AVX2 (see above); `q`
+                // holds exactly the codes of `o` (both cut from the same checked shapes).
+                unsafe {
+                    match (f.bits, f.ty) {
+                        (QuantBits::Int8, QuantType::Symmetric) => {
+                            x86::dequantize::<false, false, M>(q, scale, offset, o)
+                        }
+                        (QuantBits::Int8, QuantType::Asymmetric) => {
+                            x86::dequantize::<false, true, M>(q, scale, offset, o)
+                        }
+                        (QuantBits::Int4, QuantType::Symmetric) => {
+                            x86::dequantize::<true, false, M>(q, scale, offset, o)
+                        }
+                        (QuantBits::Int4, QuantType::Asymmetric) => {
+                            x86::dequantize::<true, true, M>(q, scale, offset, o)
+                        }
+                    }
+                }
+                return;
+            }
+            match (f.bits, f.ty) {
+                (QuantBits::Int8, QuantType::Symmetric) => kernel::dequantize_i8::<M, false>(q, scale, offset, o),
+                (QuantBits::Int8, QuantType::Asymmetric) => kernel::dequantize_i8::<M, true>(q, scale, offset, o),
+                (QuantBits::Int4, QuantType::Symmetric) => kernel::dequantize_i4::<M, false>(q, scale, offset, o),
+                (QuantBits::Int4, QuantType::Asymmetric) => kernel::dequantize_i4::<M, true>(q, scale, offset, o),
+            }
+        }};
+    }
+    match mode {
+        Start::Set => run!(kernel::SET),
+        Start::Add => run!(kernel::ADD),
+        Start::Zero => run!(kernel::ZERO_ADD),
     }
 }
 
 /// The drivers compiled with AVX2 enabled.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Format, QuantFloat};
+    use super::{Format, QuantFloat, Start};
 
     /// # Safety
     /// The CPU must support AVX2.
@@ -516,15 +627,14 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dequantize<T: QuantFloat>(q: &[u8], params: &[f32], f: Format, out: &mut [T]) {
-        super::dequantize_driver(q, params, f, out)
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dequantize_add(q: &[u8], params: &[f32], f: Format, acc: &mut [f32]) {
-        super::dequantize_add_driver(q, params, f, acc)
+    pub(super) unsafe fn sum<T: QuantFloat>(
+        inputs: &[(&[u8], &[f32])],
+        f: Format,
+        start: Start,
+        divisor: Option<f32>,
+        out: &mut [T],
+    ) {
+        super::sum_driver::<T, true>(inputs, f, start, divisor, out)
     }
 }
 
@@ -629,6 +739,79 @@ mod x86 {
             kernel::quantize_i8::<ASYM>(tail, p.offset, p.q_scale, rest);
         }
     }
+
+    /// The codes of 32 elements at `ptr` as four vectors of 8 i32, in element order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and `ptr` must be valid for reading 16 bytes (int4) or 32
+    /// bytes (int8).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes32<const INT4: bool>(ptr: *const u8) -> [__m256i; 4] {
+        let (lo16, hi16) = if INT4 {
+            let b = _mm_loadu_si128(ptr.cast());
+            let nibble = _mm_set1_epi8(0x0F);
+            let eight = _mm_set1_epi8(8);
+            // Sign-extend a nibble n: (n ^ 8) − 8.
+            let even = _mm_sub_epi8(_mm_xor_si128(_mm_and_si128(_mm_srli_epi16::<4>(b), nibble), eight), eight);
+            let odd = _mm_sub_epi8(_mm_xor_si128(_mm_and_si128(b, nibble), eight), eight);
+            (_mm_unpacklo_epi8(even, odd), _mm_unpackhi_epi8(even, odd))
+        } else {
+            (_mm_loadu_si128(ptr.cast()), _mm_loadu_si128(ptr.add(16).cast()))
+        };
+        [
+            _mm256_cvtepi8_epi32(lo16),
+            _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(lo16)),
+            _mm256_cvtepi8_epi32(hi16),
+            _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(hi16)),
+        ]
+    }
+
+    /// `out[k] (=, +=, = 0 +) q[k] · scale [+ offset]` as [`kernel::dequantize_i8`] and
+    /// [`kernel::dequantize_i4`] with the same `MODE`, 32 elements at a time: the same
+    /// multiplications and additions in the same order, so the same bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, and `q.len()` must be `quantized_len(out.len(), bits)` with
+    /// `out.len()` even for int4.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dequantize<const INT4: bool, const ASYM: bool, const MODE: u8>(
+        q: &[u8],
+        scale: f32,
+        offset: f32,
+        out: &mut [f32],
+    ) {
+        let vscale = _mm256_set1_ps(scale);
+        let voffset = _mm256_set1_ps(offset);
+        let zero = _mm256_setzero_ps();
+        let bytes_per_block = if INT4 { 16 } else { 32 };
+        let mut blocks = out.chunks_exact_mut(32);
+        let mut codes = q.chunks_exact(bytes_per_block);
+        for (o, c) in (&mut blocks).zip(&mut codes) {
+            // `c` has the 16 or 32 code bytes of the 32 floats of `o`.
+            let ints = codes32::<INT4>(c.as_ptr());
+            let ptr = o.as_mut_ptr();
+            for (i, v) in ints.into_iter().enumerate() {
+                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(v), vscale);
+                let v = if ASYM { _mm256_add_ps(v, voffset) } else { v };
+                // `o` has 32 floats: offsets 0, 8, 16 and 24 are in bounds.
+                let at = ptr.add(8 * i);
+                let v = match MODE {
+                    kernel::SET => v,
+                    kernel::ADD => _mm256_add_ps(_mm256_loadu_ps(at), v),
+                    _ => _mm256_add_ps(zero, v),
+                };
+                _mm256_storeu_ps(at, v);
+            }
+        }
+        let rest = blocks.into_remainder();
+        let q_rest = codes.remainder();
+        if INT4 {
+            kernel::dequantize_i4::<MODE, ASYM>(q_rest, scale, offset, rest);
+        } else {
+            kernel::dequantize_i8::<MODE, ASYM>(q_rest, scale, offset, rest);
+        }
+    }
 }
 
 /// Element loops, written so that LLVM vectorises them (no branches, no libm calls).
@@ -699,30 +882,37 @@ mod kernel {
         }
     }
 
+    /// [`put`] mode: `o = v`.
+    pub(super) const SET: u8 = 0;
+    /// [`put`] mode: `o += v`.
+    pub(super) const ADD: u8 = 1;
+    /// [`put`] mode: `o = 0 + v` (`−0.0` becomes `+0.0`, as adding to a zeroed buffer does).
+    pub(super) const ZERO_ADD: u8 = 2;
+
     #[inline(always)]
-    fn put<const ADD: bool>(o: &mut f32, v: f32) {
-        if ADD {
-            *o += v;
-        } else {
-            *o = v;
+    fn put<const MODE: u8>(o: &mut f32, v: f32) {
+        match MODE {
+            SET => *o = v,
+            ADD => *o += v,
+            _ => *o = 0.0 + v,
         }
     }
 
     #[inline(always)]
-    pub(super) fn dequantize_i8<const ADD: bool, const ASYM: bool>(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+    pub(super) fn dequantize_i8<const MODE: u8, const ASYM: bool>(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
         for (o, &b) in out.iter_mut().zip(q) {
-            put::<ADD>(o, value::<ASYM>(b as i8, scale, offset));
+            put::<MODE>(o, value::<ASYM>(b as i8, scale, offset));
         }
     }
 
     #[inline(always)]
-    pub(super) fn dequantize_i4<const ADD: bool, const ASYM: bool>(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+    pub(super) fn dequantize_i4<const MODE: u8, const ASYM: bool>(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
         for (pair, &b) in out.chunks_exact_mut(2).zip(q) {
             let even = (b as i8) >> 4;
             let odd = ((b << 4) as i8) >> 4;
             if let [e, o] = pair {
-                put::<ADD>(e, value::<ASYM>(even, scale, offset));
-                put::<ADD>(o, value::<ASYM>(odd, scale, offset));
+                put::<MODE>(e, value::<ASYM>(even, scale, offset));
+                put::<MODE>(o, value::<ASYM>(odd, scale, offset));
             }
         }
     }
