@@ -577,6 +577,49 @@ impl<'g> Hosts<'g> {
 /// requantizes before moving on: 16 KiB of f32, which stay in L1 between the two.
 const FUSE_BLOCK: usize = 4096;
 
+/// The all-to-all buffers of the quantized path, kept per thread between calls so that a
+/// training loop calling qgZ every step does not map, fault in and zero them again each time
+/// (that was a quarter of the CPU time of a 64 MiB call). Buffers over [`RETAIN_MAX`] bytes
+/// are freed after the call.
+#[derive(Default)]
+struct Scratch {
+    send: Vec<u8>,
+    recv: Vec<u8>,
+    send2: Vec<u8>,
+    recv2: Vec<u8>,
+}
+
+/// The largest buffer [`Scratch`] keeps between calls (each of the four).
+const RETAIN_MAX: usize = 64 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+impl Scratch {
+    /// This thread's buffers (empty ones if another call on this thread holds them).
+    fn take() -> Scratch {
+        SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()))
+    }
+
+    /// Hands the buffers back for the next call on this thread, dropping oversized ones.
+    fn keep(mut self) {
+        for b in [&mut self.send, &mut self.recv, &mut self.send2, &mut self.recv2] {
+            if b.capacity() > RETAIN_MAX {
+                *b = Vec::new();
+            }
+        }
+        SCRATCH.with(|s| *s.borrow_mut() = self);
+    }
+}
+
+/// `buf` resized to `n` bytes, keeping its allocation. Every caller overwrites all `n` bytes
+/// before reading them, so old contents are harmless.
+fn sized(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    buf.resize(n, 0);
+    buf
+}
+
 /// Steps 1–5 of the quantized path for every quantized tensor.
 fn quantized_reduce_scatter<T: QuantFloat>(
     h: &Hosts<'_>,
@@ -584,9 +627,23 @@ fn quantized_reduce_scatter<T: QuantFloat>(
     inputs: &[&[T]],
     report: &mut QuantReduceReport,
 ) -> Result<Vec<Vec<T>>> {
+    let mut scratch = Scratch::take();
+    let out = quantized_reduce_scatter_in(h, plans, inputs, report, &mut scratch);
+    scratch.keep();
+    out
+}
+
+/// [`quantized_reduce_scatter`] with its all-to-all buffers.
+fn quantized_reduce_scatter_in<T: QuantFloat>(
+    h: &Hosts<'_>,
+    plans: &[Plan],
+    inputs: &[&[T]],
+    report: &mut QuantReduceReport,
+    bufs: &mut Scratch,
+) -> Result<Vec<Vec<T>>> {
     // Step 1: swizzled quantization, straight into the intra-host send buffer.
     let chunk: usize = plans.iter().map(|p| p.record_bytes(h.nodes)).sum();
-    let mut send = vec![0u8; h.dpn * chunk];
+    let send = sized(&mut bufs.send, h.dpn * chunk);
     let mut scales = Vec::new();
     for (k, dst) in send.chunks_exact_mut(chunk.max(1)).enumerate().take(h.dpn) {
         let mut at = 0;
@@ -599,10 +656,10 @@ fn quantized_reduce_scatter<T: QuantFloat>(
     }
 
     // Step 2: all-to-all inside the host.
-    let recv = if h.dpn > 1 {
-        let mut recv = vec![0u8; send.len()];
+    let recv: &[u8] = if h.dpn > 1 {
+        let recv = sized(&mut bufs.recv, send.len());
         let before = h.intra.stats();
-        h.intra.all_to_all(&send, &mut recv)?;
+        h.intra.all_to_all(send, recv)?;
         report.intra = delta(before, h.intra.stats());
         recv
     } else {
@@ -614,7 +671,7 @@ fn quantized_reduce_scatter<T: QuantFloat>(
         let mut out = Vec::with_capacity(plans.len());
         let mut at = 0;
         for plan in plans {
-            let recs = Records::read(&recv, chunk, at, *plan, h.nodes, h.dpn);
+            let recs = Records::read(recv, chunk, at, *plan, h.nodes, h.dpn);
             let mut ins = Vec::new();
             recs.groups(0..plan.gpp, &mut ins);
             let mut o = vec![T::default(); plan.p];
@@ -628,11 +685,11 @@ fn quantized_reduce_scatter<T: QuantFloat>(
     // Steps 3 and 4, a block of groups at a time: sum the dpn records of each tensor in f32,
     // requantize the sums into the inter-host send buffer (chunk k: partition k·dpn + dev).
     let chunk2: usize = plans.iter().map(|p| p.record_bytes(1)).sum();
-    let mut send = vec![0u8; h.nodes * chunk2];
+    let send = sized(&mut bufs.send2, h.nodes * chunk2);
     let mut sums: Vec<f32> = Vec::new();
     let (mut at, mut at2) = (0, 0);
     for plan in plans {
-        let recs = Records::read(&recv, chunk, at, *plan, h.nodes, h.dpn);
+        let recs = Records::read(recv, chunk, at, *plan, h.nodes, h.dpn);
         let mut ins = Vec::with_capacity(h.dpn);
         let per_block = (FUSE_BLOCK / plan.e).max(1);
         for (k, dst) in send.chunks_exact_mut(chunk2).enumerate() {
@@ -666,18 +723,16 @@ fn quantized_reduce_scatter<T: QuantFloat>(
         at += plan.record_bytes(h.nodes);
         at2 += plan.record_bytes(1);
     }
-    drop(recv);
-    let mut recv = vec![0u8; send.len()];
+    let recv = sized(&mut bufs.recv2, send.len());
     let before = inter.stats();
-    inter.all_to_all(&send, &mut recv)?;
+    inter.all_to_all(send, recv)?;
     report.inter = delta(before, inter.stats());
-    drop(send);
 
     // Step 5: dequantize and sum the nodes' records, divide by W, round to T, in one pass.
     let mut out = Vec::with_capacity(plans.len());
     let mut at = 0;
     for plan in plans {
-        let recs = Records::read(&recv, chunk2, at, *plan, 1, h.nodes);
+        let recs = Records::read(recv, chunk2, at, *plan, 1, h.nodes);
         let mut ins = Vec::new();
         recs.groups(0..plan.gpp, &mut ins);
         let mut o = vec![T::default(); plan.p];
