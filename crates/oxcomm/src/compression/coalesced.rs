@@ -682,19 +682,148 @@ fn quantized_reduce_scatter_in<T: QuantFloat>(
         return Ok(out);
     };
 
-    // Steps 3 and 4, a block of groups at a time: sum the dpn records of each tensor in f32,
-    // requantize the sums into the inter-host send buffer (chunk k: partition k·dpn + dev).
-    let chunk2: usize = plans.iter().map(|p| p.record_bytes(1)).sum();
-    let send = sized(&mut bufs.send2, h.nodes * chunk2);
+    // Steps 3–5 in stripes (a stripe: the same range of groups of every partition), so that
+    // the inter-host exchange of one stripe overlaps the arithmetic of the others.
+    let host_recs: Vec<Records<'_>> = {
+        let mut at = 0;
+        plans
+            .iter()
+            .map(|plan| {
+                let r = Records::read(recv, chunk, at, *plan, h.nodes, h.dpn);
+                at += plan.record_bytes(h.nodes);
+                r
+            })
+            .collect()
+    };
+    let stripes = Stripes::new(plans, h.nodes);
+    let mut out: Vec<Vec<T>> = plans.iter().map(|p| vec![T::default(); p.p]).collect();
+    let send = sized(&mut bufs.send2, stripes.total);
+    let recv = sized(&mut bufs.recv2, stripes.total);
     let mut sums: Vec<f32> = Vec::new();
-    let (mut at, mut at2) = (0, 0);
-    for plan in plans {
-        let recs = Records::read(recv, chunk, at, *plan, h.nodes, h.dpn);
-        let mut ins = Vec::with_capacity(h.dpn);
+    if stripes.count == 1 {
+        requantize_stripe(&stripes, 0, &host_recs, h, send, &mut sums, &mut scales)?;
+        let before = inter.stats();
+        inter.all_to_all(send, recv)?;
+        report.inter = delta(before, inter.stats());
+        finish_stripe(&stripes, 0, recv, h, &mut out)?;
+        return Ok(out);
+    }
+    // A helper thread runs the exchanges, in stripe order, while this one computes; this
+    // thread makes no communicator calls meanwhile, so the inter stats delta is the helper's.
+    let (sends, recvs) = (stripes.split(send), stripes.split(recv));
+    std::thread::scope(|scope| -> Result<()> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(&[u8], &mut [u8])>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<&[u8]>>();
+        let helper = scope.spawn(move || {
+            let before = inter.stats();
+            for (snd, rcv) in ready_rx {
+                let r = inter.all_to_all(snd, rcv).map(|()| &*rcv);
+                let failed = r.is_err();
+                // The receiver only goes away after an error of its own.
+                let _ = done_tx.send(r);
+                if failed {
+                    break;
+                }
+            }
+            delta(before, inter.stats())
+        });
+        let mut computed = Ok(());
+        for (st, (snd, rcv)) in sends.into_iter().zip(recvs).enumerate() {
+            computed = requantize_stripe(&stripes, st, &host_recs, h, snd, &mut sums, &mut scales);
+            if computed.is_err() || ready_tx.send((snd, rcv)).is_err() {
+                break;
+            }
+        }
+        drop(ready_tx);
+        computed?;
+        for st in 0..stripes.count {
+            let rcv = done_rx.recv().map_err(|_| Error::protocol("qgZ exchange thread stopped early"))??;
+            finish_stripe(&stripes, st, rcv, h, &mut out)?;
+        }
+        report.inter = helper.join().map_err(|_| Error::protocol("qgZ exchange thread panicked"))?;
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Bytes of inter-host records per stripe below which [`Stripes`] stops splitting.
+const STRIPE_BYTES: usize = 128 << 10;
+
+/// At most this many stripes per call.
+const MAX_STRIPES: usize = 8;
+
+/// How steps 3–5 cut the tensors into stripes: stripe `s` of a tensor is its groups
+/// `[s·gpp/S, (s+1)·gpp/S)` of every partition (possibly none), and the inter-host buffers
+/// hold the stripes one after another, each laid out as a whole call would be (chunk per
+/// host, a record per tensor: codes, then scales).
+struct Stripes<'p> {
+    plans: &'p [Plan],
+    count: usize,
+    /// Bytes of stripe `s`'s chunk (one host's share), for each `s`.
+    chunks: Vec<usize>,
+    nodes: usize,
+    /// Bytes of all stripes.
+    total: usize,
+}
+
+impl<'p> Stripes<'p> {
+    fn new(plans: &'p [Plan], nodes: usize) -> Stripes<'p> {
+        let bytes: usize = plans.iter().map(|p| p.record_bytes(1)).sum::<usize>() * nodes;
+        let count = (bytes / STRIPE_BYTES).clamp(1, MAX_STRIPES);
+        let mut stripes = Stripes { plans, count, chunks: Vec::with_capacity(count), nodes, total: 0 };
+        for st in 0..count {
+            let chunk: usize = plans.iter().map(|p| stripes.plan(p, st).record_bytes(1)).sum();
+            stripes.chunks.push(chunk);
+        }
+        stripes.total = stripes.chunks.iter().sum::<usize>() * nodes;
+        stripes
+    }
+
+    /// Groups of each partition of `plan` in stripe `st`.
+    fn groups(&self, plan: &Plan, st: usize) -> Range<usize> {
+        st * plan.gpp / self.count..(st + 1) * plan.gpp / self.count
+    }
+
+    /// Stripe `st` of `plan` as a plan of its own.
+    fn plan(&self, plan: &Plan, st: usize) -> Plan {
+        let gpp = self.groups(plan, st).len();
+        Plan { p: gpp * plan.e, e: plan.e, gpp }
+    }
+
+    /// `buf` cut into the stripes' parts.
+    fn split<'b>(&self, mut buf: &'b mut [u8]) -> Vec<&'b mut [u8]> {
+        let mut parts = Vec::with_capacity(self.count);
+        for &c in &self.chunks {
+            let (part, rest) = buf.split_at_mut(c * self.nodes);
+            parts.push(part);
+            buf = rest;
+        }
+        parts
+    }
+}
+
+/// Steps 3 and 4 for stripe `st`, a block of groups at a time: sum the dpn host records of
+/// each tensor in f32 and requantize the sums into `send` (chunk `k`: partition `k·dpn + dev`).
+/// `sums` and `scales` are scratch.
+fn requantize_stripe(
+    stripes: &Stripes<'_>,
+    st: usize,
+    host_recs: &[Records<'_>],
+    h: &Hosts<'_>,
+    send: &mut [u8],
+    sums: &mut Vec<f32>,
+    scales: &mut Vec<f32>,
+) -> Result<()> {
+    let chunk = stripes.chunks[st];
+    let mut at = 0;
+    let mut ins = Vec::with_capacity(h.dpn);
+    for (full, recs) in stripes.plans.iter().zip(host_recs) {
+        let plan = stripes.plan(full, st);
+        let first = stripes.groups(full, st).start;
         let per_block = (FUSE_BLOCK / plan.e).max(1);
-        for (k, dst) in send.chunks_exact_mut(chunk2).enumerate() {
-            let (codes, sc) = dst[at2..at2 + plan.record_bytes(1)].split_at_mut(plan.code_bytes());
-            let groups = k * plan.gpp..(k + 1) * plan.gpp;
+        for (k, dst) in send.chunks_exact_mut(chunk.max(1)).enumerate().take(h.nodes) {
+            let (codes, sc) = dst[at..at + plan.record_bytes(1)].split_at_mut(plan.code_bytes());
+            let groups = k * full.gpp + first..k * full.gpp + first + plan.gpp;
             if h.dpn == 1 {
                 // Nothing to sum: forward the one record's codes and scales.
                 recs.groups(groups, &mut ins);
@@ -711,36 +840,39 @@ fn quantized_reduce_scatter_in<T: QuantFloat>(
                 let ng = per_block.min(plan.gpp - g);
                 let n = ng * plan.e;
                 sums.resize(n, 0.0);
-                let block = groups.start + g..groups.start + g + ng;
-                recs.groups(block, &mut ins);
-                quant::dequantize_sum_f32(&ins, plan.e, BITS, TY, &mut sums)?;
+                recs.groups(groups.start + g..groups.start + g + ng, &mut ins);
+                quant::dequantize_sum_f32(&ins, plan.e, BITS, TY, sums)?;
                 let q = &mut codes[quant::quantized_len(g * plan.e, BITS)..][..quant::quantized_len(n, BITS)];
-                quant::quantize(&sums, plan.e, BITS, TY, q, &mut scales[g..g + ng])?;
+                quant::quantize(sums, plan.e, BITS, TY, q, &mut scales[g..g + ng])?;
                 g += ng;
             }
-            sc.copy_from_slice(bytemuck::cast_slice(&scales));
+            sc.copy_from_slice(bytemuck::cast_slice(scales));
         }
-        at += plan.record_bytes(h.nodes);
-        at2 += plan.record_bytes(1);
-    }
-    let recv = sized(&mut bufs.recv2, send.len());
-    let before = inter.stats();
-    inter.all_to_all(send, recv)?;
-    report.inter = delta(before, inter.stats());
-
-    // Step 5: dequantize and sum the nodes' records, divide by W, round to T, in one pass.
-    let mut out = Vec::with_capacity(plans.len());
-    let mut at = 0;
-    for plan in plans {
-        let recs = Records::read(recv, chunk2, at, *plan, 1, h.nodes);
-        let mut ins = Vec::new();
-        recs.groups(0..plan.gpp, &mut ins);
-        let mut o = vec![T::default(); plan.p];
-        quant::dequantize_mean(&ins, plan.e, BITS, TY, h.w as f32, &mut o)?;
-        out.push(o);
         at += plan.record_bytes(1);
     }
-    Ok(out)
+    Ok(())
+}
+
+/// Step 5 for stripe `st`: dequantize and sum the nodes' records, divide by W and round to
+/// `T`, straight into the stripe's part of each output.
+fn finish_stripe<T: QuantFloat>(
+    stripes: &Stripes<'_>,
+    st: usize,
+    recv: &[u8],
+    h: &Hosts<'_>,
+    out: &mut [Vec<T>],
+) -> Result<()> {
+    let mut at = 0;
+    for (full, o) in stripes.plans.iter().zip(out) {
+        let plan = stripes.plan(full, st);
+        let recs = Records::read(recv, stripes.chunks[st], at, plan, 1, h.nodes);
+        let mut ins = Vec::with_capacity(h.nodes);
+        recs.groups(0..plan.gpp, &mut ins);
+        let first = stripes.groups(full, st).start * plan.e;
+        quant::dequantize_mean(&ins, plan.e, BITS, TY, h.w as f32, &mut o[first..first + plan.p])?;
+        at += plan.record_bytes(1);
+    }
+    Ok(())
 }
 
 /// One tensor's records in a received all-to-all buffer, one per sender: their codes in
