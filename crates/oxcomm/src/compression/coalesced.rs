@@ -29,9 +29,24 @@
 //! * [`all_to_all_quant_reduce`], quantized path: one all-to-all inside the host
 //!   (`(dpn − 1) · Σ_t nodes · (P_t/2 + 4 · gpp_t)` bytes sent, none of it across hosts) and
 //!   one across hosts (`(nodes − 1) · Σ_t (P_t/2 + 4 · gpp_t)` bytes sent), whatever the number
-//!   of tensors. Against a ring reduce-scatter of f32 (`(W − 1) · 4P` bytes per rank) the
-//!   cross-host traffic is about `1/8 · (1 + 8/E)` of what an optimal hierarchical f32
-//!   reduce-scatter must move across hosts, and far less than a flat ring.
+//!   of tensors, the one across hosts cut into `S ≤ 8` all-to-alls of stripes (`S = 1` below
+//!   256 KiB of inter-host records per rank; see *Pipelining and buffers*). Against a ring
+//!   reduce-scatter of f32 (`(W − 1) · 4P` bytes per rank) the cross-host traffic is about
+//!   `1/8 · (1 + 8/E)` of what an optimal hierarchical f32 reduce-scatter must move across
+//!   hosts, and far less than a flat ring.
+//!
+//! # Pipelining and buffers
+//!
+//! Every step works a group at a time, so a call is cut into **stripes**: stripe `s` of a
+//! tensor is groups `[s·gpp/S, (s+1)·gpp/S)` of each of its partitions. Steps 3–5 run stripe by
+//! stripe; a helper thread (scoped to the call) runs the inter-host all-to-all of each stripe
+//! as soon as it is requantized, while this thread requantizes the next ones and then
+//! dequantizes the stripes that have arrived. The arithmetic per group is the same whatever
+//! `S`, so the results do not depend on it. The host sums are never stored whole: a block of
+//! about 4096 elements is summed in f32 and requantized while it is in L1.
+//!
+//! The four all-to-all buffers are kept per thread between calls (each up to 64 MiB; larger
+//! ones are freed), so a training loop does not fault them in again every step.
 //!
 //! # Where we differ from DeepSpeed, on purpose
 //!
@@ -48,7 +63,7 @@
 //!   sent; a violation is [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument),
 //!   never corrupt data. DeepSpeed's GPU kernel limits (`E ≤ 40960`, `E` a multiple of 8) do
 //!   not apply to these CPU kernels; only `E` even (two int4 codes per byte) does.
-//! * All tensors of one call share one all-to-all per phase (DeepSpeed runs two per tensor per
+//! * All tensors of one call share each all-to-all (DeepSpeed runs two per tensor per
 //!   phase, one for codes and one for scales), and all fallback tensors share one
 //!   [`reduce_scatter_coalesced`].
 //! * With one host (`nodes == 1`) the second quantization is skipped (the intra-host f32 sums
@@ -456,7 +471,7 @@ fn quant_reduce_inner<T: QuantFloat>(
         }
     }
 
-    // The quantized path, all such tensors in one all-to-all per phase.
+    // The quantized path, all such tensors in the same all-to-alls.
     let quantized: Vec<(usize, Plan)> = routes
         .iter()
         .enumerate()

@@ -34,8 +34,10 @@
 //! The fast kernels are plain loops written to auto-vectorise (rounding by the `1.5·2^23`
 //! trick, which is round-half-even for the clamped range), compiled twice on x86-64 (baseline
 //! and AVX2, picked at run time); with AVX2 the code pass is written with intrinsics and
-//! prefetches the next group. [`scalar`] is the literal reference they are tested against; all
-//! paths give bit-identical codes and parameters.
+//! prefetches the next group, and dequantization (`cvtdq2ps`, then the same multiply and adds
+//! as the scalar loop) too. [`dequantize_sum_f32`] and [`dequantize_mean`] add several inputs
+//! a chunk at a time, so their partial sums stay in L1. [`scalar`] is the literal reference
+//! they are tested against; all paths give bit-identical codes, parameters and values.
 
 use half::{bf16, f16};
 
@@ -463,7 +465,14 @@ fn quantize_driver<T: QuantFloat, const AVX2: bool>(src: &[T], f: Format, out_q:
             QuantType::Symmetric => {
                 let mut amax_bits = 0u32;
                 for c in group.chunks(CHUNK) {
-                    amax_bits = amax_bits.max(kernel::abs_max_bits(T::load(c, &mut buf)));
+                    let x = T::load(c, &mut buf);
+                    #[cfg(target_arch = "x86_64")]
+                    if AVX2 {
+                        // SAFETY: `AVX2` is only true when the CPU supports AVX2 (see above).
+                        amax_bits = amax_bits.max(unsafe { x86::abs_max_bits(x) });
+                        continue;
+                    }
+                    amax_bits = amax_bits.max(kernel::abs_max_bits(x));
                 }
                 symmetric_params(f32::from_bits(amax_bits), f.bits)
             }
@@ -672,13 +681,15 @@ mod x86 {
         }
     }
 
-    /// The codes of the 8 floats at `ptr` as i32, clamped to `[lo, hi]` (NaN → 0).
+    /// The codes of the 8 floats at `ptr` as i32, clamped to `[lo, hi]`. NaN gives 0 for int8;
+    /// for int4 (`NAN_IS_MIN`) it gives `i32::MIN`, which the packs saturate to the byte
+    /// `0x80`, whose low nibble is code 0, saving the NaN mask.
     ///
     /// # Safety
     /// The CPU must support AVX2 and `ptr` must be valid for reading 8 floats.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn codes8<const ASYM: bool>(
+    unsafe fn codes8<const ASYM: bool, const NAN_IS_MIN: bool>(
         ptr: *const f32,
         offset: __m256,
         scale: __m256,
@@ -688,8 +699,40 @@ mod x86 {
         let v = _mm256_loadu_ps(ptr);
         let v = if ASYM { _mm256_sub_ps(v, offset) } else { v };
         let v = _mm256_mul_ps(v, scale);
-        let v = _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
-        _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi))
+        if NAN_IS_MIN {
+            // `max`/`min` return their second operand when either is NaN: NaN stays NaN and
+            // converts to `i32::MIN`.
+            _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, v)))
+        } else {
+            let v = _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
+            _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi))
+        }
+    }
+
+    /// `max |x|` over non-NaN elements as f32 bits, as [`kernel::abs_max_bits`]: `maxps`
+    /// returns its second operand when the first is NaN, so NaN elements are skipped; four
+    /// accumulators hide the latency.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn abs_max_bits(x: &[f32]) -> u32 {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let blocks = x.chunks_exact(32);
+        let tail = blocks.remainder();
+        for c in blocks {
+            for (i, a) in acc.iter_mut().enumerate() {
+                // `c` has 32 floats: offsets 0, 8, 16 and 24 are in bounds.
+                let v = _mm256_and_ps(_mm256_loadu_ps(c.as_ptr().add(8 * i)), abs);
+                *a = _mm256_max_ps(v, *a);
+            }
+        }
+        let m = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        // Non-negative, non-NaN floats order as their bit patterns.
+        lanes.iter().fold(kernel::abs_max_bits(tail), |b, l| b.max(l.to_bits()))
     }
 
     /// # Safety
@@ -723,10 +766,10 @@ mod x86 {
             }
             // `c` has 32 floats: the loads at 0, 8, 16 and 24 are in bounds.
             let ptr = c.as_ptr();
-            let a = codes8::<ASYM>(ptr, offset, scale, vlo, vhi);
-            let b = codes8::<ASYM>(ptr.add(8), offset, scale, vlo, vhi);
-            let c = codes8::<ASYM>(ptr.add(16), offset, scale, vlo, vhi);
-            let d = codes8::<ASYM>(ptr.add(24), offset, scale, vlo, vhi);
+            let a = codes8::<ASYM, INT4>(ptr, offset, scale, vlo, vhi);
+            let b = codes8::<ASYM, INT4>(ptr.add(8), offset, scale, vlo, vhi);
+            let c = codes8::<ASYM, INT4>(ptr.add(16), offset, scale, vlo, vhi);
+            let d = codes8::<ASYM, INT4>(ptr.add(24), offset, scale, vlo, vhi);
             let ab = _mm256_packs_epi32(a, b);
             let cd = _mm256_packs_epi32(c, d);
             // 32 codes as i8, in element order.
