@@ -715,21 +715,31 @@ fn quantized_reduce_scatter_in<T: QuantFloat>(
     let send = sized(&mut bufs.send2, stripes.total);
     let recv = sized(&mut bufs.recv2, stripes.total);
     let mut sums: Vec<f32> = Vec::new();
-    if stripes.count == 1 {
-        requantize_stripe(&stripes, 0, &host_recs, h, send, &mut sums, &mut scales)?;
+    let (sends, recvs) = (stripes.split(send), stripes.split(recv));
+    // Each stripe in turn, all on this thread: with one stripe, or if no thread can be had.
+    let in_turn = |sends: Vec<&mut [u8]>,
+                   recvs: Vec<&mut [u8]>,
+                   sums: &mut Vec<f32>,
+                   scales: &mut Vec<f32>,
+                   out: &mut [Vec<T>]| {
         let before = inter.stats();
-        inter.all_to_all(send, recv)?;
-        report.inter = delta(before, inter.stats());
-        finish_stripe(&stripes, 0, recv, h, &mut out)?;
+        for (st, (snd, rcv)) in sends.into_iter().zip(recvs).enumerate() {
+            requantize_stripe(&stripes, st, &host_recs, h, snd, sums, scales)?;
+            inter.all_to_all(snd, rcv)?;
+            finish_stripe(&stripes, st, rcv, h, out)?;
+        }
+        Ok::<_, Error>(delta(before, inter.stats()))
+    };
+    if stripes.count == 1 {
+        report.inter = in_turn(sends, recvs, &mut sums, &mut scales, &mut out)?;
         return Ok(out);
     }
     // A helper thread runs the exchanges, in stripe order, while this one computes; this
     // thread makes no communicator calls meanwhile, so the inter stats delta is the helper's.
-    let (sends, recvs) = (stripes.split(send), stripes.split(recv));
-    std::thread::scope(|scope| -> Result<()> {
+    report.inter = std::thread::scope(|scope| -> Result<LinkStats> {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(&[u8], &mut [u8])>();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<&[u8]>>();
-        let helper = scope.spawn(move || {
+        let spawned = std::thread::Builder::new().name("oxcomm-qgz".into()).spawn_scoped(scope, move || {
             let before = inter.stats();
             for (snd, rcv) in ready_rx {
                 let r = inter.all_to_all(snd, rcv).map(|()| &*rcv);
@@ -742,6 +752,10 @@ fn quantized_reduce_scatter_in<T: QuantFloat>(
             }
             delta(before, inter.stats())
         });
+        let Ok(helper) = spawned else {
+            tracing::debug!(target: LOG, "no thread for the qgZ exchanges; running the stripes in turn");
+            return in_turn(sends, recvs, &mut sums, &mut scales, &mut out);
+        };
         let mut computed = Ok(());
         for (st, (snd, rcv)) in sends.into_iter().zip(recvs).enumerate() {
             computed = requantize_stripe(&stripes, st, &host_recs, h, snd, &mut sums, &mut scales);
@@ -755,8 +769,7 @@ fn quantized_reduce_scatter_in<T: QuantFloat>(
             let rcv = done_rx.recv().map_err(|_| Error::protocol("qgZ exchange thread stopped early"))??;
             finish_stripe(&stripes, st, rcv, h, &mut out)?;
         }
-        report.inter = helper.join().map_err(|_| Error::protocol("qgZ exchange thread panicked"))?;
-        Ok(())
+        helper.join().map_err(|_| Error::protocol("qgZ exchange thread panicked"))
     })?;
     Ok(out)
 }
