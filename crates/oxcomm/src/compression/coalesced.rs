@@ -711,7 +711,8 @@ fn quantized_reduce_scatter_in<T: QuantFloat>(
             .collect()
     };
     let stripes = Stripes::new(plans, h.nodes);
-    let mut out: Vec<Vec<T>> = plans.iter().map(|p| vec![T::default(); p.p]).collect();
+    // Filled stripe by stripe, in order, by `finish_stripe` (never zeroed first).
+    let mut out: Vec<Vec<T>> = plans.iter().map(|p| Vec::with_capacity(p.p)).collect();
     let send = sized(&mut bufs.send2, stripes.total);
     let recv = sized(&mut bufs.recv2, stripes.total);
     let mut sums: Vec<f32> = Vec::new();
@@ -882,7 +883,8 @@ fn requantize_stripe(
 }
 
 /// Step 5 for stripe `st`: dequantize and sum the nodes' records, divide by W and round to
-/// `T`, straight into the stripe's part of each output.
+/// `T`, a block of groups at a time through an L1-sized buffer, appended to each output
+/// (which holds stripes `0..st` already).
 fn finish_stripe<T: QuantFloat>(
     stripes: &Stripes<'_>,
     st: usize,
@@ -891,13 +893,22 @@ fn finish_stripe<T: QuantFloat>(
     out: &mut [Vec<T>],
 ) -> Result<()> {
     let mut at = 0;
+    let mut block = Vec::new();
     for (full, o) in stripes.plans.iter().zip(out) {
         let plan = stripes.plan(full, st);
         let recs = Records::read(recv, stripes.chunks[st], at, plan, 1, h.nodes);
         let mut ins = Vec::with_capacity(h.nodes);
-        recs.groups(0..plan.gpp, &mut ins);
-        let first = stripes.groups(full, st).start * plan.e;
-        quant::dequantize_mean(&ins, plan.e, BITS, TY, h.w as f32, &mut o[first..first + plan.p])?;
+        let per_block = (FUSE_BLOCK / plan.e).max(1);
+        let mut g = 0;
+        while g < plan.gpp {
+            let ng = per_block.min(plan.gpp - g);
+            recs.groups(g..g + ng, &mut ins);
+            block.resize(ng * plan.e, T::default());
+            quant::dequantize_mean(&ins, plan.e, BITS, TY, h.w as f32, &mut block)?;
+            o.extend_from_slice(&block);
+            g += ng;
+        }
+        debug_assert_eq!(o.len(), stripes.groups(full, st).end * plan.e);
         at += plan.record_bytes(1);
     }
     Ok(())
