@@ -98,6 +98,33 @@ fn main() {
         quant::dequantize_add_f32(black_box(&q4), &params, GROUP, QuantBits::Int4, sym, &mut dst).unwrap();
     });
     row("dequantize_add_f32 int4 sym", bytes, t);
+    // qgZ's reduction: two int4 inputs summed in f32 (the second a copy of the first).
+    let (q4b, paramsb) = (q4.clone(), params.clone());
+    let two = [(&q4[..], &params[..]), (&q4b[..], &paramsb[..])];
+    let t = median_time(runs, || {
+        quant::dequantize_sum_f32(black_box(&two), GROUP, QuantBits::Int4, sym, &mut dst).unwrap();
+    });
+    row("dequantize_sum_f32 int4 sym, 2 inputs", bytes, t);
+    // qgZ's host-sum step as it runs: 4096 elements (two groups) at a time, summed into an
+    // L1-sized scratch and requantized from it.
+    let mut block = vec![0f32; 4096.min(n)];
+    let mut q4_out = vec![0u8; q4.len()];
+    let mut p_out = vec![0f32; params.len()];
+    let t = median_time(runs, || {
+        let bytes_per = block.len() / 2;
+        let groups_per = block.len() / GROUP;
+        for (b, (qo, po)) in q4_out.chunks_exact_mut(bytes_per).zip(p_out.chunks_exact_mut(groups_per)).enumerate() {
+            let (qs, ps) = (b * bytes_per..(b + 1) * bytes_per, b * groups_per..(b + 1) * groups_per);
+            let ins = [(&q4[qs.clone()], &params[ps.clone()]), (&q4b[qs], &paramsb[ps])];
+            quant::dequantize_sum_f32(black_box(&ins), GROUP, QuantBits::Int4, sym, &mut block).unwrap();
+            quant::quantize(&block, GROUP, QuantBits::Int4, sym, qo, po).unwrap();
+        }
+    });
+    row("fused sum of 2 int4 inputs + requantize, by block", bytes, t);
+    let t = median_time(runs, || {
+        quant::dequantize_mean(black_box(&two), GROUP, QuantBits::Int4, sym, 4.0, &mut dst).unwrap();
+    });
+    row("dequantize_mean int4 sym, 2 inputs, f32 out", bytes, t);
     let t = median_time(runs, || {
         quant::quantize(black_box(&src), 64, QuantBits::Int4, sym, &mut q4, &mut params64).unwrap();
     });

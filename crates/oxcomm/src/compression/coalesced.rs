@@ -29,9 +29,24 @@
 //! * [`all_to_all_quant_reduce`], quantized path: one all-to-all inside the host
 //!   (`(dpn − 1) · Σ_t nodes · (P_t/2 + 4 · gpp_t)` bytes sent, none of it across hosts) and
 //!   one across hosts (`(nodes − 1) · Σ_t (P_t/2 + 4 · gpp_t)` bytes sent), whatever the number
-//!   of tensors. Against a ring reduce-scatter of f32 (`(W − 1) · 4P` bytes per rank) the
-//!   cross-host traffic is about `1/8 · (1 + 8/E)` of what an optimal hierarchical f32
-//!   reduce-scatter must move across hosts, and far less than a flat ring.
+//!   of tensors, the one across hosts cut into `S ≤ 8` all-to-alls of stripes (`S = 1` below
+//!   256 KiB of inter-host records per rank; see *Pipelining and buffers*). Against a ring
+//!   reduce-scatter of f32 (`(W − 1) · 4P` bytes per rank) the cross-host traffic is about
+//!   `1/8 · (1 + 8/E)` of what an optimal hierarchical f32 reduce-scatter must move across
+//!   hosts, and far less than a flat ring.
+//!
+//! # Pipelining and buffers
+//!
+//! Every step works a group at a time, so a call is cut into **stripes**: stripe `s` of a
+//! tensor is groups `[s·gpp/S, (s+1)·gpp/S)` of each of its partitions. Steps 3–5 run stripe by
+//! stripe; a helper thread (scoped to the call) runs the inter-host all-to-all of each stripe
+//! as soon as it is requantized, while this thread requantizes the next ones and then
+//! dequantizes the stripes that have arrived. The arithmetic per group is the same whatever
+//! `S`, so the results do not depend on it. The host sums are never stored whole: a block of
+//! about 4096 elements is summed in f32 and requantized while it is in L1.
+//!
+//! The four all-to-all buffers are kept per thread between calls (each up to 64 MiB; larger
+//! ones are freed), so a training loop does not fault them in again every step.
 //!
 //! # Where we differ from DeepSpeed, on purpose
 //!
@@ -48,7 +63,7 @@
 //!   sent; a violation is [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument),
 //!   never corrupt data. DeepSpeed's GPU kernel limits (`E ≤ 40960`, `E` a multiple of 8) do
 //!   not apply to these CPU kernels; only `E` even (two int4 codes per byte) does.
-//! * All tensors of one call share one all-to-all per phase (DeepSpeed runs two per tensor per
+//! * All tensors of one call share each all-to-all (DeepSpeed runs two per tensor per
 //!   phase, one for codes and one for scales), and all fallback tensors share one
 //!   [`reduce_scatter_coalesced`].
 //! * With one host (`nodes == 1`) the second quantization is skipped (the intra-host f32 sums
@@ -456,7 +471,7 @@ fn quant_reduce_inner<T: QuantFloat>(
         }
     }
 
-    // The quantized path, all such tensors in one all-to-all per phase.
+    // The quantized path, all such tensors in the same all-to-alls.
     let quantized: Vec<(usize, Plan)> = routes
         .iter()
         .enumerate()
@@ -573,13 +588,51 @@ impl<'g> Hosts<'g> {
     }
 }
 
-/// A tensor's partial result after the intra-host phase: the `nodes` partitions with this
-/// rank's local index, summed over the host.
-enum HostSum {
-    /// f32 sums (`dpn > 1`).
-    Exact(Vec<f32>),
-    /// Codes and scales of the one rank on the host (`dpn == 1`: nothing was summed).
-    Quantized(Vec<u8>, Vec<f32>),
+/// Elements of host sums (whole groups, at least one) that step 3 adds up in f32 and step 4
+/// requantizes before moving on: 16 KiB of f32, which stay in L1 between the two.
+const FUSE_BLOCK: usize = 4096;
+
+/// The all-to-all buffers of the quantized path, kept per thread between calls so that a
+/// training loop calling qgZ every step does not map, fault in and zero them again each time
+/// (that was a quarter of the CPU time of a 64 MiB call). Buffers over [`RETAIN_MAX`] bytes
+/// are freed after the call.
+#[derive(Default)]
+struct Scratch {
+    send: Vec<u8>,
+    recv: Vec<u8>,
+    send2: Vec<u8>,
+    recv2: Vec<u8>,
+}
+
+/// The largest buffer [`Scratch`] keeps between calls (each of the four).
+const RETAIN_MAX: usize = 64 << 20;
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
+}
+
+impl Scratch {
+    /// This thread's buffers (empty ones if another call on this thread holds them).
+    fn take() -> Scratch {
+        SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()))
+    }
+
+    /// Hands the buffers back for the next call on this thread, dropping oversized ones.
+    fn keep(mut self) {
+        for b in [&mut self.send, &mut self.recv, &mut self.send2, &mut self.recv2] {
+            if b.capacity() > RETAIN_MAX {
+                *b = Vec::new();
+            }
+        }
+        SCRATCH.with(|s| *s.borrow_mut() = self);
+    }
+}
+
+/// `buf` resized to `n` bytes, keeping its allocation. Every caller overwrites all `n` bytes
+/// before reading them, so old contents are harmless.
+fn sized(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
+    buf.resize(n, 0);
+    buf
 }
 
 /// Steps 1–5 of the quantized path for every quantized tensor.
@@ -589,9 +642,23 @@ fn quantized_reduce_scatter<T: QuantFloat>(
     inputs: &[&[T]],
     report: &mut QuantReduceReport,
 ) -> Result<Vec<Vec<T>>> {
+    let mut scratch = Scratch::take();
+    let out = quantized_reduce_scatter_in(h, plans, inputs, report, &mut scratch);
+    scratch.keep();
+    out
+}
+
+/// [`quantized_reduce_scatter`] with its all-to-all buffers.
+fn quantized_reduce_scatter_in<T: QuantFloat>(
+    h: &Hosts<'_>,
+    plans: &[Plan],
+    inputs: &[&[T]],
+    report: &mut QuantReduceReport,
+    bufs: &mut Scratch,
+) -> Result<Vec<Vec<T>>> {
     // Step 1: swizzled quantization, straight into the intra-host send buffer.
     let chunk: usize = plans.iter().map(|p| p.record_bytes(h.nodes)).sum();
-    let mut send = vec![0u8; h.dpn * chunk];
+    let send = sized(&mut bufs.send, h.dpn * chunk);
     let mut scales = Vec::new();
     for (k, dst) in send.chunks_exact_mut(chunk.max(1)).enumerate().take(h.dpn) {
         let mut at = 0;
@@ -604,103 +671,282 @@ fn quantized_reduce_scatter<T: QuantFloat>(
     }
 
     // Step 2: all-to-all inside the host.
-    let recv = if h.dpn > 1 {
-        let mut recv = vec![0u8; send.len()];
+    let recv: &[u8] = if h.dpn > 1 {
+        let recv = sized(&mut bufs.recv, send.len());
         let before = h.intra.stats();
-        h.intra.all_to_all(&send, &mut recv)?;
+        h.intra.all_to_all(send, recv)?;
         report.intra = delta(before, h.intra.stats());
         recv
     } else {
         send
     };
 
-    // Step 3: reduce the dpn records of each tensor in f32 (requantized in step 4).
-    let mut sums: Vec<HostSum> = Vec::with_capacity(plans.len());
-    let mut at = 0;
-    for plan in plans {
-        let rec_len = plan.record_bytes(h.nodes);
-        let groups = h.nodes * plan.gpp;
-        if h.dpn == 1 {
-            let (codes, sc) = recv[at..at + rec_len].split_at(h.nodes * plan.code_bytes());
-            sums.push(HostSum::Quantized(codes.to_vec(), bytemuck::pod_collect_to_vec(sc)));
-        } else {
-            let mut acc = vec![0f32; h.nodes * plan.p];
-            for j in 0..h.dpn {
-                let rec = &recv[j * chunk + at..][..rec_len];
-                let (codes, sc) = rec.split_at(h.nodes * plan.code_bytes());
-                let sc: Vec<f32> = bytemuck::pod_collect_to_vec(sc);
-                debug_assert_eq!(sc.len(), groups);
-                quant::dequantize_add_f32(codes, &sc, plan.e, BITS, TY, &mut acc)?;
-            }
-            sums.push(HostSum::Exact(acc));
-        }
-        at += rec_len;
-    }
-    drop(recv);
-
-    let inv_w = |acc: Vec<f32>| -> Vec<T> {
-        let w = h.w as f32;
-        acc.into_iter().map(|v| T::from_f32(v / w)).collect()
-    };
     let Some(inter) = h.inter else {
-        // One host: the host sums are the whole sums.
-        return plans
-            .iter()
-            .zip(sums)
-            .map(|(plan, s)| match s {
-                HostSum::Exact(acc) => Ok(inv_w(acc)),
-                HostSum::Quantized(codes, sc) => {
-                    let mut acc = vec![0f32; plan.p];
-                    quant::dequantize_add_f32(&codes, &sc, plan.e, BITS, TY, &mut acc)?;
-                    Ok(inv_w(acc))
-                }
-            })
-            .collect();
+        // One host: the host sums are the whole sums; step 3 and 5 in one pass.
+        let mut out = Vec::with_capacity(plans.len());
+        let mut at = 0;
+        for plan in plans {
+            let recs = Records::read(recv, chunk, at, *plan, h.nodes, h.dpn);
+            let mut ins = Vec::new();
+            recs.groups(0..plan.gpp, &mut ins);
+            let mut o = vec![T::default(); plan.p];
+            quant::dequantize_mean(&ins, plan.e, BITS, TY, h.w as f32, &mut o)?;
+            out.push(o);
+            at += plan.record_bytes(h.nodes);
+        }
+        return Ok(out);
     };
 
-    // Step 4: requantize the host sums into the inter-host send buffer (chunk k: partition
-    // k·dpn + dev) and exchange across hosts.
-    let chunk: usize = plans.iter().map(|p| p.record_bytes(1)).sum();
-    let mut send = vec![0u8; h.nodes * chunk];
-    let mut at = 0;
-    for (plan, s) in plans.iter().zip(&sums) {
-        for (k, dst) in send.chunks_exact_mut(chunk).enumerate() {
-            let rec = &mut dst[at..at + plan.record_bytes(1)];
-            match s {
-                HostSum::Exact(acc) => {
-                    quantize_record(std::iter::once(&acc[k * plan.p..][..plan.p]), *plan, rec, &mut scales)?;
-                }
-                HostSum::Quantized(codes, sc) => {
-                    let (rc, rs) = rec.split_at_mut(plan.code_bytes());
-                    rc.copy_from_slice(&codes[k * plan.code_bytes()..][..plan.code_bytes()]);
-                    rs.copy_from_slice(bytemuck::cast_slice(&sc[k * plan.gpp..][..plan.gpp]));
+    // Steps 3–5 in stripes (a stripe: the same range of groups of every partition), so that
+    // the inter-host exchange of one stripe overlaps the arithmetic of the others.
+    let host_recs: Vec<Records<'_>> = {
+        let mut at = 0;
+        plans
+            .iter()
+            .map(|plan| {
+                let r = Records::read(recv, chunk, at, *plan, h.nodes, h.dpn);
+                at += plan.record_bytes(h.nodes);
+                r
+            })
+            .collect()
+    };
+    let stripes = Stripes::new(plans, h.nodes);
+    // Filled stripe by stripe, in order, by `finish_stripe` (never zeroed first).
+    let mut out: Vec<Vec<T>> = plans.iter().map(|p| Vec::with_capacity(p.p)).collect();
+    let send = sized(&mut bufs.send2, stripes.total);
+    let recv = sized(&mut bufs.recv2, stripes.total);
+    let mut sums: Vec<f32> = Vec::new();
+    let (sends, recvs) = (stripes.split(send), stripes.split(recv));
+    // Each stripe in turn, all on this thread: with one stripe, or if no thread can be had.
+    let in_turn = |sends: Vec<&mut [u8]>,
+                   recvs: Vec<&mut [u8]>,
+                   sums: &mut Vec<f32>,
+                   scales: &mut Vec<f32>,
+                   out: &mut [Vec<T>]| {
+        let before = inter.stats();
+        for (st, (snd, rcv)) in sends.into_iter().zip(recvs).enumerate() {
+            requantize_stripe(&stripes, st, &host_recs, h, snd, sums, scales)?;
+            inter.all_to_all(snd, rcv)?;
+            finish_stripe(&stripes, st, rcv, h, out)?;
+        }
+        Ok::<_, Error>(delta(before, inter.stats()))
+    };
+    if stripes.count == 1 {
+        report.inter = in_turn(sends, recvs, &mut sums, &mut scales, &mut out)?;
+        return Ok(out);
+    }
+    // A helper thread runs the exchanges, in stripe order, while this one computes; this
+    // thread makes no communicator calls meanwhile, so the inter stats delta is the helper's.
+    report.inter = std::thread::scope(|scope| -> Result<LinkStats> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(&[u8], &mut [u8])>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<&[u8]>>();
+        let spawned = std::thread::Builder::new().name("oxcomm-qgz".into()).spawn_scoped(scope, move || {
+            let before = inter.stats();
+            for (snd, rcv) in ready_rx {
+                let r = inter.all_to_all(snd, rcv).map(|()| &*rcv);
+                let failed = r.is_err();
+                // The receiver only goes away after an error of its own.
+                let _ = done_tx.send(r);
+                if failed {
+                    break;
                 }
             }
+            delta(before, inter.stats())
+        });
+        let Ok(helper) = spawned else {
+            tracing::debug!(target: LOG, "no thread for the qgZ exchanges; running the stripes in turn");
+            return in_turn(sends, recvs, &mut sums, &mut scales, &mut out);
+        };
+        let mut computed = Ok(());
+        for (st, (snd, rcv)) in sends.into_iter().zip(recvs).enumerate() {
+            computed = requantize_stripe(&stripes, st, &host_recs, h, snd, &mut sums, &mut scales);
+            if computed.is_err() || ready_tx.send((snd, rcv)).is_err() {
+                break;
+            }
         }
-        at += plan.record_bytes(1);
-    }
-    drop(sums);
-    let mut recv = vec![0u8; send.len()];
-    let before = inter.stats();
-    inter.all_to_all(&send, &mut recv)?;
-    report.inter = delta(before, inter.stats());
-    drop(send);
-
-    // Step 5: dequantize and sum the nodes' records, divide by W.
-    let mut out = Vec::with_capacity(plans.len());
-    let mut at = 0;
-    for plan in plans {
-        let mut acc = vec![0f32; plan.p];
-        for k in 0..h.nodes {
-            let rec = &recv[k * chunk + at..][..plan.record_bytes(1)];
-            let (codes, sc) = rec.split_at(plan.code_bytes());
-            let sc: Vec<f32> = bytemuck::pod_collect_to_vec(sc);
-            quant::dequantize_add_f32(codes, &sc, plan.e, BITS, TY, &mut acc)?;
+        drop(ready_tx);
+        computed?;
+        for st in 0..stripes.count {
+            let rcv = done_rx.recv().map_err(|_| Error::protocol("qgZ exchange thread stopped early"))??;
+            finish_stripe(&stripes, st, rcv, h, &mut out)?;
         }
-        out.push(inv_w(acc));
-        at += plan.record_bytes(1);
-    }
+        helper.join().map_err(|_| Error::protocol("qgZ exchange thread panicked"))
+    })?;
     Ok(out)
+}
+
+/// Bytes of inter-host records per stripe below which [`Stripes`] stops splitting.
+const STRIPE_BYTES: usize = 128 << 10;
+
+/// At most this many stripes per call.
+const MAX_STRIPES: usize = 8;
+
+/// How steps 3–5 cut the tensors into stripes: stripe `s` of a tensor is its groups
+/// `[s·gpp/S, (s+1)·gpp/S)` of every partition (possibly none), and the inter-host buffers
+/// hold the stripes one after another, each laid out as a whole call would be (chunk per
+/// host, a record per tensor: codes, then scales).
+struct Stripes<'p> {
+    plans: &'p [Plan],
+    count: usize,
+    /// Bytes of stripe `s`'s chunk (one host's share), for each `s`.
+    chunks: Vec<usize>,
+    nodes: usize,
+    /// Bytes of all stripes.
+    total: usize,
+}
+
+impl<'p> Stripes<'p> {
+    fn new(plans: &'p [Plan], nodes: usize) -> Stripes<'p> {
+        let bytes: usize = plans.iter().map(|p| p.record_bytes(1)).sum::<usize>() * nodes;
+        let count = (bytes / STRIPE_BYTES).clamp(1, MAX_STRIPES);
+        let mut stripes = Stripes { plans, count, chunks: Vec::with_capacity(count), nodes, total: 0 };
+        for st in 0..count {
+            let chunk: usize = plans.iter().map(|p| stripes.plan(p, st).record_bytes(1)).sum();
+            stripes.chunks.push(chunk);
+        }
+        stripes.total = stripes.chunks.iter().sum::<usize>() * nodes;
+        stripes
+    }
+
+    /// Groups of each partition of `plan` in stripe `st`.
+    fn groups(&self, plan: &Plan, st: usize) -> Range<usize> {
+        st * plan.gpp / self.count..(st + 1) * plan.gpp / self.count
+    }
+
+    /// Stripe `st` of `plan` as a plan of its own.
+    fn plan(&self, plan: &Plan, st: usize) -> Plan {
+        let gpp = self.groups(plan, st).len();
+        Plan { p: gpp * plan.e, e: plan.e, gpp }
+    }
+
+    /// `buf` cut into the stripes' parts.
+    fn split<'b>(&self, mut buf: &'b mut [u8]) -> Vec<&'b mut [u8]> {
+        let mut parts = Vec::with_capacity(self.count);
+        for &c in &self.chunks {
+            let (part, rest) = buf.split_at_mut(c * self.nodes);
+            parts.push(part);
+            buf = rest;
+        }
+        parts
+    }
+}
+
+/// Steps 3 and 4 for stripe `st`, a block of groups at a time: sum the dpn host records of
+/// each tensor in f32 and requantize the sums into `send` (chunk `k`: partition `k·dpn + dev`).
+/// `sums` and `scales` are scratch.
+fn requantize_stripe(
+    stripes: &Stripes<'_>,
+    st: usize,
+    host_recs: &[Records<'_>],
+    h: &Hosts<'_>,
+    send: &mut [u8],
+    sums: &mut Vec<f32>,
+    scales: &mut Vec<f32>,
+) -> Result<()> {
+    let chunk = stripes.chunks[st];
+    let mut at = 0;
+    let mut ins = Vec::with_capacity(h.dpn);
+    for (full, recs) in stripes.plans.iter().zip(host_recs) {
+        let plan = stripes.plan(full, st);
+        let first = stripes.groups(full, st).start;
+        let per_block = (FUSE_BLOCK / plan.e).max(1);
+        for (k, dst) in send.chunks_exact_mut(chunk.max(1)).enumerate().take(h.nodes) {
+            let (codes, sc) = dst[at..at + plan.record_bytes(1)].split_at_mut(plan.code_bytes());
+            let groups = k * full.gpp + first..k * full.gpp + first + plan.gpp;
+            if h.dpn == 1 {
+                // Nothing to sum: forward the one record's codes and scales.
+                recs.groups(groups, &mut ins);
+                if let [(c, s)] = ins[..] {
+                    codes.copy_from_slice(c);
+                    sc.copy_from_slice(bytemuck::cast_slice(s));
+                }
+                continue;
+            }
+            scales.clear();
+            scales.resize(plan.gpp, 0.0);
+            let mut g = 0;
+            while g < plan.gpp {
+                let ng = per_block.min(plan.gpp - g);
+                let n = ng * plan.e;
+                sums.resize(n, 0.0);
+                recs.groups(groups.start + g..groups.start + g + ng, &mut ins);
+                quant::dequantize_sum_f32(&ins, plan.e, BITS, TY, sums)?;
+                let q = &mut codes[quant::quantized_len(g * plan.e, BITS)..][..quant::quantized_len(n, BITS)];
+                quant::quantize(sums, plan.e, BITS, TY, q, &mut scales[g..g + ng])?;
+                g += ng;
+            }
+            sc.copy_from_slice(bytemuck::cast_slice(scales));
+        }
+        at += plan.record_bytes(1);
+    }
+    Ok(())
+}
+
+/// Step 5 for stripe `st`: dequantize and sum the nodes' records, divide by W and round to
+/// `T`, a block of groups at a time through an L1-sized buffer, appended to each output
+/// (which holds stripes `0..st` already).
+fn finish_stripe<T: QuantFloat>(
+    stripes: &Stripes<'_>,
+    st: usize,
+    recv: &[u8],
+    h: &Hosts<'_>,
+    out: &mut [Vec<T>],
+) -> Result<()> {
+    let mut at = 0;
+    let mut block = Vec::new();
+    for (full, o) in stripes.plans.iter().zip(out) {
+        let plan = stripes.plan(full, st);
+        let recs = Records::read(recv, stripes.chunks[st], at, plan, 1, h.nodes);
+        let mut ins = Vec::with_capacity(h.nodes);
+        let per_block = (FUSE_BLOCK / plan.e).max(1);
+        let mut g = 0;
+        while g < plan.gpp {
+            let ng = per_block.min(plan.gpp - g);
+            recs.groups(g..g + ng, &mut ins);
+            block.resize(ng * plan.e, T::default());
+            quant::dequantize_mean(&ins, plan.e, BITS, TY, h.w as f32, &mut block)?;
+            o.extend_from_slice(&block);
+            g += ng;
+        }
+        debug_assert_eq!(o.len(), stripes.groups(full, st).end * plan.e);
+        at += plan.record_bytes(1);
+    }
+    Ok(())
+}
+
+/// One tensor's records in a received all-to-all buffer, one per sender: their codes in
+/// place and their scales copied out (a record's scales need not be 4-byte aligned).
+struct Records<'a> {
+    /// Codes of `m` partitions per sender.
+    codes: Vec<&'a [u8]>,
+    /// Scales of `m` partitions per sender.
+    scales: Vec<Vec<f32>>,
+    plan: Plan,
+}
+
+impl<'a> Records<'a> {
+    /// The records of `senders` ranks, each `m` partitions long, starting `at` bytes into
+    /// each sender's `chunk` of `buf`.
+    fn read(buf: &'a [u8], chunk: usize, at: usize, plan: Plan, m: usize, senders: usize) -> Records<'a> {
+        let (mut codes, mut scales) = (Vec::with_capacity(senders), Vec::with_capacity(senders));
+        for j in 0..senders {
+            let (c, s) = buf[j * chunk + at..][..plan.record_bytes(m)].split_at(m * plan.code_bytes());
+            let mut sc = vec![0f32; m * plan.gpp];
+            bytemuck::cast_slice_mut::<f32, u8>(&mut sc).copy_from_slice(s);
+            codes.push(c);
+            scales.push(sc);
+        }
+        Records { codes, scales, plan }
+    }
+
+    /// Groups `groups` (counted across the record's partitions) of every sender, as
+    /// `(codes, scales)` inputs of the [`quant`] sum kernels, into `into`.
+    fn groups<'s>(&'s self, groups: Range<usize>, into: &mut Vec<(&'s [u8], &'s [f32])>) {
+        let bytes = quant::quantized_len(groups.start * self.plan.e, BITS)
+            ..quant::quantized_len(groups.end * self.plan.e, BITS);
+        into.clear();
+        into.extend(self.codes.iter().zip(&self.scales).map(|(c, s)| (&c[bytes.clone()], &s[groups.clone()])));
+    }
 }
 
 /// Quantizes `partitions` (each `plan.p` elements, in order) into one record: their codes,

@@ -34,8 +34,10 @@
 //! The fast kernels are plain loops written to auto-vectorise (rounding by the `1.5·2^23`
 //! trick, which is round-half-even for the clamped range), compiled twice on x86-64 (baseline
 //! and AVX2, picked at run time); with AVX2 the code pass is written with intrinsics and
-//! prefetches the next group. [`scalar`] is the literal reference they are tested against; all
-//! paths give bit-identical codes and parameters.
+//! prefetches the next group, and dequantization (`cvtdq2ps`, then the same multiply and adds
+//! as the scalar loop) too. [`dequantize_sum_f32`] and [`dequantize_mean`] add several inputs
+//! a chunk at a time, so their partial sums stay in L1. [`scalar`] is the literal reference
+//! they are tested against; all paths give bit-identical codes, parameters and values.
 
 use half::{bf16, f16};
 
@@ -270,13 +272,7 @@ pub fn dequantize<T: QuantFloat>(
     out: &mut [T],
 ) -> Result<()> {
     let f = Format::check("dequantize", out.len(), group_size, bits, ty, q.len(), params.len())?;
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { avx2::dequantize(q, params, f, out) };
-        return Ok(());
-    }
-    dequantize_driver(q, params, f, out);
+    sum_dispatch(&[(q, params)], f, Start::Set, None, out);
     Ok(())
 }
 
@@ -293,14 +289,80 @@ pub fn dequantize_add_f32(
     acc: &mut [f32],
 ) -> Result<()> {
     let f = Format::check("dequantize_add_f32", acc.len(), group_size, bits, ty, q.len(), params.len())?;
+    sum_dispatch(&[(q, params)], f, Start::Add, None, acc);
+    Ok(())
+}
+
+/// Dequantizes several inputs of the same shape and sums them in f32, in input order,
+/// starting from `+0.0`: `out[k] = ((0 + x'_0[k]) + x'_1[k]) + …`.
+///
+/// Bit for bit what zeroing `out` and calling [`dequantize_add_f32`] once per input computes,
+/// in one pass over `out` (each block of `out` stays in cache while every input is added).
+/// Each input is `(codes, params)` with the requirements of [`dequantize`] for `out.len()`
+/// elements; otherwise [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) and
+/// nothing is written. No inputs give zeros.
+pub fn dequantize_sum_f32(
+    inputs: &[(&[u8], &[f32])],
+    group_size: usize,
+    bits: QuantBits,
+    ty: QuantType,
+    out: &mut [f32],
+) -> Result<()> {
+    let f = check_inputs("dequantize_sum_f32", inputs, out.len(), group_size, bits, ty)?;
+    sum_dispatch(inputs, f, Start::Zero, None, out);
+    Ok(())
+}
+
+/// Dequantizes several inputs, sums them in f32 as [`dequantize_sum_f32`] does, divides each
+/// sum by `divisor` and rounds it once to `T`: `out[k] = T::from_f32(sum[k] / divisor)`.
+///
+/// The last step of quantized reduce-scatter (the mean over ranks), without an f32 buffer of
+/// the whole output. Same requirements and errors as [`dequantize_sum_f32`].
+pub fn dequantize_mean<T: QuantFloat>(
+    inputs: &[(&[u8], &[f32])],
+    group_size: usize,
+    bits: QuantBits,
+    ty: QuantType,
+    divisor: f32,
+    out: &mut [T],
+) -> Result<()> {
+    let f = check_inputs("dequantize_mean", inputs, out.len(), group_size, bits, ty)?;
+    sum_dispatch(inputs, f, Start::Zero, Some(divisor), out);
+    Ok(())
+}
+
+/// [`Format::check`] of every input of a sum (and of the group shape when there are none).
+fn check_inputs(
+    what: &str,
+    inputs: &[(&[u8], &[f32])],
+    n: usize,
+    group_size: usize,
+    bits: QuantBits,
+    ty: QuantType,
+) -> Result<Format> {
+    let want = (quantized_len(n, bits), params_len(n, group_size, ty));
+    let mut f = Format::check(what, n, group_size, bits, ty, want.0, want.1)?;
+    for &(q, p) in inputs {
+        f = Format::check(what, n, group_size, bits, ty, q.len(), p.len())?;
+    }
+    Ok(f)
+}
+
+/// Runs [`sum_driver`] with AVX2 where the CPU has it.
+fn sum_dispatch<T: QuantFloat>(
+    inputs: &[(&[u8], &[f32])],
+    f: Format,
+    start: Start,
+    divisor: Option<f32>,
+    out: &mut [T],
+) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2 (checked just above).
-        unsafe { avx2::dequantize_add(q, params, f, acc) };
-        return Ok(());
+        unsafe { avx2::sum(inputs, f, start, divisor, out) };
+        return;
     }
-    dequantize_add_driver(q, params, f, acc);
-    Ok(())
+    sum_driver::<T, false>(inputs, f, start, divisor, out);
 }
 
 /// Checked shape of one call.
@@ -403,7 +465,14 @@ fn quantize_driver<T: QuantFloat, const AVX2: bool>(src: &[T], f: Format, out_q:
             QuantType::Symmetric => {
                 let mut amax_bits = 0u32;
                 for c in group.chunks(CHUNK) {
-                    amax_bits = amax_bits.max(kernel::abs_max_bits(T::load(c, &mut buf)));
+                    let x = T::load(c, &mut buf);
+                    #[cfg(target_arch = "x86_64")]
+                    if AVX2 {
+                        // SAFETY: `AVX2` is only true when the CPU supports AVX2 (see above).
+                        amax_bits = amax_bits.max(unsafe { x86::abs_max_bits(x) });
+                        continue;
+                    }
+                    amax_bits = amax_bits.max(kernel::abs_max_bits(x));
                 }
                 symmetric_params(f32::from_bits(amax_bits), f.bits)
             }
@@ -459,52 +528,112 @@ fn read_params(p: &[f32]) -> (f32, f32) {
     }
 }
 
+/// How the first input of a sum meets `out`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// `out = x'` (one input: plain dequantization).
+    Set,
+    /// `out += x'` (accumulate into what `out` holds).
+    Add,
+    /// `out = 0 + x'` (a fresh sum: `−0.0` becomes `+0.0`, as adding to a zeroed buffer does).
+    Zero,
+}
+
+/// `out` = the sum of the dequantized `inputs` (how it starts: `start`), divided by
+/// `divisor` when given, rounded once to `T`. Works a chunk of at most [`CHUNK`] elements of
+/// one group at a time, so that the f32 partial sums stay in L1 while every input is added.
+///
+/// `AVX2` selects the intrinsics of [`x86::dequantize`]; it is `true` only in the
+/// instantiation made by [`avx2::sum`], whose caller has checked that the CPU supports AVX2.
 #[inline(always)]
-fn dequantize_driver<T: QuantFloat>(q: &[u8], params: &[f32], f: Format, out: &mut [T]) {
+fn sum_driver<T: QuantFloat, const AVX2: bool>(
+    inputs: &[(&[u8], &[f32])],
+    f: Format,
+    start: Start,
+    divisor: Option<f32>,
+    out: &mut [T],
+) {
     let mut buf = [0f32; CHUNK];
     let chunk_bytes = quantized_len(CHUNK, f.bits);
-    let groups = out
-        .chunks_exact_mut(f.group_size)
-        .zip(q.chunks_exact(f.group_bytes()))
-        .zip(params.chunks_exact(f.ty.params_per_group()));
-    let asym = f.ty == QuantType::Asymmetric;
-    for ((group, qg), p) in groups {
-        let (scale, offset) = read_params(p);
-        for (dc, qc) in group.chunks_mut(CHUNK).zip(qg.chunks(chunk_bytes)) {
+    let (gb, ppg) = (f.group_bytes(), f.ty.params_per_group());
+    for (g, group) in out.chunks_exact_mut(f.group_size).enumerate() {
+        for (c, dc) in group.chunks_mut(CHUNK).enumerate() {
             let o = T::out(dc, &mut buf);
-            match (f.bits, asym) {
-                (QuantBits::Int8, false) => kernel::dequantize_i8::<false, false>(qc, scale, offset, o),
-                (QuantBits::Int8, true) => kernel::dequantize_i8::<false, true>(qc, scale, offset, o),
-                (QuantBits::Int4, false) => kernel::dequantize_i4::<false, false>(qc, scale, offset, o),
-                (QuantBits::Int4, true) => kernel::dequantize_i4::<false, true>(qc, scale, offset, o),
+            if inputs.is_empty() && start != Start::Add {
+                o.fill(0.0);
+            }
+            for (j, &(q, p)) in inputs.iter().enumerate() {
+                let (scale, offset) = read_params(&p[g * ppg..][..ppg]);
+                let qc = &q[g * gb + c * chunk_bytes..][..quantized_len(o.len(), f.bits)];
+                let mode = if j == 0 { start } else { Start::Add };
+                dequantize_chunk::<AVX2>(qc, scale, offset, f, mode, o);
+            }
+            match divisor.map(|d| (d, exact_reciprocal(d))) {
+                Some((_, Some(r))) => o.iter_mut().for_each(|v| *v *= r),
+                Some((d, None)) => o.iter_mut().for_each(|v| *v /= d),
+                None => {}
             }
             T::finish(&buf, dc);
         }
     }
 }
 
+/// `1 / d` when it is exact and `x · (1 / d)` is therefore `x / d` for every `x` (both are the
+/// correctly rounded value of the same real number): `d` a normal power of two whose
+/// reciprocal is normal too. Multiplying is several times faster than dividing.
+fn exact_reciprocal(d: f32) -> Option<f32> {
+    let r = 1.0 / d;
+    let pow2 = |v: f32| v.is_normal() && v.to_bits() & 0x007f_ffff == 0;
+    (pow2(d) && pow2(r)).then_some(r)
+}
+
+/// One input's codes `q` dequantized into `o` as `mode` says (monomorphised per case).
 #[inline(always)]
-fn dequantize_add_driver(q: &[u8], params: &[f32], f: Format, acc: &mut [f32]) {
-    let groups = acc
-        .chunks_exact_mut(f.group_size)
-        .zip(q.chunks_exact(f.group_bytes()))
-        .zip(params.chunks_exact(f.ty.params_per_group()));
-    let asym = f.ty == QuantType::Asymmetric;
-    for ((a, qg), p) in groups {
-        let (scale, offset) = read_params(p);
-        match (f.bits, asym) {
-            (QuantBits::Int8, false) => kernel::dequantize_i8::<true, false>(qg, scale, offset, a),
-            (QuantBits::Int8, true) => kernel::dequantize_i8::<true, true>(qg, scale, offset, a),
-            (QuantBits::Int4, false) => kernel::dequantize_i4::<true, false>(qg, scale, offset, a),
-            (QuantBits::Int4, true) => kernel::dequantize_i4::<true, true>(qg, scale, offset, a),
-        }
+fn dequantize_chunk<const AVX2: bool>(q: &[u8], scale: f32, offset: f32, f: Format, mode: Start, o: &mut [f32]) {
+    macro_rules! run {
+        ($m:expr) => {{
+            const M: u8 = $m;
+            #[cfg(target_arch = "x86_64")]
+            if AVX2 {
+                // SAFETY: `AVX2` is only true when the CPU supports AVX2 (see above); `q`
+                // holds exactly the codes of `o` (both cut from the same checked shapes).
+                unsafe {
+                    match (f.bits, f.ty) {
+                        (QuantBits::Int8, QuantType::Symmetric) => {
+                            x86::dequantize::<false, false, M>(q, scale, offset, o)
+                        }
+                        (QuantBits::Int8, QuantType::Asymmetric) => {
+                            x86::dequantize::<false, true, M>(q, scale, offset, o)
+                        }
+                        (QuantBits::Int4, QuantType::Symmetric) => {
+                            x86::dequantize::<true, false, M>(q, scale, offset, o)
+                        }
+                        (QuantBits::Int4, QuantType::Asymmetric) => {
+                            x86::dequantize::<true, true, M>(q, scale, offset, o)
+                        }
+                    }
+                }
+                return;
+            }
+            match (f.bits, f.ty) {
+                (QuantBits::Int8, QuantType::Symmetric) => kernel::dequantize_i8::<M, false>(q, scale, offset, o),
+                (QuantBits::Int8, QuantType::Asymmetric) => kernel::dequantize_i8::<M, true>(q, scale, offset, o),
+                (QuantBits::Int4, QuantType::Symmetric) => kernel::dequantize_i4::<M, false>(q, scale, offset, o),
+                (QuantBits::Int4, QuantType::Asymmetric) => kernel::dequantize_i4::<M, true>(q, scale, offset, o),
+            }
+        }};
+    }
+    match mode {
+        Start::Set => run!(kernel::SET),
+        Start::Add => run!(kernel::ADD),
+        Start::Zero => run!(kernel::ZERO_ADD),
     }
 }
 
 /// The drivers compiled with AVX2 enabled.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Format, QuantFloat};
+    use super::{Format, QuantFloat, Start};
 
     /// # Safety
     /// The CPU must support AVX2.
@@ -516,15 +645,14 @@ mod avx2 {
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dequantize<T: QuantFloat>(q: &[u8], params: &[f32], f: Format, out: &mut [T]) {
-        super::dequantize_driver(q, params, f, out)
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn dequantize_add(q: &[u8], params: &[f32], f: Format, acc: &mut [f32]) {
-        super::dequantize_add_driver(q, params, f, acc)
+    pub(super) unsafe fn sum<T: QuantFloat>(
+        inputs: &[(&[u8], &[f32])],
+        f: Format,
+        start: Start,
+        divisor: Option<f32>,
+        out: &mut [T],
+    ) {
+        super::sum_driver::<T, true>(inputs, f, start, divisor, out)
     }
 }
 
@@ -553,13 +681,15 @@ mod x86 {
         }
     }
 
-    /// The codes of the 8 floats at `ptr` as i32, clamped to `[lo, hi]` (NaN → 0).
+    /// The codes of the 8 floats at `ptr` as i32, clamped to `[lo, hi]`. NaN gives 0 for int8;
+    /// for int4 (`NAN_IS_MIN`) it gives `i32::MIN`, which the packs saturate to the byte
+    /// `0x80`, whose low nibble is code 0, saving the NaN mask.
     ///
     /// # Safety
     /// The CPU must support AVX2 and `ptr` must be valid for reading 8 floats.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn codes8<const ASYM: bool>(
+    unsafe fn codes8<const ASYM: bool, const NAN_IS_MIN: bool>(
         ptr: *const f32,
         offset: __m256,
         scale: __m256,
@@ -569,8 +699,40 @@ mod x86 {
         let v = _mm256_loadu_ps(ptr);
         let v = if ASYM { _mm256_sub_ps(v, offset) } else { v };
         let v = _mm256_mul_ps(v, scale);
-        let v = _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
-        _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi))
+        if NAN_IS_MIN {
+            // `max`/`min` return their second operand when either is NaN: NaN stays NaN and
+            // converts to `i32::MIN`.
+            _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, v)))
+        } else {
+            let v = _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
+            _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi))
+        }
+    }
+
+    /// `max |x|` over non-NaN elements as f32 bits, as [`kernel::abs_max_bits`]: `maxps`
+    /// returns its second operand when the first is NaN, so NaN elements are skipped; four
+    /// accumulators hide the latency.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn abs_max_bits(x: &[f32]) -> u32 {
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let blocks = x.chunks_exact(32);
+        let tail = blocks.remainder();
+        for c in blocks {
+            for (i, a) in acc.iter_mut().enumerate() {
+                // `c` has 32 floats: offsets 0, 8, 16 and 24 are in bounds.
+                let v = _mm256_and_ps(_mm256_loadu_ps(c.as_ptr().add(8 * i)), abs);
+                *a = _mm256_max_ps(v, *a);
+            }
+        }
+        let m = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        // Non-negative, non-NaN floats order as their bit patterns.
+        lanes.iter().fold(kernel::abs_max_bits(tail), |b, l| b.max(l.to_bits()))
     }
 
     /// # Safety
@@ -604,10 +766,10 @@ mod x86 {
             }
             // `c` has 32 floats: the loads at 0, 8, 16 and 24 are in bounds.
             let ptr = c.as_ptr();
-            let a = codes8::<ASYM>(ptr, offset, scale, vlo, vhi);
-            let b = codes8::<ASYM>(ptr.add(8), offset, scale, vlo, vhi);
-            let c = codes8::<ASYM>(ptr.add(16), offset, scale, vlo, vhi);
-            let d = codes8::<ASYM>(ptr.add(24), offset, scale, vlo, vhi);
+            let a = codes8::<ASYM, INT4>(ptr, offset, scale, vlo, vhi);
+            let b = codes8::<ASYM, INT4>(ptr.add(8), offset, scale, vlo, vhi);
+            let c = codes8::<ASYM, INT4>(ptr.add(16), offset, scale, vlo, vhi);
+            let d = codes8::<ASYM, INT4>(ptr.add(24), offset, scale, vlo, vhi);
             let ab = _mm256_packs_epi32(a, b);
             let cd = _mm256_packs_epi32(c, d);
             // 32 codes as i8, in element order.
@@ -627,6 +789,79 @@ mod x86 {
             kernel::quantize_i4::<ASYM>(tail, p.offset, p.q_scale, rest);
         } else {
             kernel::quantize_i8::<ASYM>(tail, p.offset, p.q_scale, rest);
+        }
+    }
+
+    /// The codes of 32 elements at `ptr` as four vectors of 8 i32, in element order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and `ptr` must be valid for reading 16 bytes (int4) or 32
+    /// bytes (int8).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn codes32<const INT4: bool>(ptr: *const u8) -> [__m256i; 4] {
+        let (lo16, hi16) = if INT4 {
+            let b = _mm_loadu_si128(ptr.cast());
+            let nibble = _mm_set1_epi8(0x0F);
+            let eight = _mm_set1_epi8(8);
+            // Sign-extend a nibble n: (n ^ 8) − 8.
+            let even = _mm_sub_epi8(_mm_xor_si128(_mm_and_si128(_mm_srli_epi16::<4>(b), nibble), eight), eight);
+            let odd = _mm_sub_epi8(_mm_xor_si128(_mm_and_si128(b, nibble), eight), eight);
+            (_mm_unpacklo_epi8(even, odd), _mm_unpackhi_epi8(even, odd))
+        } else {
+            (_mm_loadu_si128(ptr.cast()), _mm_loadu_si128(ptr.add(16).cast()))
+        };
+        [
+            _mm256_cvtepi8_epi32(lo16),
+            _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(lo16)),
+            _mm256_cvtepi8_epi32(hi16),
+            _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(hi16)),
+        ]
+    }
+
+    /// `out[k] (=, +=, = 0 +) q[k] · scale [+ offset]` as [`kernel::dequantize_i8`] and
+    /// [`kernel::dequantize_i4`] with the same `MODE`, 32 elements at a time: the same
+    /// multiplications and additions in the same order, so the same bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, and `q.len()` must be `quantized_len(out.len(), bits)` with
+    /// `out.len()` even for int4.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dequantize<const INT4: bool, const ASYM: bool, const MODE: u8>(
+        q: &[u8],
+        scale: f32,
+        offset: f32,
+        out: &mut [f32],
+    ) {
+        let vscale = _mm256_set1_ps(scale);
+        let voffset = _mm256_set1_ps(offset);
+        let zero = _mm256_setzero_ps();
+        let bytes_per_block = if INT4 { 16 } else { 32 };
+        let mut blocks = out.chunks_exact_mut(32);
+        let mut codes = q.chunks_exact(bytes_per_block);
+        for (o, c) in (&mut blocks).zip(&mut codes) {
+            // `c` has the 16 or 32 code bytes of the 32 floats of `o`.
+            let ints = codes32::<INT4>(c.as_ptr());
+            let ptr = o.as_mut_ptr();
+            for (i, v) in ints.into_iter().enumerate() {
+                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(v), vscale);
+                let v = if ASYM { _mm256_add_ps(v, voffset) } else { v };
+                // `o` has 32 floats: offsets 0, 8, 16 and 24 are in bounds.
+                let at = ptr.add(8 * i);
+                let v = match MODE {
+                    kernel::SET => v,
+                    kernel::ADD => _mm256_add_ps(_mm256_loadu_ps(at), v),
+                    _ => _mm256_add_ps(zero, v),
+                };
+                _mm256_storeu_ps(at, v);
+            }
+        }
+        let rest = blocks.into_remainder();
+        let q_rest = codes.remainder();
+        if INT4 {
+            kernel::dequantize_i4::<MODE, ASYM>(q_rest, scale, offset, rest);
+        } else {
+            kernel::dequantize_i8::<MODE, ASYM>(q_rest, scale, offset, rest);
         }
     }
 }
@@ -699,30 +934,37 @@ mod kernel {
         }
     }
 
+    /// [`put`] mode: `o = v`.
+    pub(super) const SET: u8 = 0;
+    /// [`put`] mode: `o += v`.
+    pub(super) const ADD: u8 = 1;
+    /// [`put`] mode: `o = 0 + v` (`−0.0` becomes `+0.0`, as adding to a zeroed buffer does).
+    pub(super) const ZERO_ADD: u8 = 2;
+
     #[inline(always)]
-    fn put<const ADD: bool>(o: &mut f32, v: f32) {
-        if ADD {
-            *o += v;
-        } else {
-            *o = v;
+    fn put<const MODE: u8>(o: &mut f32, v: f32) {
+        match MODE {
+            SET => *o = v,
+            ADD => *o += v,
+            _ => *o = 0.0 + v,
         }
     }
 
     #[inline(always)]
-    pub(super) fn dequantize_i8<const ADD: bool, const ASYM: bool>(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+    pub(super) fn dequantize_i8<const MODE: u8, const ASYM: bool>(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
         for (o, &b) in out.iter_mut().zip(q) {
-            put::<ADD>(o, value::<ASYM>(b as i8, scale, offset));
+            put::<MODE>(o, value::<ASYM>(b as i8, scale, offset));
         }
     }
 
     #[inline(always)]
-    pub(super) fn dequantize_i4<const ADD: bool, const ASYM: bool>(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
+    pub(super) fn dequantize_i4<const MODE: u8, const ASYM: bool>(q: &[u8], scale: f32, offset: f32, out: &mut [f32]) {
         for (pair, &b) in out.chunks_exact_mut(2).zip(q) {
             let even = (b as i8) >> 4;
             let odd = ((b << 4) as i8) >> 4;
             if let [e, o] = pair {
-                put::<ADD>(e, value::<ASYM>(even, scale, offset));
-                put::<ADD>(o, value::<ASYM>(odd, scale, offset));
+                put::<MODE>(e, value::<ASYM>(even, scale, offset));
+                put::<MODE>(o, value::<ASYM>(odd, scale, offset));
             }
         }
     }

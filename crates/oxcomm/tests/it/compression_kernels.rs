@@ -708,3 +708,103 @@ fn narrow_outputs_round_once_from_f32() {
     assert_eq!((-3.0f32 * scale[0]).to_bits(), 0xBEB8_8001);
     assert_eq!(out, [bf16::from_f32(-0.361_328_13); 8]);
 }
+
+/// `dequantize_sum_f32` and `dequantize_mean` against the scalar reference: `0 + Σ` of the
+/// inputs' scalar dequantizations in input order, then (mean) divided by `d` and rounded once
+/// to `T`, bit for bit. `d = 4` takes the multiply-by-reciprocal path, `d = 3` the division.
+fn sums_match_scalar<T: QuantFloat>(
+    xs: &[Vec<f32>],
+    group: usize,
+    bits: QuantBits,
+    ty: QuantType,
+) -> Result<(), TestCaseError> {
+    let n = xs[0].len();
+    let (ql, pl) = (quant::quantized_len(n, bits), quant::params_len(n, group, ty));
+    let coded: Vec<(Vec<u8>, Vec<f32>)> = xs
+        .iter()
+        .map(|x| {
+            let (mut q, mut p) = (vec![0u8; ql], vec![0f32; pl]);
+            quant::scalar::quantize(x, group, bits, ty, &mut q, &mut p).unwrap();
+            (q, p)
+        })
+        .collect();
+    let inputs: Vec<(&[u8], &[f32])> = coded.iter().map(|(q, p)| (&q[..], &p[..])).collect();
+    let mut want = vec![0f32; n];
+    let mut one = vec![0f32; n];
+    for (q, p) in &inputs {
+        quant::scalar::dequantize_f32(q, p, group, bits, ty, &mut one).unwrap();
+        for (w, v) in want.iter_mut().zip(&one) {
+            *w += *v;
+        }
+    }
+    let mut sum = vec![1f32; n];
+    quant::dequantize_sum_f32(&inputs, group, bits, ty, &mut sum).unwrap();
+    prop_assert!(same_f32(&sum, &want), "sum {:?} {:?} group {}: {:?} vs {:?}", bits, ty, group, sum, want);
+    for d in [3.0f32, 4.0] {
+        let mut mean = vec![T::default(); n];
+        quant::dequantize_mean(&inputs, group, bits, ty, d, &mut mean).unwrap();
+        for (k, (m, w)) in mean.iter().zip(&want).enumerate() {
+            let (a, b) = (m.to_f32(), T::from_f32(*w / d).to_f32());
+            prop_assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "mean /{} k={}: {} vs {}",
+                d,
+                k,
+                a,
+                b
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn quant_sums_match_scalar(
+        (xs, group, bits, ty) in (1usize..40, 1usize..4, 0usize..4, prop_oneof![Just(I4), Just(I8)], prop_oneof![Just(SYM), Just(ASYM)])
+            .prop_flat_map(|(half_group, groups, k, bits, ty)| {
+                let n = half_group * 2 * groups;
+                (prop::collection::vec(prop::collection::vec(any_f32(), n), k..=k), Just(half_group * 2), Just(bits), Just(ty))
+            })
+    ) {
+        if xs.is_empty() {
+            // No inputs: zeros (checked on a fixed length).
+            let mut out = vec![1f32; 8];
+            quant::dequantize_sum_f32(&[], 4, bits, ty, &mut out).unwrap();
+            prop_assert_eq!(out, vec![0f32; 8]);
+        } else {
+            sums_match_scalar::<f32>(&xs, group, bits, ty)?;
+            sums_match_scalar::<f16>(&xs, group, bits, ty)?;
+            sums_match_scalar::<bf16>(&xs, group, bits, ty)?;
+        }
+    }
+}
+
+/// The sums over groups longer than a chunk (1024) and with vector tails, with NaN, −0 and
+/// ∞ among the inputs.
+#[test]
+fn quant_sums_match_scalar_on_long_groups() {
+    let mut a = spread(2 * 2600, 3);
+    let b = spread(2 * 2600, 4);
+    a[7] = f32::NAN;
+    a[3000] = -0.0;
+    a[4100] = f32::NEG_INFINITY;
+    for (group, bits, ty) in [(2600, I4, SYM), (1300, I8, ASYM), (26, I4, ASYM)] {
+        sums_match_scalar::<f32>(&[a.clone(), b.clone()], group, bits, ty).unwrap();
+        sums_match_scalar::<f16>(&[a.clone(), b.clone(), a.clone()], group, bits, ty).unwrap();
+    }
+}
+
+/// Every input of a sum is checked before anything is written.
+#[test]
+fn quant_sums_reject_a_bad_input_and_write_nothing() {
+    let (q, p) = (vec![0u8; 8], vec![1f32; 2]);
+    let mut out = vec![5f32; 16];
+    let e = quant::dequantize_sum_f32(&[(&q, &p), (&q[..7], &p)], 8, I4, SYM, &mut out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    let e = quant::dequantize_mean(&[(&q, &p[..1])], 8, I4, SYM, 2.0, &mut out).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(out, vec![5f32; 16]);
+}
