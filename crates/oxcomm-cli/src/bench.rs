@@ -64,7 +64,8 @@
 //! `[N / E, E]` with `E` the largest power of two that divides `P`, at most 2048 and at most
 //! `√N`, so every line takes the quantized path (one int4 group per row). The host layout comes
 //! from `--ranks-per-host K` (hosts are runs of `K` ranks, [`HostGroups::uniform`]); without
-//! it all ranks form one host (no cross-host phase). Bandwidths use reduce_scatter's factor
+//! it, from the job's real hosts ([`HostGroups::from_topology`]: a multi-host launch with
+//! several ranks per host), else all ranks form one host (no cross-host phase). Bandwidths use reduce_scatter's factor
 //! on the uncompressed bytes.
 //!
 //! # Bytes on the wire
@@ -222,7 +223,8 @@ pub struct BenchArgs {
     pub compare: Vec<PathBuf>,
 
     /// quant_reduce_scatter: ranks per host (hosts are runs of K ranks; K must divide the
-    /// world size). Default: every rank on one host.
+    /// world size). Default: the job's hosts when it spans several with several ranks each,
+    /// else every rank on one host.
     #[arg(long = "ranks-per-host", value_name = "K")]
     pub ranks_per_host: Option<usize>,
 
@@ -1483,6 +1485,9 @@ fn rank_typed<T: BenchElement>(comm: &Communicator, plan: &Plan, sink: Option<Si
     let groups = match plan.ranks_per_host {
         Some(k) if plan.ops.contains(&BenchOp::QuantReduceScatter) => {
             Some(HostGroups::uniform(comm, k).context("building the host groups of --ranks-per-host")?)
+        }
+        None if plan.ops.contains(&BenchOp::QuantReduceScatter) => {
+            HostGroups::from_topology(comm).context("building the host groups of the job's hosts")?
         }
         _ => None,
     };

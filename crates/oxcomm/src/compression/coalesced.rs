@@ -231,6 +231,29 @@ impl HostGroups {
         HostGroups::from_parts(comm, ranks_per_host, intra, inter)
     }
 
+    /// The host groups of `comm`'s own topology ([`Communicator::host_layout`]: the hosts
+    /// that `init` found, or those of [`crate::threads::run_on_hosts`]). **Collective** when it
+    /// returns groups. `Ok(None)` when the group does not span hosts evenly (one host, one
+    /// rank per host, or uneven hosts): qgZ then runs its one-host form.
+    ///
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) (on every rank, before
+    /// communicating) if the ranks of a host are not a contiguous run, which
+    /// [`HostGroups`] needs: reorder the communicator first with [`Communicator::split`].
+    pub fn from_topology(comm: &Communicator) -> Result<Option<HostGroups>> {
+        let Some(layout) = comm.host_layout() else { return Ok(None) };
+        let k = layout.ranks_per_host();
+        let hosts = comm.hosts();
+        // Every host holds exactly k ranks, so runs of k ranks on one host are distinct hosts.
+        if hosts.iter().enumerate().any(|(r, h)| *h != hosts[r - r % k]) {
+            return Err(arg_error(
+                comm,
+                "HostGroups::from_topology",
+                format!("the ranks of each host are not contiguous (hosts of the ranks: {hosts:?}); reorder them with split"),
+            ));
+        }
+        HostGroups::uniform(comm, k).map(Some)
+    }
+
     /// Wraps groups the caller built: `intra` must hold exactly this rank's host (comm ranks
     /// `host · ranks_per_host ..` in order) and `inter` the comm ranks
     /// `local, local + ranks_per_host, …` in order. Not collective; checks only.

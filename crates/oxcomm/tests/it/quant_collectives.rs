@@ -532,3 +532,26 @@ fn qgz_large_tensor_in_stripes_matches_simulation() {
         assert!(as_bytes(&out[0]) == as_bytes(&want), "rank {z}: differs from the simulation");
     }
 }
+
+/// Host groups from the communicator's own topology: contiguous hosts give the same result as
+/// `uniform` (bit for bit); one host gives none; interleaved hosts are an argument error.
+#[test]
+fn qgz_host_groups_from_topology() {
+    let config = oxcomm::CommConfig::default();
+    let out = threads::run_on_hosts(&[0, 0, 1, 1], config.clone(), |comm| {
+        let x: Vec<f32> = (0..4096).map(|i| ((i * 7 + comm.rank() * 13) % 29) as f32 - 14.0).collect();
+        let t = [TensorView::new(&x, &[4, 1024]).unwrap()];
+        let topo = HostGroups::from_topology(&comm).unwrap().expect("two hosts of two ranks");
+        let uniform = HostGroups::uniform(&comm, 2).unwrap();
+        let a = all_to_all_quant_reduce_report(&comm, &t, Some(&topo)).unwrap();
+        let b = all_to_all_quant_reduce_report(&comm, &t, Some(&uniform)).unwrap();
+        (a.0 == b.0, a.1.quantized)
+    })
+    .unwrap();
+    assert!(out.iter().all(|(same, q)| *same && *q == 1), "{out:?}");
+    let none = threads::run(4, |comm| HostGroups::from_topology(&comm).unwrap().is_none()).unwrap();
+    assert!(none.iter().all(|n| *n));
+    let bad = threads::run_on_hosts(&[0, 1, 0, 1], config, |comm| HostGroups::from_topology(&comm).unwrap_err().kind())
+        .unwrap();
+    assert!(bad.iter().all(|k| *k == ErrorKind::InvalidArgument));
+}
