@@ -19,7 +19,10 @@
 //! | broadcast | inter binomial tree among the root's local index; intra binomial tree | S per child host | S per crossing edge |
 //!
 //! Reduce-scatter and all-gather permute blocks through one scratch copy of the buffer (host
-//! order ↔ group-rank order); all-reduce and broadcast work in place.
+//! order ↔ group-rank order; kept per thread between ops up to 64 MiB); all-reduce and
+//! broadcast work in place.
+
+use std::cell::RefCell;
 
 use super::schedule::chunk;
 use super::{doubling, ring, tree};
@@ -125,20 +128,21 @@ pub(crate) fn reduce_scatter<T: Element>(
     op: ReduceOp,
 ) -> Result<()> {
     let (h, k, c) = (layout.num_hosts(), layout.ranks_per_host(), output.len());
-    // Blocks in [local][host] order, so the blocks bound for one local index are contiguous.
-    let mut by_local = vec![T::default(); input.len()];
-    for l in 0..k {
-        for j in 0..h {
-            let g = layout.at(j, l);
-            by_local[(l * h + j) * c..][..c].copy_from_slice(&input[g * c..][..c]);
-        }
-    }
     let (intra, inter) = (layout.intra(ctx), layout.inter(ctx));
-    // Local index l ends up with the host's sum of the h blocks bound for local index l.
-    let mut mine = vec![T::default(); h * c];
-    ring::reduce_scatter(&mut ctx.sub(&intra, layout.local), &by_local, &mut mine, op)?;
-    // Across hosts, host j's rank keeps block j (the one bound for itself).
-    ring::reduce_scatter(&mut ctx.sub(&inter, layout.host), &mine, output, op)
+    with_scratch(input.len(), |by_local: &mut [T]| {
+        // Blocks in [local][host] order: the h blocks bound for local index l are chunk l.
+        for l in 0..k {
+            for j in 0..h {
+                let g = layout.at(j, l);
+                by_local[(l * h + j) * c..][..c].copy_from_slice(&input[g * c..][..c]);
+            }
+        }
+        // Local index l ends up with the host's sum of its chunk ...
+        ring::reduce_scatter_in_place(&mut ctx.sub(&intra, layout.local), by_local, op)?;
+        // ... and across hosts, host j's rank keeps block j (the one bound for itself).
+        let mine = &by_local[layout.local * h * c..][..h * c];
+        ring::reduce_scatter(&mut ctx.sub(&inter, layout.host), mine, output, op)
+    })
 }
 
 /// All-gather: `output` (one block of `input.len()` elements per group rank, in group-rank
@@ -151,19 +155,44 @@ pub(crate) fn all_gather<T: Element>(
 ) -> Result<()> {
     let (h, k, c) = (layout.num_hosts(), layout.ranks_per_host(), input.len());
     let (intra, inter) = (layout.intra(ctx), layout.inter(ctx));
-    // Across hosts first: the h blocks of this local index, in host order.
-    let mut mine = vec![T::default(); h * c];
-    ring::all_gather(&mut ctx.sub(&inter, layout.host), input, &mut mine)?;
-    // Then inside the host: every local index's h blocks, in [local][host] order.
-    let mut by_local = vec![T::default(); output.len()];
-    ring::all_gather(&mut ctx.sub(&intra, layout.local), &mine, &mut by_local)?;
-    for l in 0..k {
-        for j in 0..h {
-            let g = layout.at(j, l);
-            output[g * c..][..c].copy_from_slice(&by_local[(l * h + j) * c..][..c]);
+    with_scratch(output.len(), |by_local: &mut [T]| {
+        // Across hosts first: the h blocks of this local index, in host order, as chunk
+        // `local` of the [local][host] buffer; then the other chunks inside the host.
+        let mine = &mut by_local[layout.local * h * c..][..h * c];
+        ring::all_gather(&mut ctx.sub(&inter, layout.host), input, mine)?;
+        ring::all_gather_in_place(&mut ctx.sub(&intra, layout.local), by_local)?;
+        for l in 0..k {
+            for j in 0..h {
+                let g = layout.at(j, l);
+                output[g * c..][..c].copy_from_slice(&by_local[(l * h + j) * c..][..c]);
+            }
         }
+        Ok(())
+    })
+}
+
+/// Largest permutation buffer a thread keeps between ops.
+const KEEP_SCRATCH_BYTES: usize = 64 << 20;
+
+thread_local! {
+    /// The block-permutation buffer of reduce-scatter and all-gather, kept between ops (up
+    /// to [`KEEP_SCRATCH_BYTES`]) so that large ops do not fault in fresh pages every time.
+    static SCRATCH: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a scratch slice of `len` elements (contents unspecified).
+fn with_scratch<T: Element, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    let mut words = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let need = (len * std::mem::size_of::<T>()).div_ceil(8);
+    if words.len() < need {
+        words.resize(need, 0);
     }
-    Ok(())
+    // Element sizes divide 8, so `need` words hold at least `len` whole elements.
+    let r = f(&mut bytemuck::cast_slice_mut::<u64, T>(&mut words[..need])[..len]);
+    if words.len() * 8 <= KEEP_SCRATCH_BYTES {
+        SCRATCH.with(|s| *s.borrow_mut() = words);
+    }
+    r
 }
 
 /// Broadcast of `buf` from group rank `root`: a tree across hosts among the ranks with the
