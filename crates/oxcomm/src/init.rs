@@ -194,8 +194,8 @@ impl Init {
                 remote.len()
             )));
         }
-        // TCP to every peer when asked, or when no peer shares this host.
-        if !use_shm || local.is_empty() {
+        // TCP to every peer when asked, or when no peer shares this host (but some exist).
+        if !use_shm || (local.is_empty() && !remote.is_empty()) {
             tracing::info!(target: "oxcomm::init", rank, world, job = %job, "joining over TCP");
             let (ip, tcp) = self.tcp_settings()?;
             let (links, bell) =
