@@ -10,7 +10,10 @@
 //! Shared-memory peers ring a futex word in this rank's segment; TCP peers make a socket
 //! readable or writable. No single system call sleeps on both, so the doorbell waits on the
 //! one that matters: every link records *interest* when a call could not move all its bytes
-//! (TCP links per socket, as always; shared-memory links through [`Watched`], in one flag).
+//! ([`Watched`]: one flag for the shared-memory links, one for the TCP links), and each wait
+//! clears both, so only the transfers pending right now count. (The TCP links' own per-socket
+//! interest is what `poll(2)` then watches; it may outlive a transfer, so it cannot tell
+//! whether TCP is waited on.)
 //!
 //! - interest on shared-memory links only: sleep on the futex ([`ShmDoorbell`]);
 //! - on TCP links only: sleep in `poll(2)` ([`TcpDoorbell`]);
@@ -97,6 +100,7 @@ pub struct MixedDoorbell {
     shm: Arc<ShmDoorbell>,
     tcp: Arc<TcpDoorbell>,
     shm_interest: Arc<AtomicBool>,
+    tcp_interest: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for MixedDoorbell {
@@ -134,7 +138,7 @@ impl Doorbell for MixedDoorbell {
             return;
         }
         let want_shm = self.shm_interest.swap(false, Ordering::SeqCst);
-        let want_tcp = self.tcp.has_interest();
+        let want_tcp = self.tcp_interest.swap(false, Ordering::SeqCst);
         match (want_shm, want_tcp) {
             (true, false) => self.shm.wait(shm_seen, until),
             (false, true) => self.tcp.wait(tcp_seen, until),
@@ -161,14 +165,14 @@ pub fn combine(
     tcp_bell: Arc<TcpDoorbell>,
 ) -> Result<(Vec<Option<Box<dyn Link>>>, Arc<dyn Doorbell>)> {
     let world = shm_links.len().max(tcp_links.len());
-    let shm_interest = Arc::new(AtomicBool::new(false));
+    let (shm_interest, tcp_interest) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
     let mut shm_links = shm_links.into_iter();
     let mut tcp_links = tcp_links.into_iter();
     let mut links: Vec<Option<Box<dyn Link>>> = Vec::with_capacity(world);
     for p in 0..world {
         let link: Option<Box<dyn Link>> = match (shm_links.next().flatten(), tcp_links.next().flatten()) {
             (Some(s), None) => Some(Box::new(Watched { inner: s, interest: shm_interest.clone() })),
-            (None, Some(t)) => Some(Box::new(t)),
+            (None, Some(t)) => Some(Box::new(Watched { inner: t, interest: tcp_interest.clone() })),
             (None, None) if p == rank => None,
             (None, None) => {
                 return Err(Error::invalid(format!("rank {rank} has no link to rank {p}")).with_rank(rank).with_peer(p))
@@ -181,5 +185,5 @@ pub fn combine(
         };
         links.push(link);
     }
-    Ok((links, Arc::new(MixedDoorbell { shm: shm_bell, tcp: tcp_bell, shm_interest })))
+    Ok((links, Arc::new(MixedDoorbell { shm: shm_bell, tcp: tcp_bell, shm_interest, tcp_interest })))
 }

@@ -469,12 +469,6 @@ impl TcpDoorbell {
         let _ = (&self.wake_tx).write(&[1]);
     }
 
-    /// Whether any link has registered interest (a call that could not move all its bytes)
-    /// that no wait has seen satisfied yet.
-    pub(crate) fn has_interest(&self) -> bool {
-        self.links.iter().any(|l| l.interest.load(Ordering::SeqCst) != 0)
-    }
-
     /// One poll of the interested sockets, sleeping at most `timeout`. Returns whether
     /// anything was ready (the count is raised then).
     fn poll_once(&self, timeout: Duration) -> bool {
