@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Mixed jobs across a slow link: 2 hosts (network namespaces) of 2 ranks each, joined by a veth
 # shaped by tc tbf to RATE (default 1gbit). Inside a host the ranks use shared memory, across
-# hosts TCP. For all_reduce, reduce_scatter and all_gather (f32, SIZES) it runs, in one
+# hosts TCP. For all_reduce, reduce_scatter and all_gather (f32, MIN..MAX) it runs, in one
 # invocation, the flat ring (--algorithm ring) and the planner's choice (hierarchical for
-# these jobs) and prints both times and the speed-up. Needs root (ip netns, tc). A benchmark,
-# not a test: CI does not run it.
+# these jobs) and prints both times and the speed-up; then small messages (8 B - 64 KiB) with
+# shm inside each host against TCP for every link. Needs root (ip netns, tc). A benchmark, not
+# a test: CI does not run it.
 #
 #   sudo bash bench/hierarchical.sh            RATE=10gbit MIN=1M MAX=16M bash bench/hierarchical.sh
 set -euo pipefail
@@ -49,4 +50,28 @@ for key in sorted(flat, key=lambda k: (k[0], k[1])):
         continue
     print(f"{key[0]:>15} {key[1]:>10} {p['transport']:>9} {f['time_us']/1e3:10.2f} {p['time_us']/1e3:12.2f} "
           f"{f['busbw_gbps']:11.3f} {p['busbw_gbps']:11.3f} {f['time_us']/p['time_us']:8.2f}x {f['wrong']+p['wrong']:>6}")
+PY
+
+# Small messages: the same 4 ranks with shm inside each host (the default) against TCP for every
+# link (OXCOMM_TRANSPORT=tcp), in the same invocation.
+echo "#"
+echo "# small messages, all_reduce and broadcast in place, 20 warm-up + 200 timed: shm+tcp vs tcp everywhere"
+port=$((port + 1))
+on_two_hosts small_mixed 2 "$port" -- --quiet --op all_reduce,broadcast -d f32 -b 8 -e 64K -f 8 -n 200 -w 20 \
+    --json "$OUT/small_mixed.json"
+port=$((port + 1))
+OXCOMM_TRANSPORT=tcp on_two_hosts small_tcp 2 "$port" -- --quiet --op all_reduce,broadcast -d f32 -b 8 -e 64K -f 8 \
+    -n 200 -w 20 --json "$OUT/small_tcp.json"
+python3 - "$OUT/small_mixed.json" "$OUT/small_tcp.json" <<'PY'
+import json, sys
+def load(path):
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    return {(r["op"], r["size_bytes"]): r for r in rows if r["in_place"]}
+mixed, tcp = load(sys.argv[1]), load(sys.argv[2])
+print(f"{'op':>15} {'size(B)':>10} {'shm+tcp(us)':>12} {'tcp(us)':>10} {'ratio':>7}")
+for key in sorted(mixed):
+    m, t = mixed[key], tcp.get(key)
+    if t is None:
+        continue
+    print(f"{key[0]:>15} {key[1]:>10} {m['time_us']:12.1f} {t['time_us']:10.1f} {m['time_us']/t['time_us']:7.2f}")
 PY
