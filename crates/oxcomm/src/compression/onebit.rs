@@ -24,6 +24,12 @@
 //! so about `N/4 · (n−1)/n` bytes against `8N · (n−1)/n` for a ring all-reduce of f32: 32×
 //! less, minus the scales and each op's fixed cost.
 //!
+//! Over TCP links, calls whose chunks hold at least 128 KiB of signs overlap the wire with
+//! the arithmetic ([`OneBitState::with_overlap`]): each peer's worker signs leave point to
+//! point (pairwise) as soon as they are computed, the scales follow in a 4-byte all-gather,
+//! and the servers' rows are exchanged point to point while this rank unpacks its own chunk
+//! of the output. Same bytes (plus message headers), same bits.
+//!
 //! The arithmetic takes three passes over memory, each a fused kernel of [`pack`]:
 //! [`pack::add_pack_squares`] over `N` floats (`e ← u − α·sgn(u)` left by the last call, `u =
 //! x + e`, its signs and `Σu²`), [`pack::unpack_sum_pack_squares`] over the server's `C` (`s ←
@@ -124,6 +130,9 @@ pub struct OneBitState {
     server: Vec<f32>,
     /// `(α, β)` of the last call; `(0, 0)` when the buffers hold the errors themselves.
     carry: (f32, f32),
+    /// Whether large calls overlap the exchanges with the arithmetic (`None`: when the
+    /// communicator has TCP links).
+    overlap: Option<bool>,
     scratch: Scratch,
 }
 
@@ -186,6 +195,7 @@ impl OneBitState {
             worker: worker_error,
             server: server_error,
             carry: (0.0, 0.0),
+            overlap: None,
             scratch: Scratch::default(),
         })
     }
@@ -194,6 +204,20 @@ impl OneBitState {
     /// does not depend on it (it is only the wire format).
     pub fn with_bit_order(mut self, order: BitOrder) -> OneBitState {
         self.order = order;
+        self
+    }
+
+    /// The same state with the overlap of large calls chosen: `Some(true)` always overlaps
+    /// the exchanges with the arithmetic once a chunk has 128 KiB of signs (the worker signs
+    /// of each peer's chunk leave point to point as soon as they are computed, the scales
+    /// follow in a 4-byte all-gather, and this rank's chunk of the output is unpacked while
+    /// the other servers' rows arrive), `Some(false)` never does, and `None` (the default)
+    /// does where the communicator's transport has TCP links, whose slow wire it hides; over
+    /// shared memory the wire is as fast as the arithmetic and the background exchanges only
+    /// compete with it for the cores. Every rank must choose the same. The result is the
+    /// same bits either way.
+    pub fn with_overlap(mut self, overlap: Option<bool>) -> OneBitState {
+        self.overlap = overlap;
         self
     }
 
@@ -314,14 +338,38 @@ fn all_reduce_inner(comm: &Communicator, buf: &mut [f32], state: &mut OneBitStat
     let signs = c / 8;
     let row = signs + SCALE_BYTES;
     let len = buf.len();
+    let wanted = state.overlap.unwrap_or_else(|| comm.transport().contains("tcp"));
     let OneBitState { worker, server, carry, scratch: s, .. } = state;
 
+    let (me, pipelined) =
+        (comm.rank(), wanted && (2..=MAX_PIPELINED_RANKS).contains(&n) && signs >= PIPELINE_MIN_SIGN_BYTES);
+
     // Worker: e ← u − α·sgn(u) of the last call, then u = pad(x) + e with its signs in row j
-    // of `send` and Σu², chunk by chunk, in place; then α.
+    // of `send` and Σu², chunk by chunk, in place; then α. Pipelined, the peers' chunks come
+    // first (in the pairwise order of the exchange) and each one's signs leave while the next
+    // is computed; the sums are still added in chunk order, so the bits do not change.
+    let mut sums = [0f64; MAX_PIPELINED_RANKS];
+    let mut exchanges = Vec::new();
     let mut squares = 0.0;
-    for (j, (u, out)) in worker.chunks_exact_mut(c).zip(s.send.chunks_exact_mut(row)).enumerate() {
+    let order_of = |step: usize| if pipelined { (me + 1 + step) % n } else { step };
+    for step in 0..n {
+        let j = order_of(step);
+        let (u, out) = (&mut worker[j * c..(j + 1) * c], &mut s.send[j * row..(j + 1) * row]);
         let x = &buf[(j * c).min(len)..((j + 1) * c).min(len)];
-        squares += pack::add_pack_squares(u, carry.0, x, &mut out[..signs], order)?;
+        let sum = pack::add_pack_squares(u, carry.0, x, &mut out[..signs], order)?;
+        if !pipelined {
+            squares += sum;
+            continue;
+        }
+        sums[j] = sum;
+        if j != me {
+            // Pairwise: signs to rank j, and from rank 2·me − j, the one that sends to me now.
+            let from = (2 * me + 2 * n - j) % n;
+            exchanges.push((from, exchange(comm, &out[..signs], j, vec![0u8; signs], from)));
+        }
+    }
+    if pipelined {
+        squares = sums[..n].iter().fold(0.0, |t, v| t + v);
     }
     let alpha = scale_of(squares, worker.len());
     carry.0 = alpha;
@@ -330,7 +378,21 @@ fn all_reduce_inner(comm: &Communicator, buf: &mut [f32], state: &mut OneBitStat
     }
 
     // Phase 1: signs of chunk j, with α, → rank j.
-    comm.all_to_all(&s.send, &mut s.recv)?;
+    if pipelined {
+        // The scales follow the signs, which are on their way or there already.
+        let mut alphas = vec![0f32; n];
+        comm.all_gather(&[alpha], &mut alphas)?;
+        s.recv[me * row..(me + 1) * row].copy_from_slice(&s.send[me * row..(me + 1) * row]);
+        for (from, work) in exchanges {
+            let got = work.wait()?;
+            s.recv[from * row..][..signs].copy_from_slice(&got);
+        }
+        for (i, a) in alphas.iter().enumerate() {
+            s.recv[i * row + signs..(i + 1) * row].copy_from_slice(&a.to_le_bytes());
+        }
+    } else {
+        comm.all_to_all(&s.send, &mut s.recv)?;
+    }
 
     // Server: s ← m − β·sgn(m) of the last call, then m = Σᵢ (αᵢ · 1/n) · sgnᵢ + s with its
     // signs and Σm², in place; then β.
@@ -344,20 +406,71 @@ fn all_reduce_inner(comm: &Communicator, buf: &mut [f32], state: &mut OneBitStat
     carry.1 = beta;
     s.send[signs..row].copy_from_slice(&beta.to_le_bytes());
 
-    // Phase 2: every server's signs, with its β, to everyone.
+    // Phase 2: every server's signs, with its β, to everyone. Pipelined, this rank's own
+    // chunk of the output is unpacked while the others' rows travel.
+    if pipelined {
+        let mine = &s.send[..row];
+        let mut works: Vec<_> = (1..n)
+            .map(|step| {
+                let (to, from) = ((me + step) % n, (me + n - step) % n);
+                (from, exchange(comm, mine, to, vec![0u8; row], from))
+            })
+            .collect();
+        let end = len.min((me + 1) * c);
+        if me * c < end {
+            unpack_output(&mut buf[me * c..end], mine, order)?;
+        }
+        for (from, work) in works.drain(..) {
+            let got = work.wait()?;
+            let end = len.min((from + 1) * c);
+            if from * c < end {
+                unpack_output(&mut buf[from * c..end], &got, order)?;
+            }
+        }
+        return Ok(());
+    }
     comm.all_gather(&s.send[..row], &mut s.recv)?;
 
     // Output: y[j·C + k] = β_j · sgn_j[k], straight into the caller's buffer up to its length.
     for (out, from) in buf.chunks_mut(c).zip(s.recv.chunks_exact(row)) {
-        let beta_j = scale_in(from);
-        let whole = out.len() / 8;
-        let (head, tail) = out.split_at_mut(8 * whole);
-        pack::unpack_scaled(&from[..whole], head, beta_j, order)?;
-        if !tail.is_empty() {
-            let mut last = [0f32; 8];
-            pack::unpack_scaled(&from[whole..whole + 1], &mut last, beta_j, order)?;
-            tail.copy_from_slice(&last[..tail.len()]);
-        }
+        unpack_output(out, from, order)?;
+    }
+    Ok(())
+}
+
+/// Rank counts up to which large calls overlap the exchanges with the arithmetic (beyond,
+/// per-chunk sums would need a heap array; the plain collectives serve them).
+const MAX_PIPELINED_RANKS: usize = 64;
+
+/// Sign bytes per chunk from which a call may overlap the exchanges with the arithmetic (see
+/// [`OneBitState::with_overlap`]). Below, the two plain collectives cost less.
+const PIPELINE_MIN_SIGN_BYTES: usize = 128 * 1024;
+
+/// Tag of the 1-bit all-reduce's point-to-point messages.
+const EXCHANGE_TAG: u32 = 0x1b17;
+
+/// Starts sending `data` to `to` and receiving `buf.len()` bytes from `from` (one batch, so
+/// the two progress together in the background).
+fn exchange(comm: &Communicator, data: &[u8], to: usize, buf: Vec<u8>, from: usize) -> crate::comm::Work<Vec<u8>> {
+    let send = comm.isend(data.to_vec(), to, EXCHANGE_TAG);
+    let recv = comm.irecv(buf, from, EXCHANGE_TAG);
+    // Polling starts the batch; the send's result comes with the receive's (a failed send
+    // aborts the communicator, which fails the receive too).
+    let _ = send.is_completed();
+    recv
+}
+
+/// `out[k] = β · sgn[k]` from a row of signs ending in its `β`, for the first `out.len()`
+/// elements of the row.
+fn unpack_output(out: &mut [f32], from: &[u8], order: BitOrder) -> Result<()> {
+    let beta = scale_in(from);
+    let whole = out.len() / 8;
+    let (head, tail) = out.split_at_mut(8 * whole);
+    pack::unpack_scaled(&from[..whole], head, beta, order)?;
+    if !tail.is_empty() {
+        let mut last = [0f32; 8];
+        pack::unpack_scaled(&from[whole..whole + 1], &mut last, beta, order)?;
+        tail.copy_from_slice(&last[..tail.len()]);
     }
     Ok(())
 }

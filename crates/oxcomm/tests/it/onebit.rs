@@ -450,10 +450,26 @@ fn eager_step(comm: &Communicator, x: &[f32], e: &mut Vec<f32>, s: &mut Vec<f32>
 /// world sizes and both bit orders.
 #[test]
 fn fused_calls_match_the_eager_algorithm_bit_for_bit() {
+    fused_matches_eager(&[(2, 1000, BitOrder::Big), (3, 100, BitOrder::Little), (4, 4096, BitOrder::Big)]);
+}
+
+/// With overlap on, chunks of at least 128 KiB of signs take the pipelined path
+/// (point-to-point exchanges overlapping the arithmetic): the bits are the same.
+#[test]
+fn pipelined_calls_match_the_eager_algorithm_bit_for_bit() {
+    let cases = [(2, 2 * 1024 * 1024 + 3, BitOrder::Big), (3, 3 * 1024 * 1024 + 5, BitOrder::Little)];
+    fused_matches_eager_with(&cases, Some(true));
+}
+
+fn fused_matches_eager(cases: &[(usize, usize, BitOrder)]) {
+    fused_matches_eager_with(cases, None);
+}
+
+fn fused_matches_eager_with(cases: &[(usize, usize, BitOrder)], overlap: Option<bool>) {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for (n, len, order) in [(2, 1000, BitOrder::Big), (3, 100, BitOrder::Little), (4, 4096, BitOrder::Big)] {
+    for &(n, len, order) in cases {
         threads::run(n, |comm| {
-            let mut state = OneBitState::new(len, n).unwrap().with_bit_order(order);
+            let mut state = OneBitState::new(len, n).unwrap().with_bit_order(order).with_overlap(overlap);
             let (mut e, mut s) = (vec![0f32; state.padded_len()], vec![0f32; state.chunk_len()]);
             for step in 0..4 {
                 // The last step is shorter than the one before: the tail keeps its error.
