@@ -37,37 +37,30 @@ run() { # name, extra bench args...
 }
 run flat --algorithm ring
 run planned
-python3 - "$OUT/flat.json" "$OUT/planned.json" <<'PY'
-import json, sys
-def load(path):
-    rows = [json.loads(l) for l in open(path) if l.strip()]
-    return {(r["op"], r["size_bytes"]): r for r in rows if r["in_place"]}
-flat, planned = load(sys.argv[1]), load(sys.argv[2])
-print(f"{'op':>15} {'size(B)':>10} {'transport':>9} {'ring(ms)':>10} {'planned(ms)':>12} {'busbw ring':>11} {'busbw plan':>11} {'speed-up':>9} {'wrong':>6}")
-for key in sorted(flat, key=lambda k: (k[0], k[1])):
-    f, p = flat[key], planned.get(key)
-    if p is None:
-        continue
-    print(f"{key[0]:>15} {key[1]:>10} {p['transport']:>9} {f['time_us']/1e3:10.2f} {p['time_us']/1e3:12.2f} "
-          f"{f['busbw_gbps']:11.3f} {p['busbw_gbps']:11.3f} {f['time_us']/p['time_us']:8.2f}x {f['wrong']+p['wrong']:>6}")
-PY
 
 # Small messages: the same 4 ranks with shm inside each host (the default) against TCP for every
 # link (OXCOMM_TRANSPORT=tcp), in the same invocation.
-echo "#"
-echo "# small messages, all_reduce and broadcast in place, 20 warm-up + 200 timed: shm+tcp vs tcp everywhere"
 port=$((port + 1))
 on_two_hosts small_mixed 2 "$port" -- --quiet --op all_reduce,broadcast -d f32 -b 8 -e 64K -f 8 -n 200 -w 20 \
     --json "$OUT/small_mixed.json"
 port=$((port + 1))
 OXCOMM_TRANSPORT=tcp on_two_hosts small_tcp 2 "$port" -- --quiet --op all_reduce,broadcast -d f32 -b 8 -e 64K -f 8 \
     -n 200 -w 20 --json "$OUT/small_tcp.json"
-python3 - "$OUT/small_mixed.json" "$OUT/small_tcp.json" <<'PY'
-import json, sys
-def load(path):
-    rows = [json.loads(l) for l in open(path) if l.strip()]
+python3 - "$OUT" <<'PY'
+import json, os, sys
+def load(name):
+    rows = [json.loads(l) for l in open(os.path.join(sys.argv[1], name + ".json")) if l.strip()]
     return {(r["op"], r["size_bytes"]): r for r in rows if r["in_place"]}
-mixed, tcp = load(sys.argv[1]), load(sys.argv[2])
+flat, planned = load("flat"), load("planned")
+print(f"{'op':>15} {'size(B)':>10} {'transport':>9} {'ring(ms)':>10} {'planned(ms)':>12} {'busbw ring':>11} {'busbw plan':>11} {'speed-up':>9} {'wrong':>6}")
+for key in sorted(flat):
+    f, p = flat[key], planned.get(key)
+    if p is None:
+        continue
+    print(f"{key[0]:>15} {key[1]:>10} {p['transport']:>9} {f['time_us']/1e3:10.2f} {p['time_us']/1e3:12.2f} "
+          f"{f['busbw_gbps']:11.3f} {p['busbw_gbps']:11.3f} {f['time_us']/p['time_us']:8.2f}x {f['wrong']+p['wrong']:>6}")
+print("#\n# small messages, all_reduce and broadcast in place, 20 warm-up + 200 timed: shm+tcp vs tcp everywhere")
+mixed, tcp = load("small_mixed"), load("small_tcp")
 print(f"{'op':>15} {'size(B)':>10} {'shm+tcp(us)':>12} {'tcp(us)':>10} {'ratio':>7}")
 for key in sorted(mixed):
     m, t = mixed[key], tcp.get(key)
