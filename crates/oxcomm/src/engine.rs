@@ -266,7 +266,8 @@ impl<'c> Ctx<'c> {
                     self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
                 }
             }
-            self.bell.wait(epoch, self.deadline.min(now + PEER_CHECK_INTERVAL));
+            // Peers publish what `lagging` reads without ringing unless this rank sleeps.
+            self.bell.wait_checked(epoch, self.deadline.min(now + PEER_CHECK_INTERVAL), &mut || lagging().is_none());
         }
     }
 

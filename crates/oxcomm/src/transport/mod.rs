@@ -127,6 +127,16 @@ pub trait Doorbell: Send + Sync {
     /// returns are allowed). Implementations spin briefly before sleeping.
     fn wait(&self, epoch: u32, until: Instant);
 
+    /// [`Doorbell::wait`] that also returns once `ready()` holds. Transports whose peers
+    /// may publish such events without ringing unless this rank sleeps (the shared-memory
+    /// direct collectives) check `ready` while spinning and again after registering as a
+    /// sleeper; the default checks it once and waits.
+    fn wait_checked(&self, epoch: u32, until: Instant, ready: &mut dyn FnMut() -> bool) {
+        if !ready() {
+            self.wait(epoch, until);
+        }
+    }
+
     /// Records that this rank is alive and inside oxcomm now (peers read it through
     /// [`Link::peer_idle`]). Called at the start of every op and every few milliseconds
     /// while waiting.

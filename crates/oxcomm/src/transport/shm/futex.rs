@@ -15,6 +15,12 @@
 //! kernel re-checks `epoch` atomically inside `FUTEX_WAIT` anyway). The futex is *shared* (no
 //! `FUTEX_PRIVATE_FLAG`) because ringers live in other processes.
 //!
+//! Events the owner can check directly (the direct collectives' stamps and counters) may skip
+//! the ring while the owner is awake ([`Bell::ring_if_sleeping`]: store the event, fence, ring
+//! only if `waiters` is non-zero); the owner then waits with [`Bell::wait_ready`], which checks
+//! the event in every phase and once more after registering in `waiters` (behind a fence), so
+//! again one of the two sees the other.
+//!
 //! The spin phase is short (a few µs, [`super::ShmConfig::spin`]) because ranks often
 //! outnumber cores: a long spin would steal the core from the very peer we wait for.
 
@@ -54,12 +60,37 @@ impl Bell {
         }
     }
 
+    /// Rings only if the owner is (about to be) asleep: for events the owner also checks
+    /// directly before sleeping ([`Bell::wait_ready`]). The caller has published the event
+    /// before calling; the fence orders that store before the load of `waiters`, against the
+    /// sleeper's "register, then check" (one of the two sees the other).
+    pub(crate) fn ring_if_sleeping(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.ring();
+        }
+    }
+
     /// Sleeps until `epoch` differs from `seen` or `until` passes (see the module docs).
     pub(crate) fn wait(&self, seen: u32, until: Instant, spin: Duration, yield_for: Duration) {
+        self.wait_ready(seen, until, spin, yield_for, &mut || false);
+    }
+
+    /// [`Bell::wait`] that also returns as soon as `ready()` holds, checking it in every phase
+    /// and once more after registering as a sleeper, so ringers may skip waking it
+    /// ([`Bell::ring_if_sleeping`]) for events that `ready` sees.
+    pub(crate) fn wait_ready(
+        &self,
+        seen: u32,
+        until: Instant,
+        spin: Duration,
+        yield_for: Duration,
+        ready: &mut dyn FnMut() -> bool,
+    ) {
         let start = Instant::now();
         let mut i = 0u32;
         loop {
-            if self.epoch.load(Ordering::Acquire) != seen {
+            if self.epoch.load(Ordering::Acquire) != seen || ready() {
                 return;
             }
             i = i.wrapping_add(1);
@@ -79,7 +110,7 @@ impl Bell {
         while yields < MIN_YIELDS || yield_start.elapsed() < yield_for {
             std::thread::yield_now();
             yields += 1;
-            if self.epoch.load(Ordering::Acquire) != seen {
+            if self.epoch.load(Ordering::Acquire) != seen || ready() {
                 return;
             }
             if Instant::now() >= until {
@@ -87,7 +118,8 @@ impl Bell {
             }
         }
         self.waiters.fetch_add(1, Ordering::SeqCst);
-        while self.epoch.load(Ordering::SeqCst) == seen {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        while self.epoch.load(Ordering::SeqCst) == seen && !ready() {
             let now = Instant::now();
             if now >= until {
                 break;
@@ -137,6 +169,10 @@ impl Doorbell for ShmDoorbell {
 
     fn wait(&self, epoch: u32, until: Instant) {
         self.seg.bell().wait(epoch, until, self.spin, self.yield_for);
+    }
+
+    fn wait_checked(&self, epoch: u32, until: Instant, ready: &mut dyn FnMut() -> bool) {
+        self.seg.bell().wait_ready(epoch, until, self.spin, self.yield_for, ready);
     }
 
     fn heartbeat(&self) {
