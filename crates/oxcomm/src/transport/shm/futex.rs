@@ -34,7 +34,9 @@ use rustix::thread::futex;
 use super::segment::Segment;
 use crate::transport::Doorbell;
 
-/// The doorbell words, on their own 128-byte line in the owner's segment.
+/// The doorbell words in the owner's segment: the counter and its sleepers on one 128-byte
+/// line, the heartbeat on the next, so that the owner stamping its heartbeat every op does not
+/// take the line that peers read to decide whether to ring.
 #[repr(C, align(128))]
 #[derive(Default)]
 pub(crate) struct Bell {
@@ -42,6 +44,8 @@ pub(crate) struct Bell {
     pub(crate) epoch: AtomicU32,
     /// How many threads of the owner are (about to be) inside `FUTEX_WAIT`.
     pub(crate) waiters: AtomicU32,
+    /// Padding to the end of the first 128-byte line.
+    _line: [u64; 15],
     /// When the owner last showed life inside oxcomm (monotonic ns; 0 never).
     pub(crate) heartbeat: std::sync::atomic::AtomicU64,
 }

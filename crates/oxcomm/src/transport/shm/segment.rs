@@ -5,13 +5,13 @@
 //! which peers attach or when names are unlinked (the endpoint does), nor the ring or doorbell
 //! protocols (`ring.rs`, `futex.rs`).
 //!
-//! # Layout (version 2)
+//! # Layout (version 3)
 //!
 //! | offset | what |
 //! | --- | --- |
 //! | 0 | [`Header`] (128 bytes): magic, version, world, owner rank and pid, layout sizes |
-//! | 128 | the owner's doorbell ([`Bell`], one 128-byte line) |
-//! | 256 | slot table: `world` × `u32`, the inbound ring slot of each rank or `u32::MAX` |
+//! | 128 | the owner's doorbell ([`Bell`], two 128-byte lines: counter and sleepers, then heartbeat) |
+//! | 384 | slot table: `world` × `u32`, the inbound ring slot of each rank or `u32::MAX` |
 //! | `rings_offset` (page-aligned) | `slots` rings, each a 384-byte control block + `ring_bytes` of data |
 //! | `workspace_offset` (page-aligned) | [`super::direct::WORKSPACE_BYTES`] for the direct collectives |
 //!
@@ -40,7 +40,7 @@ use crate::error::{Error, ErrorKind, Result};
 /// "OXCOMSHM" little-endian.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"OXCOMSHM");
 /// Bumped whenever the layout changes.
-pub(crate) const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 3;
 /// Smallest ring accepted (one page).
 pub(crate) const MIN_RING_BYTES: usize = 4096;
 /// Largest ring accepted.
