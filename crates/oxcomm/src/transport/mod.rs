@@ -143,9 +143,15 @@ pub trait Doorbell: Send + Sync {
     fn heartbeat(&self) {}
 }
 
-/// Nanoseconds of the host's monotonic clock (comparable across processes on one host).
+/// Nanoseconds of the host's monotonic clock (comparable across processes on one host), at
+/// the resolution of the scheduler tick (a few ms) where the OS has a cheaper coarse clock:
+/// heartbeats are stamped every op and compared against thresholds of half a second.
 pub fn monotonic_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let clock = rustix::time::ClockId::MonotonicCoarse;
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    let clock = rustix::time::ClockId::Monotonic;
+    let t = rustix::time::clock_gettime(clock);
     (t.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(t.tv_nsec as u64)
 }
 

@@ -91,7 +91,8 @@ impl Bell {
         yield_for: Duration,
         ready: &mut dyn FnMut() -> bool,
     ) {
-        let start = Instant::now();
+        // The clock is read only once a wait lasts (most end within the first few polls).
+        let mut start = None;
         let mut i = 0u32;
         loop {
             if self.epoch.load(Ordering::Acquire) != seen || ready() {
@@ -103,7 +104,7 @@ impl Bell {
                 if now >= until {
                     return;
                 }
-                if now.duration_since(start) >= spin {
+                if now.duration_since(*start.get_or_insert(now)) >= spin {
                     break;
                 }
             }
