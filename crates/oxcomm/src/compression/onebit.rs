@@ -215,7 +215,9 @@ impl OneBitState {
     /// does where the communicator's transport has TCP links, whose slow wire it hides; over
     /// shared memory the wire is as fast as the arithmetic and the background exchanges only
     /// compete with it for the cores. Every rank must choose the same. The result is the
-    /// same bits either way.
+    /// same bits either way. The overlapped path sends point-to-point messages with tag
+    /// `0x1b17`: do not have `isend`/`irecv`s of your own between the same ranks in flight
+    /// during the call.
     pub fn with_overlap(mut self, overlap: Option<bool>) -> OneBitState {
         self.overlap = overlap;
         self
