@@ -40,12 +40,13 @@ run planned
 
 # Small messages: the same 4 ranks with shm inside each host (the default) against TCP for every
 # link (OXCOMM_TRANSPORT=tcp), in the same invocation.
-port=$((port + 1))
-on_two_hosts small_mixed 2 "$port" -- --quiet --op all_reduce,broadcast -d f32 -b 8 -e 64K -f 8 -n 200 -w 20 \
-    --json "$OUT/small_mixed.json"
-port=$((port + 1))
-OXCOMM_TRANSPORT=tcp on_two_hosts small_tcp 2 "$port" -- --quiet --op all_reduce,broadcast -d f32 -b 8 -e 64K -f 8 \
-    -n 200 -w 20 --json "$OUT/small_tcp.json"
+small() { # name
+    port=$((port + 1))
+    on_two_hosts "$1" 2 "$port" -- --quiet --op all_reduce,broadcast -d f32 -b 8 -e 64K -f 8 -n 200 -w 20 \
+        --json "$OUT/$1.json"
+}
+small small_mixed
+OXCOMM_TRANSPORT=tcp small small_tcp
 python3 - "$OUT" <<'PY'
 import json, os, sys
 def load(name):

@@ -270,10 +270,15 @@ impl Communicator {
         if host_of.len() != size {
             return Err(Error::invalid(format!("{} host labels for {size} ranks", host_of.len())));
         }
+        // Host j is the j-th distinct label in rank order.
+        let mut labels: Vec<&L> = Vec::new();
         let mut hosts = Vec::with_capacity(size);
-        for (r, label) in host_of.iter().enumerate() {
-            let first = host_of[..r].iter().position(|l| l == label);
-            hosts.push(first.map_or_else(|| hosts.iter().max().map_or(0, |m| m + 1), |f| hosts[f]));
+        for label in host_of {
+            let j = labels.iter().position(|l| *l == label).unwrap_or_else(|| {
+                labels.push(label);
+                labels.len() - 1
+            });
+            hosts.push(j);
         }
         let core = Arc::get_mut(&mut self.core).ok_or_else(|| Error::invalid("with_hosts on a shared communicator"))?;
         core.hosts = hosts;
