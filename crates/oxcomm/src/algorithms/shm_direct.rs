@@ -13,9 +13,11 @@
 //!
 //! **Large all-reduce**, per chunk of [`CHUNK_BYTES`] (two halves, so chunk g+1 overlaps
 //! with the tail of chunk g): copy every slice but my own into my chunk buffer → reduce my
-//! 1/n slice from my user buffer and every other rank's chunk buffer into my own chunk buffer
-//! → copy every rank's reduced slice into the user's buffer. Three steps per chunk; per rank
-//! (n−1)/n·S copied in, S read and S/n written by the reduction, S copied out. Chunks are
+//! 1/n slice of the user's buffer in place with every other rank's chunk buffer, 16 KiB at a
+//! time, copying each reduced piece (still in L1) to my chunk buffer → copy every other rank's
+//! reduced slice into the user's buffer. Three steps per chunk; per rank (n−1)/n·S copied in,
+//! S read and 2S/n written by the reduction, (n−1)/n·S copied out (writing the user's slice
+//! from the reduction instead of copying it out made 2 ranks 20–30% faster at 1–16 MiB). Chunks are
 //! small enough to stay in the L2 cache between the steps.
 //!
 //! **Broadcast**: small payloads travel in the root's slot; large ones chunk by chunk through
@@ -32,6 +34,9 @@ use crate::reduce::{self, ReduceOp};
 use crate::transport::shm::direct::{Counter, ShmDirect, CHUNK_BYTES, SLOT_HEADER, SMALL_BYTES};
 
 use crate::wire::{Fingerprint, FP_BYTES};
+
+/// Bytes reduced at a time in the large all-reduce's reduce step (fits in L1 with its inputs).
+const REDUCE_PIECE_BYTES: usize = 16 * 1024;
 
 /// Per-communicator progress of the direct protocol (identical on every rank).
 #[derive(Debug, Default)]
@@ -154,20 +159,22 @@ pub(crate) fn all_reduce<T: Element>(
             // not rewritten before everyone published CopiedOut = g+1.
             let dst: &mut [T] = bytemuck::cast_slice_mut(unsafe { shm.chunk_mut(half, off, len) });
             let theirs = |r: usize| -> &[T] { bytemuck::cast_slice(unsafe { shm.chunk(r, half, off, len) }) };
-            let mut others = (0..n).filter(|r| *r != me);
-            match others.next() {
-                None => dst.copy_from_slice(&part[mine.clone()]),
-                Some(first) => {
-                    reduce::reduce_from2(dst, &part[mine.clone()], theirs(first), op);
-                    for r in others {
-                        reduce::reduce_into(dst, theirs(r), op);
-                    }
+            // In L1-sized pieces: reduce into the user's buffer, then copy the piece (still
+            // in L1) to my chunk buffer for the others; so my own slice needs no copy-out.
+            let piece = (REDUCE_PIECE_BYTES / size).max(1);
+            let mine_part = &mut part[mine.clone()];
+            for lo in (0..mine_part.len()).step_by(piece) {
+                let hi = (lo + piece).min(mine_part.len());
+                let user = &mut mine_part[lo..hi];
+                for r in (0..n).filter(|r| *r != me) {
+                    reduce::reduce_into(user, &theirs(r)[lo..hi], op);
                 }
+                dst[lo..hi].copy_from_slice(user);
             }
         }
         shm.publish(Counter::Reduced, g + 1);
         wait_counter(ctx, shm, Counter::Reduced, g + 1)?;
-        for r in 0..n {
+        for r in (0..n).filter(|r| *r != me) {
             let s = slice(r);
             if s.is_empty() {
                 continue;
