@@ -1,7 +1,8 @@
 //! Throughput of the compression kernels on one core, beside a plain memory copy of the same
 //! size measured in the same run.
 //!
-//! `cargo bench -p oxcomm --bench compress` runs 64 MiB of f32 (16 Mi elements), median of 15
+//! `cargo bench -p oxcomm --bench compress` runs 64 MiB of f32 (16 Mi elements; `COMPRESS_ELEMS`
+//! sets another count, e.g. `1048576` for the 4 MiB of the 1-bit target), median of 15
 //! timed runs after one warm-up, all buffers written before timing. Rates are GB/s (10^9 bytes)
 //! of f32 data (the input of pack/quantize, the output of unpack/dequantize), so each is
 //! comparable with the copy. Without `--bench` (as under `cargo test --all-targets`) it runs a
@@ -32,7 +33,9 @@ fn median_time(runs: usize, mut f: impl FnMut()) -> Duration {
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let (n, runs) = if full { (16 << 20, 15) } else { (1 << 16, 1) };
+    // `COMPRESS_ELEMS` overrides the length (e.g. `1048576` for the 4 MiB of the 1-bit target).
+    let elems = std::env::var("COMPRESS_ELEMS").ok().and_then(|v| v.parse::<usize>().ok());
+    let (n, runs) = if full { (elems.unwrap_or(16 << 20) / 64 * 64, 15) } else { (1 << 16, 1) };
     let bytes = (n * 4) as f64;
 
     // Deterministic data in [-1, 1), every page written before timing.
@@ -57,7 +60,7 @@ fn main() {
     let mut row = |name: &str, b: f64, t: Duration| rows.push((name.to_string(), b, t));
 
     let t = median_time(runs, || dst.copy_from_slice(black_box(&src)));
-    row("copy_from_slice (64 MiB f32)", bytes, t);
+    row("copy_from_slice (same bytes)", bytes, t);
     let t = median_time(runs, || {
         pack::pack_signs(black_box(&src), &mut signs, BitOrder::Big).unwrap();
     });
@@ -66,6 +69,13 @@ fn main() {
         pack::unpack_scaled_add(black_box(&signs), &mut dst, 1e-3, BitOrder::Big).unwrap();
     });
     row("unpack_scaled_add", bytes, t);
+    // The memory floor of the worker pass: read two arrays, write one, no arithmetic to speak of.
+    let t = median_time(runs, || {
+        for (d, s) in dst.iter_mut().zip(black_box(&src)) {
+            *d += *s;
+        }
+    });
+    row("u += x (the worker pass's memory traffic)", bytes, t);
     // The fused passes of the 1-bit all-reduce (`dst` plays the error buffer).
     let t = median_time(runs, || {
         black_box(pack::add_pack_squares(&mut dst, 1e-3, black_box(&src), &mut signs, BitOrder::Big).unwrap());

@@ -309,9 +309,9 @@ mod fast {
 
     pub(super) fn add_pack_squares(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8], order: BitOrder) -> f64 {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above); the caller checked the
-            // lengths (`u.len() == 8 · signs.len()`, `x.len() ≤ u.len()`).
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above); the caller checked
+            // the lengths (`u.len() == 8 · signs.len()`, `x.len() ≤ u.len()`).
             return unsafe { super::x86::add_pack_squares_avx2(u, carry, x, signs, order) };
         }
         super::scalar::add_pack_squares(u, carry, x, signs, order)
@@ -327,9 +327,9 @@ mod fast {
         order: BitOrder,
     ) -> f64 {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above); the caller checked the
-            // lengths (`acc.len() == 8 · signs.len()`, every row inside `src`).
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA (checked just above); the caller checked
+            // the lengths (`acc.len() == 8 · signs.len()`, every row inside `src`).
             return unsafe { super::x86::unpack_sum_pack_squares_avx2(src, stride, scales, acc, carry, signs, order) };
         }
         super::scalar::unpack_sum_pack_squares(src, stride, scales, acc, carry, signs, order)
@@ -399,6 +399,56 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::BitOrder;
+
+    /// For every sign byte, the 8 lanes' f32 sign bits to flip: lane `j` holds `0x8000_0000`
+    /// where element `j`'s bit is clear (so `scale ^ mask` is exactly `scale · (±1)`). One
+    /// table per bit order, 8 KiB each, aligned for 32-byte loads: unpacking a byte is one
+    /// load instead of a broadcast, a mask and a compare.
+    #[repr(C, align(32))]
+    struct SignMasks([[u32; 8]; 256]);
+
+    const fn sign_masks(big: bool) -> SignMasks {
+        let mut t = [[0u32; 8]; 256];
+        let mut byte = 0;
+        while byte < 256 {
+            let mut j = 0;
+            while j < 8 {
+                let shift = if big { 7 - j } else { j };
+                if (byte >> shift) & 1 == 0 {
+                    t[byte][j] = 0x8000_0000;
+                }
+                j += 1;
+            }
+            byte += 1;
+        }
+        SignMasks(t)
+    }
+
+    static SIGN_MASKS_BIG: SignMasks = sign_masks(true);
+    static SIGN_MASKS_LITTLE: SignMasks = sign_masks(false);
+
+    /// The sign-flip lanes of `byte` (see [`SignMasks`]).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn flips<const BIG: bool>(byte: u8) -> __m256 {
+        let table = if BIG { &SIGN_MASKS_BIG.0 } else { &SIGN_MASKS_LITTLE.0 };
+        // `table[byte]` is 8 u32 at a 32-byte-aligned address.
+        _mm256_load_ps(table[usize::from(byte)].as_ptr().cast())
+    }
+
+    /// Every byte with its bits in reverse order (a movemask's bit `j` → bit `7 − j`).
+    static REVERSED: [u8; 256] = {
+        let mut t = [0u8; 256];
+        let mut b = 0;
+        while b < 256 {
+            t[b] = (b as u8).reverse_bits();
+            b += 1;
+        }
+        t
+    };
 
     /// Signs of 8 floats per byte with two 4-lane compares.
     pub(super) fn pack_sse2(src: &[f32], dst: &mut [u8], order: BitOrder) {
@@ -502,15 +552,20 @@ mod x86 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn unpack_avx2<const ADD: bool>(src: &[u8], dst: &mut [f32], scale: f32, order: BitOrder) {
-        let bits = lane_bits(order);
-        let m = _mm256_loadu_si256(bits.as_ptr().cast());
-        let sign = _mm256_set1_ps(-0.0);
+        match order {
+            BitOrder::Big => unpack_avx2_impl::<ADD, true>(src, dst, scale),
+            BitOrder::Little => unpack_avx2_impl::<ADD, false>(src, dst, scale),
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    unsafe fn unpack_avx2_impl<const ADD: bool, const BIG: bool>(src: &[u8], dst: &mut [f32], scale: f32) {
         let s = _mm256_set1_ps(scale);
         for (&byte, chunk) in src.iter().zip(dst.chunks_exact_mut(8)) {
-            let v = _mm256_set1_epi32(i32::from(byte));
-            let set = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(v, m), m));
             // Clear bit → flip the sign of `scale` (exactly `scale * -1`).
-            let x = _mm256_xor_ps(s, _mm256_andnot_ps(set, sign));
+            let x = _mm256_xor_ps(s, flips::<BIG>(byte));
             // `chunk` has 8 floats: the unaligned 8-float load/store is in bounds.
             let p = chunk.as_mut_ptr();
             if ADD {
@@ -529,22 +584,28 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn sign_byte<const BIG: bool>(v: __m256) -> u8 {
-        let v = if BIG { _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0)) } else { v };
         // `!(x < 0)`, unordered-quiet: true for x ≥ 0, ±0 and NaN.
-        _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(v, _mm256_setzero_ps())) as u8
+        let m = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(v, _mm256_setzero_ps())) as u8;
+        // Reversing the byte in a table keeps the lane permute off the vector ports.
+        if BIG {
+            REVERSED[usize::from(m)]
+        } else {
+            m
+        }
     }
 
-    /// `lo += v[0..4]²`, `hi += v[4..8]²` in f64 (the squares are exact).
+    /// `lo += v[0..4]²`, `hi += v[4..8]²` in f64. The square of an f32 is exact in f64, so
+    /// the fused multiply-add rounds once, exactly as the scalar reference's `+= v * v`.
     ///
     /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn add_squares(v: __m256, lo: &mut __m256d, hi: &mut __m256d) {
         let a = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
         let b = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v));
-        *lo = _mm256_add_pd(*lo, _mm256_mul_pd(a, a));
-        *hi = _mm256_add_pd(*hi, _mm256_mul_pd(b, b));
+        *lo = _mm256_fmadd_pd(a, a, *lo);
+        *hi = _mm256_fmadd_pd(b, b, *hi);
     }
 
     /// The four accumulators of 4 lanes each, added in lane order as the scalar reference
@@ -572,7 +633,8 @@ mod x86 {
     #[inline]
     unsafe fn minus_signed(v: __m256, scale: __m256) -> __m256 {
         let nonneg = _mm256_cmp_ps::<_CMP_NLT_UQ>(v, _mm256_setzero_ps());
-        _mm256_sub_ps(v, _mm256_xor_ps(scale, _mm256_andnot_ps(nonneg, _mm256_set1_ps(-0.0))))
+        let negated = _mm256_xor_ps(scale, _mm256_set1_ps(-0.0));
+        _mm256_sub_ps(v, _mm256_blendv_ps(negated, scale, nonneg))
     }
 
     /// The 8 elements of `u` at `k` after `u ← x + (u − carry · sgn(u))`, `x` where it
@@ -604,8 +666,8 @@ mod x86 {
     }
 
     /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn add_pack_squares_avx2(
         u: &mut [f32],
         carry: f32,
@@ -620,8 +682,8 @@ mod x86 {
     }
 
     /// # Safety
-    /// The CPU must support AVX2.
-    #[target_feature(enable = "avx2")]
+    /// The CPU must support AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn add_pack_squares_impl<const BIG: bool>(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8]) -> f64 {
         let carry = _mm256_set1_ps(carry);
         let groups = signs.len().min(u.len() / 8);
@@ -660,22 +722,18 @@ mod x86 {
     /// `i < scales.len()`, and `accp` for reads and writes of `8g + 8` floats.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn sum_group(
+    unsafe fn sum_group<const BIG: bool>(
         src: *const u8,
         stride: usize,
         scales: &[f32],
-        bits: __m256i,
         g: usize,
         accp: *mut f32,
         carry: __m256,
     ) -> __m256 {
-        let sign = _mm256_set1_ps(-0.0);
         let mut m = _mm256_setzero_ps();
         for (i, &scale) in scales.iter().enumerate() {
-            let byte = _mm256_set1_epi32(i32::from(*src.add(i * stride + g)));
-            let set = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(byte, bits), bits));
             // Clear bit → flip the sign of `scale` (exactly `scale * -1`).
-            m = _mm256_add_ps(m, _mm256_xor_ps(_mm256_set1_ps(scale), _mm256_andnot_ps(set, sign)));
+            m = _mm256_add_ps(m, _mm256_xor_ps(_mm256_set1_ps(scale), flips::<BIG>(*src.add(i * stride + g))));
         }
         let p = accp.add(8 * g);
         let m = _mm256_add_ps(m, minus_signed(_mm256_loadu_ps(p), carry));
@@ -684,9 +742,9 @@ mod x86 {
     }
 
     /// # Safety
-    /// The CPU must support AVX2; every row `i < scales.len()` has `acc.len() / 8` bytes at
+    /// The CPU must support AVX2 and FMA; every row `i < scales.len()` has `acc.len() / 8` bytes at
     /// `src[i · stride ..]`.
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn unpack_sum_pack_squares_avx2(
         src: &[u8],
         stride: usize,
@@ -696,18 +754,16 @@ mod x86 {
         signs: &mut [u8],
         order: BitOrder,
     ) -> f64 {
-        let bits = lane_bits(order);
-        let bits = _mm256_loadu_si256(bits.as_ptr().cast());
         let carry = _mm256_set1_ps(carry);
         match order {
-            BitOrder::Big => unpack_sum_pack_squares_impl::<true>(src, stride, scales, acc, carry, signs, bits),
-            BitOrder::Little => unpack_sum_pack_squares_impl::<false>(src, stride, scales, acc, carry, signs, bits),
+            BitOrder::Big => unpack_sum_pack_squares_impl::<true>(src, stride, scales, acc, carry, signs),
+            BitOrder::Little => unpack_sum_pack_squares_impl::<false>(src, stride, scales, acc, carry, signs),
         }
     }
 
     /// # Safety
     /// As [`unpack_sum_pack_squares_avx2`].
-    #[target_feature(enable = "avx2")]
+    #[target_feature(enable = "avx2,fma")]
     unsafe fn unpack_sum_pack_squares_impl<const BIG: bool>(
         src: &[u8],
         stride: usize,
@@ -715,7 +771,6 @@ mod x86 {
         acc: &mut [f32],
         carry: __m256,
         signs: &mut [u8],
-        bits: __m256i,
     ) -> f64 {
         let groups = signs.len().min(acc.len() / 8);
         let (ap, sp, src) = (acc.as_mut_ptr(), signs.as_mut_ptr(), src.as_ptr());
@@ -725,16 +780,16 @@ mod x86 {
         // Two groups per step, as in `add_pack_squares_impl`; `g + 1 < groups` keeps both
         // groups of `acc`, `signs` and every row in bounds (the caller's contract).
         while g + 2 <= groups {
-            let v = sum_group(src, stride, scales, bits, g, ap, carry);
+            let v = sum_group::<BIG>(src, stride, scales, g, ap, carry);
             add_squares(v, a0, a1);
             *sp.add(g) = sign_byte::<BIG>(v);
-            let v = sum_group(src, stride, scales, bits, g + 1, ap, carry);
+            let v = sum_group::<BIG>(src, stride, scales, g + 1, ap, carry);
             add_squares(v, a2, a3);
             *sp.add(g + 1) = sign_byte::<BIG>(v);
             g += 2;
         }
         if g < groups {
-            let v = sum_group(src, stride, scales, bits, g, ap, carry);
+            let v = sum_group::<BIG>(src, stride, scales, g, ap, carry);
             add_squares(v, a0, a1);
             *sp.add(g) = sign_byte::<BIG>(v);
         }
