@@ -55,6 +55,7 @@ pub mod algorithms;
 pub mod backend;
 pub mod comm;
 pub mod compression;
+mod copy;
 pub mod dtype;
 pub mod engine;
 pub mod error;

@@ -27,6 +27,7 @@
 //! communicator; every rank moves each of them by the same amount in every op.
 
 use super::schedule::chunk;
+use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
 use crate::error::{Error, ErrorKind, Result};
@@ -123,7 +124,7 @@ pub(crate) fn all_reduce<T: Element>(
             let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
             let theirs: &[T] = bytemuck::cast_slice(payload);
             if r == 0 {
-                buf.copy_from_slice(theirs);
+                copy(as_bytes_mut(buf), payload);
             } else {
                 reduce::reduce_into(buf, theirs, op);
             }
@@ -147,7 +148,7 @@ pub(crate) fn all_reduce<T: Element>(
             let s = slice(r);
             // SAFETY: others read slice r of my buffer only after I publish CopiedIn = g+1, and
             // they finished with chunk g-2 (waited above).
-            unsafe { shm.chunk_mut(half, s.start * size, s.len() * size) }.copy_from_slice(as_bytes(&part[s]));
+            copy(unsafe { shm.chunk_mut(half, s.start * size, s.len() * size) }, as_bytes(&part[s]));
         }
         shm.publish(Counter::CopiedIn, g + 1);
         wait_counter(ctx, shm, Counter::CopiedIn, g + 1)?;
@@ -169,7 +170,7 @@ pub(crate) fn all_reduce<T: Element>(
                 for r in (0..n).filter(|r| *r != me) {
                     reduce::reduce_into(user, &theirs(r)[lo..hi], op);
                 }
-                dst[lo..hi].copy_from_slice(user);
+                copy(as_bytes_mut(&mut dst[lo..hi]), as_bytes(user));
             }
         }
         shm.publish(Counter::Reduced, g + 1);
@@ -182,7 +183,7 @@ pub(crate) fn all_reduce<T: Element>(
             // SAFETY: rank r published its reduced slice for chunk g and rewrites it only after
             // everyone (me included) published CopiedOut = g+1.
             let src = unsafe { shm.chunk(r, half, s.start * size, s.len() * size) };
-            as_bytes_mut(&mut part[s]).copy_from_slice(src);
+            copy(as_bytes_mut(&mut part[s]), src);
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;
@@ -205,7 +206,7 @@ pub(crate) fn broadcast<T: Element>(
         if me != root {
             // SAFETY: the root stamped its slot for this op; it is reused two ops later.
             let (_, payload) = unsafe { d.shm.slot(root, parity, bytes) };
-            as_bytes_mut(buf).copy_from_slice(payload);
+            copy(as_bytes_mut(buf), payload);
         }
         return Ok(());
     }
@@ -221,7 +222,7 @@ pub(crate) fn broadcast<T: Element>(
         if me == root {
             wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
             // SAFETY: as in all_reduce's copy-in.
-            unsafe { shm.chunk_mut(half, 0, len) }.copy_from_slice(as_bytes(part));
+            copy(unsafe { shm.chunk_mut(half, 0, len) }, as_bytes(part));
             shm.publish(Counter::CopiedIn, g + 1);
             shm.publish(Counter::Reduced, g + 1);
             shm.publish(Counter::CopiedOut, g + 1);
@@ -232,7 +233,7 @@ pub(crate) fn broadcast<T: Element>(
             ctx.wait_until(|| (shm.counter(root, Counter::CopiedIn) < g + 1).then_some(root.min(n - 1)))?;
             // SAFETY: the root published chunk g and rewrites this half only after every rank
             // published CopiedOut = g+1.
-            as_bytes_mut(part).copy_from_slice(unsafe { shm.chunk(root, half, 0, len) });
+            copy(as_bytes_mut(part), unsafe { shm.chunk(root, half, 0, len) });
             shm.publish(Counter::CopiedOut, g + 1);
         }
         d.state.chunks += 1;

@@ -155,8 +155,8 @@ impl Link for ThreadLink {
             let n = q.len().min(buf.len());
             let (a, b) = q.as_slices();
             let na = a.len().min(n);
-            buf[..na].copy_from_slice(&a[..na]);
-            buf[na..n].copy_from_slice(&b[..n - na]);
+            crate::copy::copy(&mut buf[..na], &a[..na]);
+            crate::copy::copy(&mut buf[na..n], &b[..n - na]);
             q.drain(..n);
             n
         };

@@ -156,7 +156,7 @@ impl ShmDirect {
         // nobody reads them now; the source slices are ordinary memory, not in this slot.
         unsafe {
             std::ptr::copy_nonoverlapping(header.as_ptr(), base.as_ptr().add(8), header.len());
-            std::ptr::copy_nonoverlapping(payload.as_ptr(), base.as_ptr().add(SLOT_PAYLOAD), payload.len());
+            crate::copy::copy_raw(base.as_ptr().add(SLOT_PAYLOAD), payload.as_ptr(), payload.len());
         }
         self.stamp(self.rank, parity).store(stamp, Ordering::Release);
         self.wake_sleepers();

@@ -194,8 +194,8 @@ impl Producer {
         // (a caller's slice cannot alias the ring, which only this end and the consumer reach).
         unsafe {
             let base = self.raw.data.as_ptr();
-            std::ptr::copy_nonoverlapping(data.as_ptr(), base.add(pos), first);
-            std::ptr::copy_nonoverlapping(data.as_ptr().add(first), base, n - first);
+            crate::copy::copy_raw(base.add(pos), data.as_ptr(), first);
+            crate::copy::copy_raw(base, data.as_ptr().add(first), n - first);
         }
         self.tail += n as u64;
         // Release: publishes the bytes copied above.
@@ -276,7 +276,7 @@ impl Consumer {
     pub(crate) fn try_read(&mut self, buf: &mut [u8]) -> Result<usize, Corrupt> {
         let mut at = 0;
         self.read_with(buf.len(), &mut |chunk| {
-            buf[at..at + chunk.len()].copy_from_slice(chunk);
+            crate::copy::copy(&mut buf[at..at + chunk.len()], chunk);
             at += chunk.len();
         })
     }
