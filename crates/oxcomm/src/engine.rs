@@ -113,8 +113,10 @@ pub(crate) struct Ctx<'c> {
     /// Links indexed by world rank.
     links: &'c mut [Option<Box<dyn Link>>],
     bell: &'c dyn Doorbell,
-    /// When the op must be over.
-    pub deadline: Instant,
+    /// When the op must be over: `timeout` after the first time it had to wait (set then, so
+    /// that an op whose peers are already there never reads the clock; what runs before the
+    /// first wait is this rank's own work). See [`Ctx::deadline`].
+    deadline: std::cell::Cell<Option<Instant>>,
     timeout: Duration,
     /// Largest number of bytes moved per transfer; larger transfers are split.
     pub max_segment: usize,
@@ -123,6 +125,18 @@ pub(crate) struct Ctx<'c> {
     /// The shared-memory workspaces, when the op may use the direct path (take it out while
     /// using it, and put it back).
     pub direct: Option<crate::algorithms::shm_direct::Direct<'c>>,
+}
+
+/// `cell`'s deadline, set to `now + timeout` if it is not yet (see [`Ctx::deadline`]).
+fn fix_deadline(cell: &std::cell::Cell<Option<Instant>>, timeout: Duration, now: Instant) -> Instant {
+    match cell.get() {
+        Some(d) => d,
+        None => {
+            let d = now + timeout;
+            cell.set(Some(d));
+            d
+        }
+    }
 }
 
 impl<'c> Ctx<'c> {
@@ -144,7 +158,7 @@ impl<'c> Ctx<'c> {
             members,
             links,
             bell,
-            deadline: Instant::now() + timeout,
+            deadline: std::cell::Cell::new(None),
             timeout,
             max_segment: max_segment.max(64),
             stats,
@@ -158,13 +172,15 @@ impl<'c> Ctx<'c> {
     /// counters; no direct shared-memory path. Hierarchical algorithms run their phases on it.
     pub fn sub<'s>(&'s mut self, members: &'s [usize], rank: usize) -> Ctx<'s> {
         debug_assert_eq!(members[rank], self.members[self.rank], "a sub-view must contain this rank");
+        // The phases share one deadline: fix it now, or each sub-view would start its own.
+        self.deadline();
         Ctx {
             rank,
             size: members.len(),
             members,
             links: &mut *self.links,
             bell: self.bell,
-            deadline: self.deadline,
+            deadline: self.deadline.clone(),
             timeout: self.timeout,
             max_segment: self.max_segment,
             stats: &mut *self.stats,
@@ -183,9 +199,20 @@ impl<'c> Ctx<'c> {
         self.timeout
     }
 
+    /// When the op must be over (fixed by the first call, or the first wait).
+    pub fn deadline(&self) -> Instant {
+        self.deadline_at(Instant::now())
+    }
+
+    /// The deadline, fixed at `now + timeout` if it is not yet (`now` is the caller's reading
+    /// of the clock, so the slow paths read it once).
+    fn deadline_at(&self, now: Instant) -> Instant {
+        fix_deadline(&self.deadline, self.timeout, now)
+    }
+
     /// Moves the deadline to `deadline` (used by monitored barrier and the agreement phase).
     pub fn set_deadline(&mut self, deadline: Instant) {
-        self.deadline = deadline;
+        self.deadline.set(Some(deadline));
     }
 
     /// Sends `data` to `peer`, receives into `buf` from `peer2`, concurrently.
@@ -205,7 +232,7 @@ impl<'c> Ctx<'c> {
 
     /// Drives every transfer to completion, or fails with an error naming the peer.
     pub fn run(&mut self, xfers: &mut [Xfer<'_>]) -> Result<()> {
-        let mut last_check = Instant::now();
+        let mut last_check = None;
         loop {
             let epoch = self.bell.epoch();
             let mut progressed = false;
@@ -230,18 +257,19 @@ impl<'c> Ctx<'c> {
                 continue;
             }
             let now = Instant::now();
-            if now >= self.deadline {
+            let deadline = self.deadline_at(now);
+            if now >= deadline {
                 return Err(self.timeout_error(xfers));
             }
-            if now.duration_since(last_check) >= PEER_CHECK_INTERVAL {
-                last_check = now;
+            if now.duration_since(*last_check.get_or_insert(now)) >= PEER_CHECK_INTERVAL {
+                last_check = Some(now);
                 self.bell.heartbeat();
                 for x in xfers.iter().filter(|x| !x.finished()) {
                     let world = self.members[x.peer()];
                     self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
                 }
             }
-            let wake = self.deadline.min(now + PEER_CHECK_INTERVAL);
+            let wake = deadline.min(now + PEER_CHECK_INTERVAL);
             self.bell.wait(epoch, wake);
         }
     }
@@ -250,24 +278,25 @@ impl<'c> Ctx<'c> {
     /// (checked for liveness, and named on timeout). Peers ring this rank's doorbell when they
     /// publish progress.
     pub fn wait_until(&mut self, mut lagging: impl FnMut() -> Option<usize>) -> Result<()> {
-        let mut last_check = Instant::now();
+        let mut last_check = None;
         loop {
             let epoch = self.bell.epoch();
             let Some(lag) = lagging() else { return Ok(()) };
             let now = Instant::now();
             let world = self.members[lag];
-            if now >= self.deadline {
+            let deadline = self.deadline_at(now);
+            if now >= deadline {
                 return Err(self.timeout_for(world, false));
             }
-            if now.duration_since(last_check) >= PEER_CHECK_INTERVAL {
-                last_check = now;
+            if now.duration_since(*last_check.get_or_insert(now)) >= PEER_CHECK_INTERVAL {
+                last_check = Some(now);
                 self.bell.heartbeat();
                 if world != self.members[self.rank] {
                     self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
                 }
             }
             // Peers publish what `lagging` reads without ringing unless this rank sleeps.
-            self.bell.wait_checked(epoch, self.deadline.min(now + PEER_CHECK_INTERVAL), &mut || lagging().is_none());
+            self.bell.wait_checked(epoch, deadline.min(now + PEER_CHECK_INTERVAL), &mut || lagging().is_none());
         }
     }
 
@@ -369,7 +398,8 @@ impl<'c> Ctx<'c> {
                         let m = link.try_recv(&mut scratch[got..stop]).map_err(|e| e.with_peer(world))?;
                         got += m;
                         if m == 0 {
-                            if Instant::now() >= self.deadline {
+                            let now = Instant::now();
+                            if now >= fix_deadline(&self.deadline, self.timeout, now) {
                                 return Err(Error::new(
                                     ErrorKind::Timeout,
                                     format!("timed out after {:?} waiting for rank {world}", self.timeout),

@@ -52,7 +52,8 @@ pub(crate) fn agree(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
     if r != 0 {
         ctx.send(0, &mine.encode())?;
         let mut v = [0u8; VERDICT_BYTES];
-        ctx.set_deadline(ctx.deadline + VERDICT_GRACE);
+        let deadline = ctx.deadline();
+        ctx.set_deadline(deadline + VERDICT_GRACE);
         ctx.recv(0, &mut v)?;
         let word = u64::from_le_bytes(v[8..16].try_into().expect("8 bytes"));
         let other = Fingerprint::decode(&v[16..])?;
