@@ -7,8 +7,9 @@
 #   bench/vs_openmpi.sh                 # defaults below
 #   RANKS="2" MAX=64M bench/vs_openmpi.sh
 #
-# Environment: RANKS (default "2 4"), MIN (8), MAX (256M), ITERS (20), WARMUP (5),
-# OUT (where the raw tables go; default $CARGO_TARGET_DIR or target, then /vs_openmpi).
+# Environment: RANKS (default "2 4"), MIN (8), MAX (256M), ITERS (20) and WARMUP (5) for sizes
+# from 64 KiB, SMALL_ITERS (2000) and SMALL_WARMUP (200) below, OUT (where the raw tables go;
+# default $CARGO_TARGET_DIR or target, then /vs_openmpi).
 #
 # Both sides use their in-place mode for the comparison (MPI_IN_PLACE; oxcomm's all_reduce is
 # in place): oxcomm's out-of-place column includes a copy (see `oxcomm bench --help`), MPI's
@@ -28,6 +29,8 @@ MIN=${MIN:-8}
 MAX=${MAX:-256M}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
+SMALL_ITERS=${SMALL_ITERS:-2000}
+SMALL_WARMUP=${SMALL_WARMUP:-200}
 TARGET=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET/vs_openmpi}
 mkdir -p "$OUT"
@@ -49,15 +52,34 @@ if [ "$(id -u)" = 0 ]; then MPIRUN+=(--allow-run-as-root); fi
 
 echo "# host: $(nproc) cores, load average $(cut -d" " -f1-3 /proc/loadavg), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 echo "# $(mpirun --version 2>/dev/null | head -1); oxcomm $(git describe --always --dirty 2>/dev/null || echo '?')"
-echo "# f32 sum all_reduce, in-place, $WARMUP warm-up + $ITERS timed iterations, time = mean per call (max over ranks)"
+echo "# f32 sum all_reduce, in-place, $WARMUP warm-up + $ITERS timed iterations from 64 KiB ($SMALL_WARMUP + $SMALL_ITERS below), time = mean per call (max over ranks)"
+
+# Sizes below 64 KiB take microseconds, where 20 calls measure mostly noise: they run as a
+# separate range with SMALL_ITERS calls after SMALL_WARMUP, on both sides alike.
+to_bytes() { numfmt --from=iec "$1"; }
+MIN_B=$(to_bytes "$MIN")
+MAX_B=$(to_bytes "$MAX")
+RANGES=()
+if [ "$MIN_B" -lt 65536 ]; then
+    SMALL_MAX=$((MAX_B < 32768 ? MAX_B : 32768))
+    RANGES+=("$MIN_B $SMALL_MAX $SMALL_ITERS $SMALL_WARMUP")
+fi
+if [ "$MAX_B" -ge 65536 ]; then
+    RANGES+=("$((MIN_B > 65536 ? MIN_B : 65536)) $MAX_B $ITERS $WARMUP")
+fi
 
 for n in $RANKS; do
-    ARGS=(-b "$MIN" -e "$MAX" -f 2 -n "$ITERS" -w "$WARMUP")
     OVERSUB=()
     if [ "$n" -gt "$(nproc)" ]; then OVERSUB=(--oversubscribe); fi
-    "${MPIRUN[@]}" "${OVERSUB[@]}" -np "$n" "$OUT/mpi_allreduce" "${ARGS[@]}" >"$OUT/ompi_$n.txt"
-    "$OXCOMM" bench --transport shm --world-size "$n" --op all_reduce --dtype f32 --redop sum "${ARGS[@]}" \
-        --quiet >"$OUT/oxcomm_$n.txt"
+    : >"$OUT/ompi_$n.txt"
+    : >"$OUT/oxcomm_$n.txt"
+    for range in "${RANGES[@]}"; do
+        read -r lo hi iters warmup <<<"$range"
+        ARGS=(-b "$lo" -e "$hi" -f 2 -n "$iters" -w "$warmup")
+        "${MPIRUN[@]}" "${OVERSUB[@]}" -np "$n" "$OUT/mpi_allreduce" "${ARGS[@]}" >>"$OUT/ompi_$n.txt"
+        "$OXCOMM" bench --transport shm --world-size "$n" --op all_reduce --dtype f32 --redop sum "${ARGS[@]}" \
+            --quiet >>"$OUT/oxcomm_$n.txt"
+    done
     echo "#"
     echo "# $n ranks (raw tables: $OUT/ompi_$n.txt, $OUT/oxcomm_$n.txt)"
     # Data lines: $1 size, $10 in-place time (us), $12 in-place busbw (GB/s), $13 in-place #wrong.
