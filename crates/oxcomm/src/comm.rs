@@ -35,7 +35,8 @@ pub const DEFAULT_MAX_SEGMENT_BYTES: usize = 1 << 20;
 /// Settings of a communicator. `Default` reads [`ENV_TIMEOUT`].
 #[derive(Debug, Clone)]
 pub struct CommConfig {
-    /// Deadline of every blocking op unless [`OpOptions::timeout`] overrides it.
+    /// Deadline of every blocking op unless [`OpOptions::timeout`] overrides it, counted
+    /// from the first time the op has to wait for a peer.
     pub timeout: Duration,
     /// Largest number of bytes one transfer call moves; larger messages go in segments.
     pub max_segment_bytes: usize,
@@ -65,7 +66,7 @@ impl Default for CommConfig {
 /// Per-op knobs; `Default` means "use the communicator's settings".
 #[derive(Debug, Clone, Default)]
 pub struct OpOptions {
-    /// Deadline of this op.
+    /// Deadline of this op (counted from its first wait for a peer).
     pub timeout: Option<Duration>,
     /// Force an algorithm; an error if it does not apply to the op.
     pub algorithm: Option<Algorithm>,
