@@ -1,10 +1,10 @@
 //! Copying bytes that another core has just written or read.
 //!
 //! From a few KiB up, glibc's `memcpy` switches to `rep movsb`. On AMD Zen, `rep movsb`
-//! reading lines that another core has just written ran at 1.8–2.4 GB/s on the 2-core test
-//! VM, where a plain loop of 32-byte loads and stores ran at 11–13 GB/s (a probe with two
-//! processes, 256 KiB per copy; the same copies between lines of one core ran at 37 GB/s
-//! either way). Every copy of bulk data that crosses ranks (the shared-memory chunk
+//! reading lines that another core has just written ran at 1.5–2.4 GB/s on the 2-core test
+//! VM, where a plain loop of 32-byte loads and stores ran at 11–35 GB/s, depending on the hour
+//! (a probe with two processes, 256 KiB per copy; the same copies between lines of one core
+//! ran at 37 GB/s either way). Every copy of bulk data that crosses ranks (the shared-memory chunk
 //! buffers and rings, the threads transport's queues) goes through [`copy`] instead.
 
 /// Below this many bytes `memcpy` uses vector moves itself; [`copy`] leaves those to it.
