@@ -201,7 +201,7 @@ impl<'c> Ctx<'c> {
 
     /// When the op must be over (fixed by the first call, or the first wait).
     pub fn deadline(&self) -> Instant {
-        self.deadline_at(Instant::now())
+        self.deadline.get().unwrap_or_else(|| self.deadline_at(Instant::now()))
     }
 
     /// The deadline, fixed at `now + timeout` if it is not yet (`now` is the caller's reading

@@ -122,11 +122,10 @@ pub(crate) fn all_reduce<T: Element>(
             // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
             // reused (two ops later).
             let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
-            let theirs: &[T] = bytemuck::cast_slice(payload);
             if r == 0 {
                 copy(as_bytes_mut(buf), payload);
             } else {
-                reduce::reduce_into(buf, theirs, op);
+                reduce::reduce_into(buf, bytemuck::cast_slice(payload), op);
             }
         }
         return Ok(());
