@@ -92,11 +92,27 @@ pub fn unpack_scaled_add(src: &[u8], acc: &mut [f32], scale: f32, order: BitOrde
 
 // ------------------------------------------------------------------ fused 1-bit passes
 
-/// Lanes of the f64 sums of squares the fused kernels return: element `k` of the slice goes
-/// into lane `k mod 16`, and the lanes are added in order at the end (starting from `0.0`).
-/// Every f32 square is exact in f64, so the order is the only freedom; fixing it makes the
-/// fast kernels and [`scalar`] agree bit for bit.
+/// Lanes of the sums of squares the fused kernels return: element `k` of the slice goes into
+/// lane `k mod 16`, and the lanes are added in order at the end (starting from `0.0`).
+///
+/// The elements of each whole block of [`SQUARE_BLOCK`] (64) are first summed per lane in
+/// f32, each lane's 4 squares with fused multiply-adds from `0.0` in element order, and that
+/// partial is added to the lane's f64 sum; the elements after the last whole block add their
+/// exact f64 squares. The f32 partials cost a third of the vector work of squaring every
+/// element in f64, and are within 3 f32 roundings (about 2·10⁻⁷ relative) of it, less than
+/// the f32 norm that DeepSpeed computes. If the total is infinite (an f32 square overflowed,
+/// `|v| ≥ 2⁶⁴`) or below [`SQUARE_EXACT_BELOW`] (where f32 squares lose their precision), it is
+/// recomputed with every square in f64, which costs one more read of the slice. Fixing all this
+/// makes the fast kernels and [`scalar`] agree bit for bit.
 pub const SQUARE_LANES: usize = 16;
+
+/// Elements per block whose squares are summed in f32 first (see [`SQUARE_LANES`]).
+pub const SQUARE_BLOCK: usize = 64;
+
+/// Totals of squares below this (2⁻⁶⁰) are recomputed with every square in f64 (see
+/// [`SQUARE_LANES`]): an f32 square below 2⁻¹²⁶ is subnormal, so each element may be off by
+/// up to 2⁻¹⁴⁹, which this threshold keeps below 2⁻⁸⁹ · len relative.
+pub const SQUARE_EXACT_BELOW: f64 = 8.673617379884035e-19;
 
 /// The worker's pass of the 1-bit all-reduce (spec §2.2 steps 1–3 and 5, with step 4 of the
 /// previous call): for every `k`, `e = u[k] − carry · sgn(u[k])` (the error update the previous
@@ -210,6 +226,61 @@ pub mod scalar {
         lanes.iter().fold(0.0, |t, &l| t + l)
     }
 
+    /// The sum of squares of `len` elements, added one at a time in order, as
+    /// [`SQUARE_LANES`](super::SQUARE_LANES) says.
+    struct Squares {
+        lanes: [f64; super::SQUARE_LANES],
+        partial: [f32; super::SQUARE_LANES],
+        /// Elements below this are in whole blocks.
+        blocked: usize,
+    }
+
+    impl Squares {
+        fn new(groups: usize) -> Squares {
+            let len = 8 * groups;
+            Squares {
+                lanes: [0.0; super::SQUARE_LANES],
+                partial: [0.0; super::SQUARE_LANES],
+                blocked: len - len % super::SQUARE_BLOCK,
+            }
+        }
+
+        /// Element `k` (every `k` in order from 0) is `v`.
+        fn add(&mut self, k: usize, v: f32) {
+            let lane = k % super::SQUARE_LANES;
+            if k >= self.blocked {
+                self.lanes[lane] += f64::from(v) * f64::from(v);
+                return;
+            }
+            self.partial[lane] = v.mul_add(v, self.partial[lane]);
+            if k % super::SQUARE_BLOCK == super::SQUARE_BLOCK - 1 {
+                for (sum, partial) in self.lanes.iter_mut().zip(&mut self.partial) {
+                    *sum += f64::from(std::mem::take(partial));
+                }
+            }
+        }
+
+        fn total(&self) -> f64 {
+            lane_total(&self.lanes)
+        }
+    }
+
+    /// `total`, or the sum of squares of `v` recomputed with every square in f64 where
+    /// `total` is infinite or below [`SQUARE_EXACT_BELOW`](super::SQUARE_EXACT_BELOW) (see
+    /// [`SQUARE_LANES`](super::SQUARE_LANES)). NaN stays NaN.
+    pub(super) fn settle(total: f64, v: &[f32]) -> f64 {
+        if !(total.is_infinite() || total < super::SQUARE_EXACT_BELOW) {
+            return total;
+        }
+        let mut lanes = [0f64; super::SQUARE_LANES];
+        for block in v.chunks(super::SQUARE_LANES) {
+            for (sum, &x) in lanes.iter_mut().zip(block) {
+                *sum += f64::from(x) * f64::from(x);
+            }
+        }
+        lane_total(&lanes)
+    }
+
     /// The sign bit of one element: 1 unless `x < 0`.
     fn bit(x: f32) -> u8 {
         if x < 0.0 {
@@ -237,7 +308,7 @@ pub mod scalar {
     /// Reference for [`add_pack_squares`](super::add_pack_squares) (`x` may be shorter than
     /// `u`; whole bytes only).
     pub fn add_pack_squares(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8], order: BitOrder) -> f64 {
-        let mut lanes = [0f64; super::SQUARE_LANES];
+        let mut squares = Squares::new(signs.len().min(u.len() / 8));
         for (m, (chunk, byte)) in u.chunks_exact_mut(8).zip(signs.iter_mut()).enumerate() {
             let mut b = 0u8;
             for (j, v) in chunk.iter_mut().enumerate() {
@@ -246,12 +317,12 @@ pub mod scalar {
                 if let Some(&xk) = x.get(k) {
                     *v += xk;
                 }
-                lanes[k % super::SQUARE_LANES] += f64::from(*v) * f64::from(*v);
+                squares.add(k, *v);
                 b |= bit(*v) << order.shift(j);
             }
             *byte = b;
         }
-        lane_total(&lanes)
+        settle(squares.total(), &u[..8 * signs.len().min(u.len() / 8)])
     }
 
     /// Reference for [`unpack_sum_pack_squares`](super::unpack_sum_pack_squares).
@@ -264,7 +335,7 @@ pub mod scalar {
         signs: &mut [u8],
         order: BitOrder,
     ) -> f64 {
-        let mut lanes = [0f64; super::SQUARE_LANES];
+        let mut squares = Squares::new(signs.len().min(acc.len() / 8));
         for (m, (chunk, byte)) in acc.chunks_exact_mut(8).zip(signs.iter_mut()).enumerate() {
             let mut b = 0u8;
             for (j, v) in chunk.iter_mut().enumerate() {
@@ -273,12 +344,12 @@ pub mod scalar {
                     sum += scale * sign_of_bit(src[i * stride + m], j, order);
                 }
                 *v = sum + minus_signed(*v, carry);
-                lanes[(8 * m + j) % super::SQUARE_LANES] += f64::from(*v) * f64::from(*v);
+                squares.add(8 * m + j, *v);
                 b |= bit(*v) << order.shift(j);
             }
             *byte = b;
         }
-        lane_total(&lanes)
+        settle(squares.total(), &acc[..8 * signs.len().min(acc.len() / 8)])
     }
 
     /// Reference for [`subtract_signs`](super::subtract_signs).
@@ -312,7 +383,8 @@ mod fast {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above); the caller checked
             // the lengths (`u.len() == 8 · signs.len()`, `x.len() ≤ u.len()`).
-            return unsafe { super::x86::add_pack_squares_avx2(u, carry, x, signs, order) };
+            let total = unsafe { super::x86::add_pack_squares_avx2(u, carry, x, signs, order) };
+            return super::scalar::settle(total, &u[..8 * signs.len()]);
         }
         super::scalar::add_pack_squares(u, carry, x, signs, order)
     }
@@ -330,7 +402,9 @@ mod fast {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports AVX2 and FMA (checked just above); the caller checked
             // the lengths (`acc.len() == 8 · signs.len()`, every row inside `src`).
-            return unsafe { super::x86::unpack_sum_pack_squares_avx2(src, stride, scales, acc, carry, signs, order) };
+            let total =
+                unsafe { super::x86::unpack_sum_pack_squares_avx2(src, stride, scales, acc, carry, signs, order) };
+            return super::scalar::settle(total, &acc[..8 * signs.len()]);
         }
         super::scalar::unpack_sum_pack_squares(src, stride, scales, acc, carry, signs, order)
     }
@@ -690,28 +764,77 @@ mod x86 {
         let xl = x.len().min(u.len());
         let (up, xp, sp) = (u.as_mut_ptr(), x.as_ptr(), signs.as_mut_ptr());
         let mut acc = [_mm256_setzero_pd(); 4];
-        let [a0, a1, a2, a3] = &mut acc;
-        // Two groups per step, so that the f64 additions run in four independent chains;
-        // group `g` feeds lanes `8 · (g mod 2) ..` as in the scalar reference.
+        // Whole blocks of 8 groups: x covers the first `full` groups, so those skip the
+        // bounds tests of `add_group`.
+        let full = groups.min(xl / 8);
         let mut g = 0;
-        while g + 2 <= groups {
-            // `g + 1 < groups`: both groups' 8 floats of `u` and their sign bytes are in
-            // bounds, and `add_group` reads `x` only below `xl`.
-            let v = add_group(up, carry, xp, xl, 8 * g);
-            add_squares(v, a0, a1);
-            *sp.add(g) = sign_byte::<BIG>(v);
-            let v = add_group(up, carry, xp, xl, 8 * g + 8);
-            add_squares(v, a2, a3);
-            *sp.add(g + 1) = sign_byte::<BIG>(v);
-            g += 2;
+        while g + BLOCK_GROUPS <= full {
+            // `g + 8 ≤ full`: all 8 groups' floats of `u` and `x` and their sign bytes are in
+            // bounds.
+            g = squares_block(&mut acc, g, |g| {
+                let p = up.add(8 * g);
+                let v = _mm256_add_ps(_mm256_loadu_ps(xp.add(8 * g)), minus_signed(_mm256_loadu_ps(p), carry));
+                _mm256_storeu_ps(p, v);
+                *sp.add(g) = sign_byte::<BIG>(v);
+                v
+            });
         }
-        if g < groups {
-            // The last (even) group, in bounds as above.
+        while g + BLOCK_GROUPS <= groups {
+            // In bounds as above; `add_group` reads `x` only below `xl`.
+            g = squares_block(&mut acc, g, |g| {
+                let v = add_group(up, carry, xp, xl, 8 * g);
+                *sp.add(g) = sign_byte::<BIG>(v);
+                v
+            });
+        }
+        let [a0, a1, a2, a3] = &mut acc;
+        // The groups after the last whole block, each square in f64; group `g` feeds lanes
+        // `8 · (g mod 2) ..` as in the scalar reference (`g` is even here).
+        while g < groups {
             let v = add_group(up, carry, xp, xl, 8 * g);
-            add_squares(v, a0, a1);
             *sp.add(g) = sign_byte::<BIG>(v);
+            if g % 2 == 0 {
+                add_squares(v, a0, a1);
+            } else {
+                add_squares(v, a2, a3);
+            }
+            g += 1;
         }
         lane_total(acc)
+    }
+
+    /// Groups per block of [`SQUARE_BLOCK`](super::SQUARE_BLOCK) elements.
+    const BLOCK_GROUPS: usize = super::SQUARE_BLOCK / 8;
+
+    /// Runs `group` on the 8 groups from `g` (a multiple of 8) in order and adds the squares
+    /// of what each returns to `acc` as [`SQUARE_LANES`](super::SQUARE_LANES) says: even
+    /// groups' lanes in f32 in one register and odd groups' in another, then both in f64 into
+    /// `acc` (lanes 0–3, 4–7, 8–11, 12–15). Returns `g + 8`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `group` must be safe to call for these groups.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn squares_block(acc: &mut [__m256d; 4], g: usize, mut group: impl FnMut(usize) -> __m256) -> usize {
+        let (mut even, mut odd) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for step in 0..BLOCK_GROUPS / 2 {
+            let v = group(g + 2 * step);
+            even = _mm256_fmadd_ps(v, v, even);
+            let v = group(g + 2 * step + 1);
+            odd = _mm256_fmadd_ps(v, v, odd);
+        }
+        for (i, half) in [
+            _mm256_castps256_ps128(even),
+            _mm256_extractf128_ps::<1>(even),
+            _mm256_castps256_ps128(odd),
+            _mm256_extractf128_ps::<1>(odd),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            acc[i] = _mm256_add_pd(acc[i], _mm256_cvtps_pd(half));
+        }
+        g + BLOCK_GROUPS
     }
 
     /// The 8 elements of `acc` at group `g` after `acc ← Σᵢ scales[i] · (±1) + (acc − carry ·
@@ -775,23 +898,27 @@ mod x86 {
         let groups = signs.len().min(acc.len() / 8);
         let (ap, sp, src) = (acc.as_mut_ptr(), signs.as_mut_ptr(), src.as_ptr());
         let mut sums = [_mm256_setzero_pd(); 4];
-        let [a0, a1, a2, a3] = &mut sums;
         let mut g = 0;
-        // Two groups per step, as in `add_pack_squares_impl`; `g + 1 < groups` keeps both
-        // groups of `acc`, `signs` and every row in bounds (the caller's contract).
-        while g + 2 <= groups {
-            let v = sum_group::<BIG>(src, stride, scales, g, ap, carry);
-            add_squares(v, a0, a1);
-            *sp.add(g) = sign_byte::<BIG>(v);
-            let v = sum_group::<BIG>(src, stride, scales, g + 1, ap, carry);
-            add_squares(v, a2, a3);
-            *sp.add(g + 1) = sign_byte::<BIG>(v);
-            g += 2;
+        // Whole blocks, then the rest with each square in f64, as in `add_pack_squares_impl`;
+        // `g < groups` keeps each group of `acc`, `signs` and every row in bounds (the
+        // caller's contract).
+        while g + BLOCK_GROUPS <= groups {
+            g = squares_block(&mut sums, g, |g| {
+                let v = sum_group::<BIG>(src, stride, scales, g, ap, carry);
+                *sp.add(g) = sign_byte::<BIG>(v);
+                v
+            });
         }
-        if g < groups {
+        let [a0, a1, a2, a3] = &mut sums;
+        while g < groups {
             let v = sum_group::<BIG>(src, stride, scales, g, ap, carry);
-            add_squares(v, a0, a1);
             *sp.add(g) = sign_byte::<BIG>(v);
+            if g % 2 == 0 {
+                add_squares(v, a0, a1);
+            } else {
+                add_squares(v, a2, a3);
+            }
+            g += 1;
         }
         lane_total(sums)
     }

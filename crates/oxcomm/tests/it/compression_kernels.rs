@@ -194,7 +194,7 @@ fn same_sum(a: f64, b: f64) -> bool {
 }
 
 /// The worker pass against the unfused steps it replaces (the last call's `subtract_signs`,
-/// `u + x` where `x` reaches, `pack_signs`, the f64 sum of squares): NaN, ±0, ±∞ and a `−0`
+/// `u + x` where `x` reaches, `pack_signs`, the sum of squares): NaN, ±0, ±∞ and a `−0`
 /// in the padding, which must stay `−0` when nothing is carried.
 #[test]
 fn add_pack_squares_by_hand() {
@@ -254,6 +254,64 @@ fn unpack_sum_pack_squares_by_hand() {
         let sq: f64 = want.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
         assert!((ss - sq).abs() <= 1e-12 * sq, "{ss} vs {sq}");
     }
+}
+
+/// The sum of squares with every square in f64, in `SQUARE_LANES` lane order.
+fn exact_squares(v: &[f32]) -> f64 {
+    let mut lanes = [0f64; pack::SQUARE_LANES];
+    for (k, &x) in v.iter().enumerate() {
+        lanes[k % pack::SQUARE_LANES] += f64::from(x) * f64::from(x);
+    }
+    lanes.iter().fold(0.0, |t, &l| t + l)
+}
+
+/// Whole blocks sum their squares in f32 first: within 3 f32 roundings of the exact sum,
+/// on both passes and on lengths with and without a tail after the last block.
+#[test]
+fn block_sums_of_squares_stay_within_f32_rounding() {
+    for len in [64usize, 1000, 4096 + 24, 1 << 16] {
+        // Magnitudes from 1e-6 to 1e6, both signs.
+        let u0: Vec<f32> = (0..len)
+            .map(|k| {
+                let t = ((k as u64 * 2_654_435_761) % 1000) as f32 / 1000.0;
+                (if k % 3 == 0 { -1.0 } else { 1.0 }) * 10f32.powf(12.0 * t - 6.0)
+            })
+            .collect();
+        let want = exact_squares(&u0);
+        let mut u = u0.clone();
+        let mut signs = vec![0u8; len / 8];
+        let got = pack::add_pack_squares(&mut u, 0.0, &[], &mut signs, BitOrder::Big).unwrap();
+        assert!(((got - want) / want).abs() < 3e-7, "len {len}: {got} vs {want}");
+        let mut acc = u0;
+        let got = pack::unpack_sum_pack_squares(&[], 0, &[], &mut acc, 0.0, &mut signs, BitOrder::Big).unwrap();
+        assert!(((got - want) / want).abs() < 3e-7, "len {len}: {got} vs {want}");
+    }
+}
+
+/// Where f32 squares would overflow or lose precision (|v| ≥ 2⁶⁴, or a total below 2⁻⁶⁰),
+/// the sum is every square in f64, exactly.
+#[test]
+fn huge_and_tiny_squares_are_summed_in_f64() {
+    for v in [1e20f32, -3e25, 1e-25, -2e-30, 1e-40, 0.0] {
+        let mut u0 = vec![v; 128];
+        u0[77] = v * 0.5;
+        let want = exact_squares(&u0);
+        assert!(want.is_finite());
+        let mut u = u0.clone();
+        let mut signs = [0u8; 16];
+        let got = pack::add_pack_squares(&mut u, 0.0, &[], &mut signs, BitOrder::Little).unwrap();
+        assert_eq!(got.to_bits(), want.to_bits(), "{v}: {got} vs {want}");
+        let scalar = pack::scalar::add_pack_squares(&mut u0.clone(), 0.0, &[], &mut signs, BitOrder::Little);
+        assert_eq!(scalar.to_bits(), want.to_bits(), "{v}: scalar {scalar} vs {want}");
+        let mut acc = u0;
+        let got = pack::unpack_sum_pack_squares(&[], 0, &[], &mut acc, 0.0, &mut signs, BitOrder::Little).unwrap();
+        assert_eq!(got.to_bits(), want.to_bits(), "{v}: {got} vs {want}");
+    }
+    // A real infinity stays infinite.
+    let mut u = vec![1.0f32; 64];
+    u[3] = f32::INFINITY;
+    let got = pack::add_pack_squares(&mut u, 0.0, &[], &mut [0u8; 8], BitOrder::Big).unwrap();
+    assert_eq!(got, f64::INFINITY);
 }
 
 #[test]
