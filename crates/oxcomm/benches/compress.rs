@@ -5,8 +5,10 @@
 //! sets another count, e.g. `1048576` for the 4 MiB of the 1-bit target), median of 15
 //! timed runs after one warm-up, all buffers written before timing. Rates are GB/s (10^9 bytes)
 //! of f32 data (the input of pack/quantize, the output of unpack/dequantize), so each is
-//! comparable with the copy. Without `--bench` (as under `cargo test --all-targets`) it runs a
-//! tiny smoke pass instead.
+//! comparable with the copy. A second table times the 1-bit all-reduce's three fused passes
+//! on 2 threads at once, each with the buffers of one rank of a 2-rank call, beside only their
+//! memory traffic (the floor any kernel of that op meets on this machine). Without `--bench`
+//! (as under `cargo test --all-targets`) it runs a tiny smoke pass instead.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -151,4 +153,67 @@ fn main() {
         let s = t.as_secs_f64();
         println!("{name:<50} {:>10.3} {:>10.2} {:>9.2}x", s * 1e3, b / s / 1e9, copy / s);
     }
+
+    // The 1-bit all-reduce's passes as two ranks run them at once, without the exchanges:
+    // each thread owns x (n), the worker error u (n) and the server error m (n/2), as a rank
+    // of a 2-rank call does, and runs either the three fused passes or only their memory
+    // traffic (u += x, m += 1, x written).
+    println!();
+    println!("1-bit passes per call on 2 threads at once (each: x, u of {n}, m of {}), median of the slower", n / 2);
+    println!("{:<50} {:>10}", "passes", "ms");
+    let rounds = if full { 60 } else { 2 };
+    let fused = two_threads(n, rounds, |x, u, m, signs| {
+        let (rows, out) = signs.split_at_mut(n / 8);
+        black_box(pack::add_pack_squares(u, 1e-3, x, rows, BitOrder::Big).unwrap());
+        black_box(pack::unpack_sum_pack_squares(rows, n / 16, &[1e-3, 2e-3], m, 1e-3, out, BitOrder::Big).unwrap());
+        for (half, row) in x.chunks_mut(n / 2).zip(rows.chunks(n / 16)) {
+            pack::unpack_scaled(row, half, 1e-3, BitOrder::Big).unwrap();
+        }
+    });
+    println!("{:<50} {:>10.3}", "worker + server (2 rows) + output", fused.as_secs_f64() * 1e3);
+    let traffic = two_threads(n, rounds, |x, u, m, _| {
+        for (u, x) in u.iter_mut().zip(x.iter()) {
+            *u += *x;
+        }
+        for m in m.iter_mut() {
+            *m += 1.0;
+        }
+        x.fill(black_box(0.5));
+    });
+    println!("{:<50} {:>10.3}", "their memory traffic only", traffic.as_secs_f64() * 1e3);
+}
+
+/// Runs `pass(x, u, m, signs)` `rounds` times on each of 2 threads with buffers of its own,
+/// both threads starting each round together; the median over rounds of the slower thread.
+fn two_threads(
+    n: usize,
+    rounds: usize,
+    pass: impl Fn(&mut [f32], &mut [f32], &mut [f32], &mut [u8]) + Sync,
+) -> Duration {
+    let barrier = std::sync::Barrier::new(2);
+    let times: Vec<Vec<Duration>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|t| {
+                let (barrier, pass) = (&barrier, &pass);
+                s.spawn(move || {
+                    let mut x: Vec<f32> = (0..n).map(|k| ((k * 7 + t) % 101) as f32 / 50.0 - 1.0).collect();
+                    let (mut u, mut m, mut signs) =
+                        (vec![0.25f32; n], vec![0.5f32; n / 2], vec![0x5Au8; n / 8 + n / 16]);
+                    (0..rounds + 1)
+                        .map(|_| {
+                            barrier.wait();
+                            let start = Instant::now();
+                            pass(&mut x, &mut u, &mut m, &mut signs);
+                            start.elapsed()
+                        })
+                        .skip(1)
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("bench thread")).collect()
+    });
+    let mut slower: Vec<Duration> = times[0].iter().zip(&times[1]).map(|(a, b)| *a.max(b)).collect();
+    slower.sort();
+    slower[slower.len() / 2]
 }
