@@ -10,6 +10,7 @@
 #    (bench/gloo_allreduce.py, same sizes, method and columns), and the ratio oxcomm/gloo:
 #    busbw for sizes >= 1 MiB (above 1 = oxcomm faster), time for smaller ones (below 1 =
 #    oxcomm faster). torch comes from PyPI into a venv (VENV) when `import torch` fails there.
+#    Then the ceiling: two plain sockets streaming both ways at once over loopback.
 #
 # Why busbw * 8 / rate: for all_reduce nccl-tests defines busbw = algbw * 2(n-1)/n, which is
 # the rate at which each rank's link carries data in a ring (each rank sends, and receives,
@@ -26,7 +27,8 @@
 # Environment: RATES ("1gbit 10gbit unshaped"), BURST (tbf burst, 128k: two 64 KiB GSO
 # segments; tbf needs at least one), MIN_LINK (1K), MAX (256M), LINK_ITERS (5),
 # LINK_WARMUP (1), MIN (8, loopback), ITERS (20), WARMUP (5), SKIP_GLOO (0), VENV
-# ($TARGET/gloo-venv), OUT (raw tables; default $CARGO_TARGET_DIR or target, then /tcp_links).
+# ($TARGET/gloo-venv), OUT (raw tables; default $CARGO_TARGET_DIR or target, then /tcp_links),
+# SKIP_RAW (0; 1 skips the raw-socket ceiling printed after the loopback table), RAW_MIB (1024).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -116,6 +118,17 @@ else
     done
 fi
 
+# What the kernel's loopback TCP itself allows on this machine: two sockets streaming 4 MiB
+# chunks both ways at once (a 2-rank ring all_reduce sends and receives at the same time), no
+# collective and no reduction. A 2-rank all_reduce's busbw cannot exceed this per-direction rate.
+ceiling() {
+    [ "${SKIP_RAW:-0}" = 1 ] && return 0
+    echo "#"
+    echo "# ceiling: raw loopback TCP between two sockets (cargo bench -p oxcomm --bench tcp)"
+    OXCOMM_BENCH_STREAM_MIB=${RAW_MIB:-1024} OXCOMM_BENCH_ITERS=2000 cargo bench -q -p oxcomm --bench tcp 2>/dev/null |
+        grep -E '^stream' | sed 's/^/# /'
+}
+
 # ------------------------------------------------------------------------------------------
 # 2. Loopback: oxcomm tcp vs gloo
 # ------------------------------------------------------------------------------------------
@@ -126,6 +139,7 @@ if [ "$SKIP_GLOO" = 1 ]; then
     echo "#"
     echo "# loopback, 2 ranks, oxcomm tcp only (SKIP_GLOO=1); raw: $OUT/loopback_oxcomm.txt"
     rows "$OUT/loopback_oxcomm.txt" | awk '{ printf "%12d  %12s  %10.4f  %s\n", $1, $10, $1 / $10 / 1e3, $13 }'
+    ceiling
     exit 0
 fi
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
@@ -156,3 +170,5 @@ awk '
             printf "%12d  %12s %10.4f  %12s %10.4f  %8.2f %s%s\n", s, gt[s], gb[s], xt[s], xb[s], r, kind, bad;
         }
     }' "$OUT/loopback_gloo.txt" "$OUT/loopback_oxcomm.txt"
+
+ceiling

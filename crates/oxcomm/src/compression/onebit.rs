@@ -47,7 +47,7 @@
 //! the same `y`, `y[j·C + k] = β_j · sgn_j[k]`, and the caller's buffer gets `y[..L]`.
 //!
 //! Sums of squares are accumulated in f64 from f32 partials over blocks of 64 elements (within
-//! about 2·10⁻⁷ of the exact sum, closer than DeepSpeed's f32 norm; [`pack::SQUARE_LANES`]
+//! 2.4·10⁻⁷ of the exact sum, closer than DeepSpeed's f32 norm; [`pack::SQUARE_LANES`]
 //! gives the order and the exact fallback) and the norm is rounded to f32 once; everything
 //! else is f32 in DeepSpeed's order of operations.
 //!

@@ -99,8 +99,8 @@ pub fn unpack_scaled_add(src: &[u8], acc: &mut [f32], scale: f32, order: BitOrde
 /// f32, each lane's 4 squares with fused multiply-adds from `0.0` in element order, and that
 /// partial is added to the lane's f64 sum; the elements after the last whole block add their
 /// exact f64 squares. The f32 partials cost a third of the vector work of squaring every
-/// element in f64, and are within 3 f32 roundings (about 2·10⁻⁷ relative) of it, less than
-/// the f32 norm that DeepSpeed computes. If the total is infinite (an f32 square overflowed,
+/// element in f64, and each is within 4 f32 roundings (2.4·10⁻⁷ relative) of its exact value:
+/// closer than the f32 norm that DeepSpeed computes. If the total is infinite (an f32 square overflowed,
 /// `|v| ≥ 2⁶⁴`) or below [`SQUARE_EXACT_BELOW`] (where f32 squares lose their precision), it is
 /// recomputed with every square in f64, which costs one more read of the slice. Fixing all this
 /// makes the fast kernels and [`scalar`] agree bit for bit.
