@@ -62,6 +62,7 @@ pub mod error;
 #[cfg(target_os = "linux")]
 pub mod init;
 pub mod logging;
+mod object;
 pub mod reduce;
 pub mod rendezvous;
 pub mod threads;

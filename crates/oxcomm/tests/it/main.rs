@@ -6,6 +6,7 @@ mod compression_kernels;
 mod failures;
 mod logging;
 mod multiproc;
+mod objects;
 mod onebit;
 mod quant_collectives;
 mod reduce;
