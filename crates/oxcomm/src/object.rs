@@ -159,6 +159,10 @@ impl Communicator {
         let n = self.size();
         let mut lens = vec![0i64; n];
         self.all_gather(&[bytes.map_or(NOTHING, |b| length_of(b.len()))], &mut lens)?;
+        if let Some(from) = lens.iter().position(|&l| l < NOTHING) {
+            let msg = format!("rank {from} announced a length of {} bytes", lens[from]);
+            return Err(Error::protocol(msg).with_op(op.to_string()).with_rank(self.world_rank()).with_peer(from));
+        }
         if let Some(from) = lens.iter().position(|&l| l == NOTHING) {
             let missing: Vec<usize> = (0..n).filter(|&r| lens[r] == NOTHING).collect();
             let e = self

@@ -175,3 +175,22 @@ fn bytes_that_do_not_decode_are_an_error_naming_the_sender() {
     assert_eq!((e.kind(), e.peer()), (ErrorKind::InvalidArgument, Some(0)));
     assert!(e.to_string().contains("do not decode as"), "{e}");
 }
+
+#[test]
+fn a_negative_length_from_a_peer_is_a_protocol_error() {
+    // Rank 2 takes part in the length exchange with a length no rank can send.
+    let out = threads::run(3, |comm| {
+        if comm.rank() == 2 {
+            let mut lens = vec![0i64; 3];
+            comm.all_gather(&[-7i64], &mut lens).map(|_| Vec::new())
+        } else {
+            comm.all_gather_bytes(b"abc")
+        }
+    })
+    .unwrap();
+    for r in &out[..2] {
+        let e = r.as_ref().unwrap_err();
+        assert_eq!((e.kind(), e.peer()), (ErrorKind::Protocol, Some(2)), "{e}");
+    }
+    assert!(out[2].is_ok());
+}
