@@ -29,13 +29,15 @@
 //!
 //! # Out-of-place and in-place
 //!
-//! oxcomm's all_reduce, broadcast and reduce work in place; all_gather, reduce_scatter and
-//! all_to_all take separate input and output buffers. The mode the API lacks is emulated with
-//! one extra copy, which is *inside* the timed region (it is what a caller of our API pays):
+//! oxcomm's all_reduce has both modes (`all_reduce_into` and `all_reduce`); broadcast and
+//! reduce work in place; all_gather, reduce_scatter and all_to_all take separate input and
+//! output buffers. The mode the API lacks is emulated with one extra copy, which is *inside*
+//! the timed region (it is what a caller of our API pays):
 //!
 //! | op | out-of-place | in-place |
 //! | --- | --- | --- |
-//! | all_reduce, reduce | copy input → output, then the op on the output | the op on the buffer |
+//! | all_reduce | `all_reduce_into(input, output)` | `all_reduce(buffer)` |
+//! | reduce | copy input → output, then the op on the output | the op on the buffer |
 //! | broadcast | root copies input → output, then broadcast of the output | broadcast of the buffer |
 //! | all_gather | separate input and output | copy this rank's block of the output to a scratch input, then all_gather |
 //! | reduce_scatter | separate input and output | reduce_scatter into a scratch output, then copy it to this rank's block of the input |
@@ -408,9 +410,13 @@ impl BenchOp {
         matches!(self, BenchOp::Broadcast | BenchOp::Reduce)
     }
 
-    /// Whether the API works in place (so out-of-place is the emulated mode).
-    fn native_in_place(self) -> bool {
-        matches!(self, BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce | BenchOp::OnebitAllReduce)
+    /// Whether the API lacks the mode (`in_place` or not), which is then emulated with a copy.
+    fn emulated(self, in_place: bool) -> bool {
+        match self {
+            BenchOp::AllReduce => false,
+            BenchOp::Broadcast | BenchOp::Reduce | BenchOp::OnebitAllReduce => !in_place,
+            _ => in_place,
+        }
     }
 
     /// Why the op cannot run on `dtype`, if it cannot.
@@ -443,7 +449,8 @@ impl BenchOp {
     /// How the emulated mode works, for the block header.
     fn emulation_note(self) -> &'static str {
         match self {
-            BenchOp::AllReduce | BenchOp::Reduce => {
+            BenchOp::AllReduce => "out-of-place = all_reduce_into(input, output), in-place = all_reduce(buffer)",
+            BenchOp::Reduce => {
                 "out-of-place = copy input to output, then the in-place op on the output (the API is in-place)"
             }
             BenchOp::Broadcast => {
@@ -1279,7 +1286,7 @@ impl Report {
                 size_bytes: line.size_bytes,
                 count: line.count,
                 in_place,
-                emulated: in_place != line.op.native_in_place(),
+                emulated: line.op.emulated(in_place),
                 iters: p.iters,
                 warmup_iters: p.warmup,
                 time_us: m.time_us,
@@ -1566,10 +1573,7 @@ impl Case<'_> {
         let o = self.opts;
         match (self.op, self.in_place) {
             (BenchOp::AllReduce, true) => c.all_reduce_with(&mut a[..input], self.redop, o),
-            (BenchOp::AllReduce, false) => {
-                b[..input].copy_from_slice(&a[..input]);
-                c.all_reduce_with(&mut b[..input], self.redop, o)
-            }
+            (BenchOp::AllReduce, false) => c.all_reduce_into_with(&a[..input], &mut b[..input], self.redop, o),
             (BenchOp::Reduce, true) => c.reduce_with(&mut a[..input], self.root, self.redop, o),
             (BenchOp::Reduce, false) => {
                 b[..input].copy_from_slice(&a[..input]);

@@ -16,7 +16,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::algorithms::hierarchical::HostLayout;
-use crate::algorithms::{self, plan, Algorithm};
+use crate::algorithms::{self, plan, Algorithm, ReduceBuffers};
 use crate::dtype::{as_bytes, as_bytes_mut, DType, Element};
 use crate::engine::{Ctx, LinkStats, Xfer};
 use crate::error::{Error, ErrorKind, Result};
@@ -636,25 +636,83 @@ impl Communicator {
     /// [`Communicator::all_reduce`] with per-op options.
     #[track_caller]
     pub fn all_reduce_with<T: Element>(&self, buf: &mut [T], op: ReduceOp, opts: &OpOptions) -> Result<()> {
-        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), buf.len());
+        self.all_reduce_buffers(ReduceBuffers::InPlace(buf), op, opts)
+    }
+
+    /// Reduces every rank's `input` with `op` into every rank's `output` (NCCL's out-of-place
+    /// `ncclAllReduce(sendbuff, recvbuff)`); `input` is only read. Both have the same length.
+    ///
+    /// The shared-memory direct algorithm reads `input` where it would read the buffer in place,
+    /// so this costs no more than [`Communicator::all_reduce`]; the others copy `input` into
+    /// `output` and reduce that in place. Ranks may mix this and `all_reduce` in one op. On
+    /// error `output` holds garbage. Lengths that differ are [`ErrorKind::InvalidArgument`]
+    /// before any communication.
+    ///
+    /// ```
+    /// use oxcomm::ReduceOp;
+    /// let out = oxcomm::threads::run(2, |comm| {
+    ///     let grads = vec![comm.rank() as f32 + 1.0; 4];
+    ///     let mut sum = vec![0.0; 4];
+    ///     comm.all_reduce_into(&grads, &mut sum, ReduceOp::Sum)?;
+    ///     Ok::<_, oxcomm::Error>((grads, sum))
+    /// })
+    /// .unwrap();
+    /// let (grads, sum) = out[1].as_ref().unwrap();
+    /// assert_eq!((grads[0], sum[0]), (2.0, 3.0));
+    /// ```
+    #[track_caller]
+    pub fn all_reduce_into<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce_into_with(input, output, op, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_reduce_into`] with per-op options.
+    #[track_caller]
+    pub fn all_reduce_into_with<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        if input.len() != output.len() {
+            let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), input.len());
+            fp.op = Some(op);
+            let msg = format!("output has {} elements, input {}: they must be equal", output.len(), input.len());
+            return Err(self.arg_error(&fp, msg));
+        }
+        self.all_reduce_buffers(ReduceBuffers::Apart { input, output }, op, opts)
+    }
+
+    #[track_caller]
+    fn all_reduce_buffers<T: Element>(&self, io: ReduceBuffers<'_, T>, op: ReduceOp, opts: &OpOptions) -> Result<()> {
+        let count = io.len();
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), count);
         fp.op = Some(op);
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
         #[cfg(feature = "mpi")]
         if let Some(b) = self.mpi() {
-            return b.all_reduce(self, fp, buf, op, opts);
+            return b.all_reduce(self, fp, io.into_in_place(), op, opts);
         }
-        let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
+        let algo = self.algorithm(&fp, opts, count * std::mem::size_of::<T>(), count)?;
         let n = self.size();
         let layout = self.group.layout.as_ref();
         self.collective(fp, opts, algo != Algorithm::ShmDirect, algo.name(), |ctx, fp| {
-            match (algo, layout) {
+            let buf = match (algo, layout) {
                 #[cfg(target_os = "linux")]
-                (Algorithm::ShmDirect, _) => with_direct(ctx, |ctx, d| {
-                    crate::algorithms::shm_direct::all_reduce(ctx, d, fp, buf, op.combiner())
-                })?,
-                (Algorithm::Hierarchical, Some(l)) => algorithms::hierarchical::all_reduce(ctx, l, buf, op.combiner())?,
-                _ => run_all_reduce(ctx, algo, buf, op.combiner())?,
-            }
+                (Algorithm::ShmDirect, _) => {
+                    with_direct(ctx, |ctx, d| crate::algorithms::shm_direct::all_reduce(ctx, d, fp, io, op.combiner()))?
+                }
+                (Algorithm::Hierarchical, Some(l)) => {
+                    let buf = io.into_in_place();
+                    algorithms::hierarchical::all_reduce(ctx, l, buf, op.combiner())?;
+                    buf
+                }
+                _ => {
+                    let buf = io.into_in_place();
+                    run_all_reduce(ctx, algo, buf, op.combiner())?;
+                    buf
+                }
+            };
             reduce::finish_avg(buf, op, n);
             Ok(())
         })

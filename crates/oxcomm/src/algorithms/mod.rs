@@ -18,6 +18,82 @@ pub(crate) mod star;
 pub(crate) mod tree;
 
 use std::fmt;
+use std::ops::Range;
+
+use crate::copy::copy;
+use crate::dtype::{as_bytes, as_bytes_mut, Element};
+
+/// The buffers of an all-reduce: one reduced in place, or an input that is only read and an
+/// output of the same length that receives the result.
+pub(crate) enum ReduceBuffers<'a, T> {
+    /// `all_reduce(buf)`.
+    InPlace(&'a mut [T]),
+    /// `all_reduce_into(input, output)`.
+    Apart { input: &'a [T], output: &'a mut [T] },
+}
+
+impl<'a, T: Element> ReduceBuffers<'a, T> {
+    /// Elements in each buffer.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            ReduceBuffers::InPlace(b) => b.len(),
+            ReduceBuffers::Apart { input, .. } => input.len(),
+        }
+    }
+
+    /// Elements `r` of this rank's contribution.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn input(&self, r: Range<usize>) -> &[T] {
+        match self {
+            ReduceBuffers::InPlace(b) => &b[r],
+            ReduceBuffers::Apart { input, .. } => &input[r],
+        }
+    }
+
+    /// Elements `r` of the result's buffer, as they are.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn output(&mut self, r: Range<usize>) -> &mut [T] {
+        match self {
+            ReduceBuffers::InPlace(b) => &mut b[r],
+            ReduceBuffers::Apart { output, .. } => &mut output[r],
+        }
+    }
+
+    /// Elements `r` of the result's buffer holding this rank's contribution (copied from the
+    /// input first when apart).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn loaded(&mut self, r: Range<usize>) -> &mut [T] {
+        match self {
+            ReduceBuffers::InPlace(b) => &mut b[r],
+            ReduceBuffers::Apart { input, output } => {
+                let out = &mut output[r.clone()];
+                copy(as_bytes_mut(out), as_bytes(&input[r]));
+                out
+            }
+        }
+    }
+
+    /// The result's buffer holding this rank's contribution, for algorithms that work in
+    /// place (apart: the input is copied into the output first).
+    pub(crate) fn into_in_place(self) -> &'a mut [T] {
+        match self {
+            ReduceBuffers::InPlace(b) => b,
+            ReduceBuffers::Apart { input, output } => {
+                copy(as_bytes_mut(output), as_bytes(input));
+                output
+            }
+        }
+    }
+
+    /// The result's buffer, as it is.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn into_output(self) -> &'a mut [T] {
+        match self {
+            ReduceBuffers::InPlace(b) => b,
+            ReduceBuffers::Apart { output, .. } => output,
+        }
+    }
+}
 
 /// An algorithm a collective can run with. Not every algorithm applies to every op; forcing
 /// one that does not is an [`crate::ErrorKind::InvalidArgument`] error.

@@ -27,6 +27,7 @@
 //! communicator; every rank moves each of them by the same amount in every op.
 
 use super::schedule::chunk;
+use super::ReduceBuffers;
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
@@ -108,64 +109,69 @@ fn wait_counter(ctx: &mut Ctx<'_>, shm: &ShmDirect, c: Counter, value: u64) -> R
 }
 
 /// Direct all-reduce (`op` is the combiner; `Avg` is finished by the caller).
-pub(crate) fn all_reduce<T: Element>(
+pub(crate) fn all_reduce<'b, T: Element>(
     ctx: &mut Ctx<'_>,
     d: &mut Direct<'_>,
     fp: &Fingerprint,
-    buf: &mut [T],
+    mut io: ReduceBuffers<'b, T>,
     op: ReduceOp,
-) -> Result<()> {
-    let bytes = std::mem::size_of_val(buf);
+) -> Result<&'b mut [T]> {
+    let total = io.len();
+    let bytes = total * std::mem::size_of::<T>();
     if is_small(bytes) {
-        let parity = arrive(ctx, d, fp, as_bytes(buf))?;
+        let parity = arrive(ctx, d, fp, as_bytes(io.input(0..total)))?;
+        let out = io.into_output();
         for r in 0..ctx.size {
             // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
             // reused (two ops later).
             let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
             if r == 0 {
-                copy(as_bytes_mut(buf), payload);
+                copy(as_bytes_mut(out), payload);
             } else {
-                reduce::reduce_into(buf, bytemuck::cast_slice(payload), op);
+                reduce::reduce_into(out, bytemuck::cast_slice(payload), op);
             }
         }
-        return Ok(());
+        return Ok(out);
     }
     arrive(ctx, d, fp, &[])?;
     let (n, me, size) = (ctx.size, ctx.rank, std::mem::size_of::<T>());
     let per_chunk = CHUNK_BYTES / size;
-    let total = buf.len();
     for start in (0..total).step_by(per_chunk) {
-        let part = &mut buf[start..(start + per_chunk).min(total)];
+        let part_len = (start + per_chunk).min(total) - start;
         let g = d.state.chunks;
         let half = (g & 1) as usize;
         let shm = d.shm;
-        let part_len = part.len();
-        let slice = |r: usize| chunk(part_len, n, r);
+        // Slice r of this chunk, as a range of the whole buffer.
+        let slice = |r: usize| {
+            let s = chunk(part_len, n, r);
+            start + s.start..start + s.end
+        };
         // Half `half` was last used by chunk g-2: everyone must be done reading it.
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
         for r in (0..n).filter(|r| *r != me) {
             let s = slice(r);
+            let off = (s.start - start) * size;
             // SAFETY: others read slice r of my buffer only after I publish CopiedIn = g+1, and
             // they finished with chunk g-2 (waited above).
-            copy(unsafe { shm.chunk_mut(half, s.start * size, s.len() * size) }, as_bytes(&part[s]));
+            copy(unsafe { shm.chunk_mut(half, off, s.len() * size) }, as_bytes(io.input(s)));
         }
         shm.publish(Counter::CopiedIn, g + 1);
         wait_counter(ctx, shm, Counter::CopiedIn, g + 1)?;
         let mine = slice(me);
         if !mine.is_empty() {
-            let (off, len) = (mine.start * size, mine.len() * size);
+            let (off, len) = ((mine.start - start) * size, mine.len() * size);
             // SAFETY: slice `me` of my buffer is read by others only after I publish
             // Reduced = g+1; the other ranks' slices `me` were published for chunk g and are
             // not rewritten before everyone published CopiedOut = g+1.
             let dst: &mut [T] = bytemuck::cast_slice_mut(unsafe { shm.chunk_mut(half, off, len) });
             let theirs = |r: usize| -> &[T] { bytemuck::cast_slice(unsafe { shm.chunk(r, half, off, len) }) };
-            // In L1-sized pieces: reduce into the user's buffer, then copy the piece (still
-            // in L1) to my chunk buffer for the others; so my own slice needs no copy-out.
+            // In L1-sized pieces: reduce into the result's buffer (apart: after copying the
+            // input's piece there), then copy the piece (still in L1) to my chunk buffer for
+            // the others; so my own slice needs no copy-out.
             let piece = (REDUCE_PIECE_BYTES / size).max(1);
-            let mine_part = &mut part[mine.clone()];
-            for lo in (0..mine_part.len()).step_by(piece) {
-                let hi = (lo + piece).min(mine_part.len());
-                let user = &mut mine_part[lo..hi];
+            for lo in (0..mine.len()).step_by(piece) {
+                let hi = (lo + piece).min(mine.len());
+                let user = io.loaded(mine.start + lo..mine.start + hi);
                 for r in (0..n).filter(|r| *r != me) {
                     reduce::reduce_into(user, &theirs(r)[lo..hi], op);
                 }
@@ -179,15 +185,16 @@ pub(crate) fn all_reduce<T: Element>(
             if s.is_empty() {
                 continue;
             }
+            let off = (s.start - start) * size;
             // SAFETY: rank r published its reduced slice for chunk g and rewrites it only after
             // everyone (me included) published CopiedOut = g+1.
-            let src = unsafe { shm.chunk(r, half, s.start * size, s.len() * size) };
-            copy(as_bytes_mut(&mut part[s]), src);
+            let src = unsafe { shm.chunk(r, half, off, s.len() * size) };
+            copy(as_bytes_mut(io.output(s)), src);
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;
     }
-    Ok(())
+    Ok(io.into_output())
 }
 
 /// Direct broadcast from group rank `root`.

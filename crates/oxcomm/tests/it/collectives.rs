@@ -299,7 +299,21 @@ fn all_reduce_case<T: Element>(
 ) -> Result<(), String> {
     let mut buf = inputs::<T>(comm.rank(), count, op);
     comm.all_reduce_with(&mut buf, op, opts).map_err(|e| e.to_string())?;
-    check("all_reduce", &buf, &expected::<T>(comm.size(), count, op))
+    let want = expected::<T>(comm.size(), count, op);
+    check("all_reduce", &buf, &want)?;
+    // Once more with even ranks out of place (into an output full of garbage) and odd ranks
+    // in place, in the same op.
+    let input = inputs::<T>(comm.rank(), count, op);
+    if comm.rank() % 2 == 0 {
+        let mut output = vec![T::from_f64(77.0); count];
+        comm.all_reduce_into_with(&input, &mut output, op, opts).map_err(|e| e.to_string())?;
+        check("all_reduce_into (input untouched)", &input, &inputs::<T>(comm.rank(), count, op))?;
+        check("all_reduce_into", &output, &want)
+    } else {
+        let mut buf = input;
+        comm.all_reduce_with(&mut buf, op, opts).map_err(|e| e.to_string())?;
+        check("all_reduce beside all_reduce_into", &buf, &want)
+    }
 }
 
 fn rooted_case<T: Element>(
@@ -435,5 +449,23 @@ fn hierarchical_plan_and_layout() {
         assert_eq!(layout, Some((2, 2)));
         assert_eq!(kind, oxcomm::ErrorKind::InvalidArgument);
         assert!(flat);
+    }
+}
+
+#[test]
+fn all_reduce_into_rejects_unequal_lengths_before_sending() {
+    let out = threads::run(2, |comm| {
+        let mut short = vec![0.0f32; 3];
+        let err = comm.all_reduce_into(&[1.0f32; 4], &mut short, ReduceOp::Sum).unwrap_err();
+        // Nothing was sent: the next op still pairs up.
+        let mut ok = [comm.rank() as f32; 2];
+        comm.all_reduce(&mut ok, ReduceOp::Sum).unwrap();
+        (err.kind(), err.to_string(), short, ok)
+    })
+    .unwrap();
+    for (kind, msg, short, ok) in out {
+        assert_eq!(kind, oxcomm::ErrorKind::InvalidArgument);
+        assert!(msg.contains("all_reduce") && msg.contains("must be equal"), "{msg}");
+        assert_eq!((short, ok), (vec![0.0; 3], [1.0; 2]));
     }
 }
