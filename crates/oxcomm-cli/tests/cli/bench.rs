@@ -236,9 +236,11 @@ fn json_and_csv_have_every_field_per_op_size_and_mode() {
         assert!((alg - algbw).abs() <= 1e-9 * algbw, "{row}");
     }
     assert_eq!(rows[0]["op"], "all_reduce");
-    assert_eq!((rows[0]["in_place"].clone(), rows[0]["emulated"].clone()), (false.into(), true.into()));
+    // all_reduce has both modes (all_reduce_into out of place); broadcast emulates out-of-place.
+    assert_eq!((rows[0]["in_place"].clone(), rows[0]["emulated"].clone()), (false.into(), false.into()));
     assert_eq!((rows[1]["in_place"].clone(), rows[1]["emulated"].clone()), (true.into(), false.into()));
     assert_eq!(rows[6]["op"], "broadcast");
+    assert_eq!((rows[6]["in_place"].clone(), rows[6]["emulated"].clone()), (false.into(), true.into()));
     assert_eq!(rows[6]["root"], 0);
     assert!(rows[6]["redop"].is_null());
 
