@@ -18,7 +18,9 @@
 //! reduced slice into the user's buffer. Three steps per chunk; per rank (n−1)/n·S copied in,
 //! S read and 2S/n written by the reduction, (n−1)/n·S copied out (writing the user's slice
 //! from the reduction instead of copying it out made 2 ranks 20–30% faster at 1–16 MiB). Chunks are
-//! small enough to stay in the L2 cache between the steps.
+//! small enough to stay in the L2 cache between the steps. Out of place
+//! ([`ReduceBuffers::Apart`]) the same steps read the input and write the output, each
+//! reduced piece being copied from the input into the output just before it is reduced there.
 //!
 //! **Broadcast**: small payloads travel in the root's slot; large ones chunk by chunk through
 //! the root's input region. **Barrier**: arrival alone.
