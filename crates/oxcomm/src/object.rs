@@ -3,7 +3,10 @@
 //! [`Communicator::all_gather`] (so they run on every transport and backend).
 //!
 //! This module owns the length exchange, the padding and the (de)serialization; moving the
-//! bytes is the communicator's.
+//! bytes is the communicator's. With the comms logger on, each call is recorded under its own
+//! name (`broadcast_object`, `all_gather_object`, `broadcast_bytes`, `all_gather_bytes`) with
+//! this rank's byte count (the encoded object's; DeepSpeed records 0 for `all_gather_object`),
+//! beside the broadcasts and all_gathers it ran.
 //!
 //! # Wire
 //!
@@ -18,6 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::comm::Communicator;
+use crate::dtype::DType;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The length a rank sends when it has no bytes to contribute.
@@ -41,7 +45,10 @@ impl Communicator {
     /// assert!(out.iter().all(|r| r.as_deref().unwrap() == b"config v2"));
     /// ```
     pub fn broadcast_bytes(&self, bytes: Option<Vec<u8>>, root: usize) -> Result<Vec<u8>> {
-        self.broadcast_bytes_inner("broadcast_bytes", bytes, root)
+        let start = self.logger().now_ns();
+        let out = self.broadcast_bytes_inner("broadcast_bytes", bytes, root)?;
+        self.log_op("broadcast_bytes", Some(DType::U8), out.len(), out.len() as u64, start);
+        Ok(out)
     }
 
     /// [`Communicator::broadcast_bytes`], its errors reported under `op`.
@@ -81,7 +88,10 @@ impl Communicator {
     /// assert_eq!(out[0].as_ref().unwrap(), &vec![b"a".to_vec(), b"aa".to_vec()]);
     /// ```
     pub fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.gather_bytes_inner("all_gather_bytes", Some(bytes))
+        let start = self.logger().now_ns();
+        let out = self.gather_bytes_inner("all_gather_bytes", Some(bytes))?;
+        self.log_op("all_gather_bytes", Some(DType::U8), bytes.len(), bytes.len() as u64, start);
+        Ok(out)
     }
 
     /// Copies `root`'s object to every rank (torch's `broadcast_object_list` for one object).
@@ -106,9 +116,12 @@ impl Communicator {
     /// ```
     pub fn broadcast_object<T: Serialize + DeserializeOwned>(&self, obj: Option<T>, root: usize) -> Result<T> {
         let op = "broadcast_object";
+        let start = self.logger().now_ns();
         if self.rank() != root {
             let bytes = self.broadcast_bytes_inner(op, None, root)?;
-            return self.decode(op, &bytes, root);
+            let obj = self.decode(op, &bytes, root)?;
+            self.log_op(op, None, 1, bytes.len() as u64, start);
+            return Ok(obj);
         }
         let encoded = match &obj {
             Some(o) => postcard::to_allocvec(o)
@@ -117,7 +130,8 @@ impl Communicator {
         };
         match encoded {
             Ok(bytes) => {
-                self.broadcast_bytes_inner(op, Some(bytes), root)?;
+                let sent = self.broadcast_bytes_inner(op, Some(bytes), root)?;
+                self.log_op(op, None, 1, sent.len() as u64, start);
                 Ok(obj.expect("encoded from Some"))
             }
             Err(e) => {
@@ -142,10 +156,14 @@ impl Communicator {
     /// ```
     pub fn all_gather_object<T: Serialize + DeserializeOwned>(&self, obj: &T) -> Result<Vec<T>> {
         let op = "all_gather_object";
+        let start = self.logger().now_ns();
         match postcard::to_allocvec(obj) {
             Ok(bytes) => {
                 let all = self.gather_bytes_inner(op, Some(&bytes))?;
-                all.iter().enumerate().map(|(from, b)| self.decode(op, b, from)).collect()
+                let objs =
+                    all.iter().enumerate().map(|(from, b)| self.decode(op, b, from)).collect::<Result<Vec<T>>>()?;
+                self.log_op(op, None, 1, bytes.len() as u64, start);
+                Ok(objs)
             }
             Err(e) => {
                 let _ = self.gather_bytes_inner(op, None);

@@ -87,3 +87,23 @@ fn compressed_collectives_are_recorded_under_their_names() {
         assert!(records.iter().any(|r| r.op == "all_to_all"));
     }
 }
+
+#[test]
+fn object_collectives_are_recorded_under_their_names() {
+    let out = threads::run_with(2, logged(), |comm| {
+        let got = comm.broadcast_object((comm.rank() == 0).then(|| vec![7u32; 3]), 0).unwrap();
+        let all = comm.all_gather_object(&format!("rank{}", comm.rank())).unwrap();
+        comm.all_gather_bytes(&[1, 2, 3]).unwrap();
+        (got, all, comm.logger().records())
+    })
+    .unwrap();
+    for (got, all, records) in out {
+        assert_eq!((got, all), (vec![7; 3], vec!["rank0".to_string(), "rank1".to_string()]));
+        let find = |op: &str| records.iter().find(|r| r.op == op).unwrap_or_else(|| panic!("{op} not logged"));
+        // postcard: a varint length, then the bytes (4 for [7, 7, 7] as varints, 6 for "rankN").
+        assert_eq!(find("broadcast_object").bytes, 4);
+        assert_eq!(find("all_gather_object").bytes, 6);
+        assert_eq!((find("all_gather_bytes").count, find("all_gather_bytes").bytes), (3, 3));
+        assert!(records.iter().any(|r| r.op == "all_gather"));
+    }
+}
