@@ -123,21 +123,20 @@ impl Communicator {
             self.log_op(op, None, 1, bytes.len() as u64, start);
             return Ok(obj);
         }
-        let encoded = match &obj {
-            Some(o) => postcard::to_allocvec(o)
-                .map_err(|e| self.object_error(op, format!("could not serialize the object: {e}"))),
-            None => Err(self.object_error(op, format!("root rank {root} passed no object"))),
+        // A root without an object tells the others there is nothing coming, then reports it.
+        let Some(obj) = obj else {
+            let _ = self.broadcast_bytes_inner(op, None, root);
+            return Err(self.object_error(op, format!("root rank {root} passed no object")));
         };
-        match encoded {
+        match postcard::to_allocvec(&obj) {
             Ok(bytes) => {
                 let sent = self.broadcast_bytes_inner(op, Some(bytes), root)?;
                 self.log_op(op, None, 1, sent.len() as u64, start);
-                Ok(obj.expect("encoded from Some"))
+                Ok(obj)
             }
             Err(e) => {
-                // Tell the others there is nothing coming, then report our own cause.
                 let _ = self.broadcast_bytes_inner(op, None, root);
-                Err(e)
+                Err(self.object_error(op, format!("could not serialize the object: {e}")))
             }
         }
     }
