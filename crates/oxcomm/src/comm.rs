@@ -674,12 +674,6 @@ impl Communicator {
         op: ReduceOp,
         opts: &OpOptions,
     ) -> Result<()> {
-        if input.len() != output.len() {
-            let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), input.len());
-            fp.op = Some(op);
-            let msg = format!("output has {} elements, input {}: they must be equal", output.len(), input.len());
-            return Err(self.arg_error(&fp, msg));
-        }
         self.all_reduce_buffers(ReduceBuffers::Apart { input, output }, op, opts)
     }
 
@@ -688,6 +682,12 @@ impl Communicator {
         let count = io.len();
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), count);
         fp.op = Some(op);
+        if let ReduceBuffers::Apart { input, output } = &io {
+            if input.len() != output.len() {
+                let msg = format!("output has {} elements, input {}: they must be equal", output.len(), input.len());
+                return Err(self.arg_error(&fp, msg));
+            }
+        }
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
         #[cfg(feature = "mpi")]
         if let Some(b) = self.mpi() {
