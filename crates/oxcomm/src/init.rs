@@ -93,6 +93,11 @@ pub struct Init {
     pub socket_ifname: Option<String>,
     /// Address for TCP links (`OXCOMM_SOCKET_ADDR`; wins over the interface).
     pub socket_addr: Option<std::net::IpAddr>,
+    /// Pin the calling thread to its own core when every rank of a shared-memory job has one
+    /// ([`ENV_BIND`]; default `true` from the environment). A library embedded in another
+    /// program (the Python binding) sets it `false`: threads the caller starts later inherit
+    /// the mask.
+    pub pin_to_core: bool,
 }
 
 impl Init {
@@ -137,11 +142,16 @@ impl Init {
             host_id: get(ENV_HOST_ID),
             socket_ifname: settings.socket_ifname.clone(),
             socket_addr: settings.socket_addr,
+            pin_to_core: get(ENV_BIND).is_none_or(|v| v.trim() != "none"),
         })
     }
 
-    /// Joins the job: meets every rank through the store and builds the links.
-    pub fn connect(self) -> Result<Communicator> {
+    /// Joins the job: meets every rank through the store and builds the links. The n-th
+    /// communicator a process connects uses job id `<job>-<n>` (every rank of a job connects
+    /// the same number of times, so the ids agree).
+    pub fn connect(mut self) -> Result<Communicator> {
+        let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
+        self.job = format!("{}-{generation}", self.job);
         let deadline = Instant::now() + self.config.timeout;
         let mut keep: Vec<Box<dyn Any + Send + Sync>> = Vec::new();
         let client = if self.rank == 0 && !self.store_served {
@@ -162,15 +172,16 @@ impl Init {
     }
 
     /// Joins the job through an existing store (e.g. an [`crate::rendezvous::InMemoryStore`]
-    /// shared by threads, or the launcher's).
+    /// shared by threads, the launcher's, or a framework's). `job` must be the same on every
+    /// rank and unique among the communicators built on this store (it names the store keys
+    /// and shared-memory segments); [`Init::connect`] makes it so.
     pub fn connect_with_store(&self, store: Arc<dyn Store>) -> Result<Communicator> {
         let (rank, world) = (self.rank, self.world_size);
         if rank >= world {
             return Err(Error::invalid(format!("rank {rank} out of range for world size {world}")));
         }
         crate::transport::shm::validate_job(&self.job)?;
-        let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
-        let job = format!("{}-{generation}", self.job);
+        let job = self.job.clone();
         let store = PrefixStore::new(format!("oxcomm/{job}"), store);
         let deadline = Instant::now() + self.config.timeout;
         let fail = |e: Error| e.with_rank(rank);
@@ -203,7 +214,7 @@ impl Init {
                     .map_err(fail)?;
             return Communicator::from_links(rank, links, bell, self.config.clone(), "tcp")?.with_hosts(&hosts);
         }
-        if std::env::var(ENV_BIND).map_or(true, |v| v != "none") {
+        if self.pin_to_core {
             let local_rank = (0..world).filter(|r| hosts[*r] == host.as_bytes() && *r < rank).count();
             bind_to_core(local_rank, local.len() + 1);
         }

@@ -251,6 +251,75 @@ fn async_ops_complete_in_issue_order() {
 }
 
 #[test]
+fn run_async_holds_one_turn_for_a_composite_op() {
+    // A composite op of three all-reduces issued async, then a sync all-reduce from another
+    // thread of the same rank: on every rank the three run first, back to back, so the sums
+    // line up (a different interleaving on one rank would mismatch or mix the values).
+    let out = threads::run(3, |comm| {
+        let work = comm.run_async(|c| {
+            let mut v = vec![c.rank() as i64; 5];
+            for _ in 0..3 {
+                c.all_reduce(&mut v, ReduceOp::Sum)?;
+            }
+            Ok(v)
+        });
+        let other = comm.clone();
+        let sync = std::thread::spawn(move || {
+            let mut w = [100i32 + other.rank() as i32; 2];
+            other.all_reduce(&mut w, ReduceOp::Sum).map(|_| w)
+        });
+        let sync = sync.join().unwrap();
+        // An error inside the closure completes the handle and later ops still run.
+        let bad = comm.run_async(|c| c.all_reduce(&mut [1.0f32], ReduceOp::BAnd)).wait();
+        let after = comm.run_async(|c| {
+            let mut v = [1u8; 2];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok(v)
+        });
+        (work.wait(), sync, bad, after.wait())
+    })
+    .unwrap();
+    for (composite, sync, bad, after) in out {
+        // 0+1+2 = 3, then 3·3 = 9, then 27.
+        assert_eq!(composite.unwrap(), vec![27; 5]);
+        assert_eq!(sync.unwrap(), [303; 2]);
+        assert_eq!(bad.unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(after.unwrap(), [3, 3]);
+    }
+}
+
+#[test]
+fn members_group_needs_no_call_from_non_members() {
+    let out = threads::run(4, |comm| {
+        // Ranks 1 and 3 never call members_group for [3, 1]'s complement, and vice versa.
+        let mine: &[usize] = if comm.rank() % 2 == 0 { &[2, 0] } else { &[1, 3] };
+        let g = comm.members_group(mine).unwrap().expect("a member");
+        let mut v = [comm.rank() as f32 + 1.0; 3];
+        g.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+        // A second group of the same list is a different group, made in the same order.
+        let g2 = comm.members_group(mine).unwrap().unwrap();
+        let mut ranks = vec![0i32; 2];
+        g2.all_gather(&[comm.rank() as i32], &mut ranks).unwrap();
+        let outside = comm.members_group(&[(comm.rank() + 1) % 4]).unwrap();
+        let dup = comm.members_group(&[0, 0]).unwrap_err();
+        // The world still works after groups made on members only.
+        let mut w = [1i32];
+        comm.all_reduce(&mut w, ReduceOp::Sum).unwrap();
+        (comm.rank(), g.rank(), v, ranks, outside.is_none(), dup.kind(), w)
+    })
+    .unwrap();
+    for (rank, group_rank, v, ranks, outside_none, dup, w) in out {
+        let want = if rank % 2 == 0 { 4.0 } else { 6.0 };
+        assert_eq!(v, [want; 3]);
+        assert_eq!(group_rank, if rank % 2 == 0 { 1 - rank / 2 } else { rank / 2 });
+        assert_eq!(ranks, if rank % 2 == 0 { vec![2, 0] } else { vec![1, 3] });
+        assert!(outside_none);
+        assert_eq!(dup, ErrorKind::InvalidArgument);
+        assert_eq!(w, [4]);
+    }
+}
+
+#[test]
 fn work_handles_poll_and_wait_with_timeout() {
     threads::run(2, |comm| {
         let mut w = comm.all_reduce_async(vec![1.0f32; 4], ReduceOp::Sum);
