@@ -159,13 +159,19 @@ fn path_mismatch(r: usize, theirs: &[u8], mine: &Fingerprint, their_path: &str, 
 /// that may run direct ops: announces `fp` to them and, while `f` waits, checks that no peer
 /// runs a direct op at the same sequence number (see the module docs). Without the direct path
 /// (other transports, subgroups) it is just `f`.
-pub(crate) fn beside_direct<R>(ctx: &mut Ctx<'_>, fp: &Fingerprint, f: impl FnOnce(&mut Ctx<'_>) -> R) -> R {
-    let Some(d) = ctx.direct.as_ref() else { return f(ctx) };
-    d.shm.announce(announce_tag(fp.seq), &fp.encode());
+pub(crate) fn beside_direct<R>(
+    ctx: &mut Ctx<'_>,
+    fp: &Fingerprint,
+    f: impl FnOnce(&mut Ctx<'_>) -> Result<R>,
+) -> Result<R> {
+    let Some(shm) = ctx.direct.as_ref().map(|d| d.shm) else { return f(ctx) };
+    shm.announce(announce_tag(fp.seq), &fp.encode());
     let before = ctx.watch.replace(*fp);
     let r = f(ctx);
     ctx.watch = before;
-    r
+    // A peer that saw the mismatch first may have closed its links: name the op it runs
+    // rather than report its close.
+    r.map_err(|e| no_direct_peer(shm, ctx.rank, fp).err().unwrap_or(e))
 }
 
 /// `Err` ([`ErrorKind::Mismatch`]) if a peer's slot says it runs a direct op at `fp`'s
