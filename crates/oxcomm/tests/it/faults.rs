@@ -176,6 +176,19 @@ fn child_entry() {
             std::thread::sleep(Duration::from_millis(300));
             report(|| comm.barrier())
         }
+        "flight" => {
+            // One more op together, then one rank 1 never joins (it sleeps past the
+            // deadline, alive): rank 0 times out naming it and writes its flight record.
+            comm.all_reduce(&mut [1.0f32; 4], ReduceOp::Sum).unwrap();
+            if me == 1 {
+                std::thread::sleep(Duration::from_secs(3));
+                std::process::exit(0);
+            }
+            report(|| {
+                let mut out = vec![0u8; 4 * comm.size()];
+                comm.all_gather(&[1u8; 4], &mut out)
+            })
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -187,6 +200,64 @@ fn failure(r: usize, code: Option<i32>, out: &str) -> (String, u128) {
     let kind = field("KIND ").unwrap_or_else(|| panic!("rank {r} printed no kind:\n{out}"));
     let ms = field("MS ").and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("rank {r}: no time:\n{out}"));
     (kind, ms)
+}
+
+/// Issue 16, item 9: a rank that times out on a hung peer writes its last ops to the file
+/// `OXCOMM_FLIGHT_RECORDER` names (`<prefix><rank>`), and its error shows them.
+#[test]
+fn issue16_flight_record_file_shows_where_a_rank_stopped() {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "oxcomm-flight-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = format!("{}/trace_rank_", dir.display());
+    let mut job = spawn(2, "flight", &[("OXCOMM_FLIGHT_RECORDER", &prefix), ("OXCOMM_TIMEOUT", "1")]);
+    let results = wait_all(&mut job);
+    let file = std::fs::read_to_string(format!("{prefix}0"));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(results[1].0, Some(0), "rank 1:\n{}", results[1].1);
+    let out = &results[0].1;
+    let (kind, _) = failure(0, results[0].0, out);
+    assert_eq!(kind, format!("{:?}", ErrorKind::Timeout), "rank 0:\n{out}");
+    let error = out.lines().find(|l| l.starts_with("ERROR ")).unwrap();
+    // `init`'s barrier, the warm-up barrier, the all_reduce, the all_gather that hung.
+    let want = "last ops on rank 0: barrier #0 done, barrier #1 done, all_reduce #2 (f32 × 4, sum) done, \
+                all_gather #3 (u8 × 4) timed out (rank 1)";
+    assert!(error.contains(want), "{error}");
+    assert!(error.contains(&format!("{prefix}0")), "the error does not name the file: {error}");
+    let file = file.expect("rank 0 wrote no flight record");
+    let lines: Vec<&str> = file.lines().collect();
+    assert_eq!(lines.len(), 4, "{file}");
+    assert!(lines[0].contains("\"seq\":0,\"op\":\"barrier\"") && lines[0].contains("\"state\":\"done\""), "{file}");
+    assert!(lines[3].contains("\"seq\":3,\"op\":\"all_gather\"") && lines[3].contains("\"dtype\":\"u8\""), "{file}");
+    assert!(lines[3].contains("\"state\":\"failed\",\"error\":\"timed out\",\"peer\":1"), "{file}");
+    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+}
+
+/// Issue 16, item 9, on threads: the error of an op that times out lists the rank's last
+/// ops, and `flight_record` has them all.
+#[test]
+fn issue16_timeout_error_lists_the_last_ops() {
+    let config = oxcomm::CommConfig { timeout: Duration::from_millis(500), ..oxcomm::CommConfig::default() };
+    let out = oxcomm::threads::run_with(2, config, |comm| {
+        comm.all_reduce(&mut [1i32; 3], ReduceOp::Max).unwrap();
+        comm.barrier().unwrap();
+        if comm.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(1500));
+            return None;
+        }
+        let e = comm.broadcast(&mut [0i64; 2], 1).unwrap_err();
+        Some((e, comm.flight_record()))
+    })
+    .unwrap();
+    let (e, record) = out[0].clone().unwrap();
+    assert_eq!((e.kind(), e.peer()), (ErrorKind::Timeout, Some(1)), "{e}");
+    let want = "last ops on rank 0: all_reduce #0 (i32 × 3, max) done, barrier #1 done, broadcast #2 (i64 × 2, root 1) timed out (rank 1)";
+    assert!(e.message().contains(want), "{e}");
+    assert_eq!(record.lines().count(), 3, "{record}");
 }
 
 /// Runs a 2- or 3-rank job where ranks call different ops; every rank must fail with

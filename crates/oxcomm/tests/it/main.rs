@@ -15,3 +15,4 @@ mod rendezvous;
 mod shm;
 #[cfg(unix)]
 mod tcp;
+mod unwind;
