@@ -1596,9 +1596,8 @@ impl Core {
             ctx.run(&mut xfers)
         });
         drop(state);
-        match (flight, &result) {
-            (Some(id), Ok(())) => self.flight.finish(id, Ok(())),
-            _ => {}
+        if let (Some(id), Ok(())) = (flight, &result) {
+            self.flight.finish(id, Ok(()));
         }
         result.map_err(|e| {
             let e = e.with_op(first.clone()).with_rank(self.world_rank);

@@ -132,7 +132,9 @@ fn a_missing_root_is_named_too() {
         let e = r.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
         assert_eq!(e.peer(), Some(0), "{e}");
-        assert!(took < timeout + Duration::from_secs(1), "took {took:?}");
+        // The others wait half a second longer than the root would have (the verdict's
+        // grace), plus scheduling slack on a loaded machine.
+        assert!(took < timeout + Duration::from_millis(1500), "took {took:?}");
     }
 }
 
