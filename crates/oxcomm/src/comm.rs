@@ -1246,12 +1246,10 @@ impl Communicator {
         self.core.submit(Box::new(move || {
             // A panic outside the op's own guard (in its argument handling) still completes
             // the handle and aborts the communicator, so later ops do not wait their turn.
-            let r = crate::unwind::catch(me.core.world_rank, || f(&me, ticket));
-            if let Err(e) = &r {
-                if e.kind() == ErrorKind::Aborted && e.peer() == Some(me.core.world_rank) {
-                    me.core.fail(e.clone());
-                }
-            }
+            let r = crate::unwind::guard(me.core.world_rank, || f(&me, ticket)).unwrap_or_else(|e| {
+                me.core.fail(e.clone());
+                Err(e)
+            });
             slot.complete(r);
         }));
         work

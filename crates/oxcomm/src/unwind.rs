@@ -31,10 +31,15 @@ pub(crate) fn panicked(rank: usize, message: &str) -> Error {
         .with_rank(rank)
 }
 
-/// Runs `f`; a panic in it becomes [`panicked`]'s error. Whatever `f` was changing is left
-/// as the panic found it: the caller must abort the communicator on that error.
+/// Runs `f`; `Err` only if it panicked, with [`panicked`]'s error. Whatever `f` was changing
+/// is left as the panic found it: the caller must abort the communicator on that error.
+pub(crate) fn guard<R>(rank: usize, f: impl FnOnce() -> R) -> Result<R> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|p| panicked(rank, &message(&*p)))
+}
+
+/// [`guard`] for a fallible `f`: its own error, or the panic's.
 pub(crate) fn catch<R>(rank: usize, f: impl FnOnce() -> Result<R>) -> Result<R> {
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(panicked(rank, &message(&*p))))
+    guard(rank, f).and_then(|r| r)
 }
 
 #[cfg(test)]
@@ -49,5 +54,6 @@ mod tests {
         assert!(e.message().contains("boom 7"), "{e}");
         assert_eq!(catch(0, || Ok(5)).unwrap(), 5);
         assert_eq!(catch::<()>(0, || Err(Error::invalid("x"))).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert!(guard(0, || Err::<(), _>(Error::invalid("x"))).unwrap().is_err());
     }
 }
