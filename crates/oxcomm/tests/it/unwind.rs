@@ -74,6 +74,8 @@ fn peers_name_rank_0(results: Vec<(Result<()>, Duration)>) {
     for (r, (res, took)) in results.into_iter().enumerate() {
         let e = res.expect_err("the peer's op must fail");
         assert_eq!(e.peer(), Some(0), "rank {}: {e}", r + 1);
+        // "rank 0 is gone (it aborted after failing)", or a neighbour's "rank 1 aborted: it lost rank 0".
+        assert!(e.to_string().contains("aborted"), "rank {}: {e}", r + 1);
         assert!(took < Duration::from_secs(2), "rank {} took {took:?}: {e}", r + 1);
     }
 }
