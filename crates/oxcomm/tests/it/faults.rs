@@ -146,6 +146,15 @@ fn child_entry() {
                 comm.barrier()
             }
         }),
+        "root_agrees" => report(|| {
+            // Rank 0, the agreement's root, over the links; the others on the direct path.
+            if me == 0 {
+                let mut out = vec![0f32; 4 * comm.size()];
+                comm.all_gather(&[1.0f32; 4], &mut out)
+            } else {
+                comm.barrier()
+            }
+        }),
         "all_reduce_vs_reduce" => report(|| {
             let mut buf = vec![1.0f32; 256];
             if me == 1 {
@@ -288,6 +297,11 @@ fn issue16_shm_barrier_against_all_gather_is_a_mismatch_at_once() {
 fn issue16_shm_three_ranks_direct_and_agreed_ops_meet() {
     // Ranks 0 and 2 on the direct path, rank 1 over the links.
     mismatch_is_named_fast(3, "barrier_vs_all_gather", &[], ["barrier", "all_gather"]);
+}
+
+#[test]
+fn issue16_shm_agreement_root_meets_ranks_on_the_direct_path() {
+    mismatch_is_named_fast(3, "root_agrees", &[], ["barrier", "all_gather"]);
 }
 
 #[test]
