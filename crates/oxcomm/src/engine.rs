@@ -315,6 +315,20 @@ impl<'c> Ctx<'c> {
         }
     }
 
+    /// `e`, unless it blames the bytes a peer sent (a mismatch or a protocol error naming it)
+    /// and that peer is gone: then the peer's death, since what a dead rank left unread in
+    /// a link is a leftover (a message nobody received), not its part in this op.
+    pub fn blame_the_dead(&mut self, e: Error) -> Error {
+        if !matches!(e.kind(), ErrorKind::Mismatch | ErrorKind::Protocol) {
+            return e;
+        }
+        let Some(world) = e.peer() else { return e };
+        match self.links.get_mut(world).and_then(|l| l.as_mut()).map(|l| l.check_alive()) {
+            Some(Err(gone)) if gone.kind() == ErrorKind::PeerGone => gone.with_peer(world),
+            _ => e,
+        }
+    }
+
     /// Fails with [`ErrorKind::Mismatch`] if [`Ctx::watch`] is set and a peer runs a direct
     /// op at its sequence number (it would never send what this rank waits for).
     fn check_paths(&self) -> Result<()> {

@@ -14,9 +14,10 @@ use crate::wire::{Fingerprint, FP_BYTES};
 /// Runs the dissemination barrier for `mine`.
 pub(crate) fn dissemination(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
     #[cfg(target_os = "linux")]
-    return super::shm_direct::beside_direct(ctx, mine, |ctx| rounds(ctx, mine));
+    let r = super::shm_direct::beside_direct(ctx, mine, |ctx| rounds(ctx, mine));
     #[cfg(not(target_os = "linux"))]
-    rounds(ctx, mine)
+    let r = rounds(ctx, mine);
+    r.map_err(|e| ctx.blame_the_dead(e))
 }
 
 /// The rounds of [`dissemination`].

@@ -50,9 +50,10 @@ pub(crate) fn agree(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
         return Ok(());
     }
     #[cfg(target_os = "linux")]
-    return super::shm_direct::beside_direct(ctx, mine, |ctx| agree_over_links(ctx, mine));
+    let r = super::shm_direct::beside_direct(ctx, mine, |ctx| agree_over_links(ctx, mine));
     #[cfg(not(target_os = "linux"))]
-    agree_over_links(ctx, mine)
+    let r = agree_over_links(ctx, mine);
+    r.map_err(|e| ctx.blame_the_dead(e))
 }
 
 /// [`agree`] over the links.

@@ -169,11 +169,11 @@ fn child_entry() {
             let algorithm = (me == 1).then_some(Algorithm::Ring);
             comm.all_reduce_with(&mut buf, ReduceOp::Sum, &OpOptions { algorithm, ..OpOptions::default() })
         }),
-        "leftover_bytes" | "leftover_bytes_no_drop" => {
+        "leftover_bytes" | "leftover_bytes_no_drop" | "leftover_bytes_then_all_gather" => {
             if me == 1 {
                 // 64 bytes rank 0 never receives, then go away.
                 comm.send(&[7u8; 64], 0, 5).unwrap();
-                if role == "leftover_bytes_no_drop" {
+                if role != "leftover_bytes" {
                     // As if killed: no link is closed.
                     std::mem::forget(comm);
                 } else {
@@ -183,6 +183,11 @@ fn child_entry() {
             }
             // Let rank 1 be gone before the barrier (it may also die during it).
             std::thread::sleep(Duration::from_millis(300));
+            if role == "leftover_bytes_then_all_gather" {
+                // An op that reads the link: the bytes are not rank 1's fingerprint.
+                let mut out = vec![0f32; 4 * comm.size()];
+                report(|| comm.all_gather(&[1.0f32; 4], &mut out))
+            }
             report(|| comm.barrier())
         }
         "flight" => {
@@ -341,4 +346,9 @@ fn issue16_shm_dead_peer_that_closed_with_unread_bytes_is_gone() {
 #[test]
 fn issue16_shm_dead_peer_that_vanished_with_unread_bytes_is_gone() {
     dead_peer_with_unread_bytes("leftover_bytes_no_drop");
+}
+
+#[test]
+fn issue16_shm_dead_peer_with_unread_bytes_is_gone_to_an_op_reading_its_link() {
+    dead_peer_with_unread_bytes("leftover_bytes_then_all_gather");
 }
