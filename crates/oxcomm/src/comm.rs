@@ -104,6 +104,8 @@ pub(crate) struct Core {
     logger: CommsLogger,
     /// Set while `log_summary` runs its own collectives, which are not logged.
     logging_paused: AtomicBool,
+    /// This rank's last ops, for errors and hung jobs (issue 16).
+    flight: crate::logging::flight::FlightRecorder,
     /// Every rank's shared-memory workspace, when all ranks share this host.
     #[cfg(target_os = "linux")]
     direct: Option<crate::transport::shm::direct::ShmDirect>,
@@ -261,6 +263,7 @@ impl Communicator {
             keep: Mutex::new(Vec::new()),
             logger: CommsLogger::new(config.logger.clone()),
             logging_paused: AtomicBool::new(false),
+            flight: Default::default(),
             #[cfg(target_os = "linux")]
             direct,
             #[cfg(feature = "mpi")]
@@ -404,6 +407,12 @@ impl Communicator {
     /// The error that aborted this communicator, if any.
     pub fn abort_cause(&self) -> Option<Error> {
         self.core.cause.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// This rank's last ops as JSON Lines, oldest first (the flight recorder: see
+    /// [`crate::logging::flight`]); callable while an op hangs on another thread.
+    pub fn flight_record(&self) -> String {
+        self.core.flight.to_jsonl(self.core.world_rank)
     }
 
     /// The comms logger: per-op records when enabled by [`CommConfig::logger`] or
@@ -596,6 +605,7 @@ impl Communicator {
         let logged = self.core.logging(fp.kind.name());
         let started = if logged { self.core.logger.now_ns() } else { 0 };
         self.core.check_alive(|| fp.to_string())?;
+        let flight = self.core.flight.start(fp, algorithm, None);
         let mut state = self.core.lock_state();
         #[cfg(target_os = "linux")]
         let State { links, stats, scratch, direct_state, .. } = &mut *state;
@@ -616,18 +626,22 @@ impl Communicator {
             ctx.direct =
                 self.core.direct.as_ref().map(|shm| crate::algorithms::shm_direct::Direct { shm, state: direct_state });
         }
-        let result = (|| {
+        let result = crate::unwind::catch(self.core.world_rank, || {
             if agree {
                 algorithms::star::agree(&mut ctx, fp)?;
             }
             body(&mut ctx, fp)
-        })();
+        });
         drop(state);
         if logged && result.is_ok() {
             self.core.record(fp, self.size(), algorithm, started, caller);
         }
+        if result.is_ok() {
+            self.core.flight.finish(flight, Ok(()));
+        }
         result.map_err(|e| {
             let e = e.with_op(fp.to_string()).with_rank(self.core.world_rank);
+            let e = self.core.flight.annotate(flight, e, self.core.world_rank);
             self.core.fail(e.clone());
             e
         })
@@ -1324,7 +1338,13 @@ impl Communicator {
         let (work, slot) = Work::pending(self.core.clone());
         let me = self.clone();
         self.core.submit(Box::new(move || {
-            let r = me.core.hold_turn(ticket, || f(&me));
+            // A panic outside the op's own guard (in the closure's own code) still completes
+            // the handle and aborts the communicator, so later ops do not wait their turn.
+            let r =
+                crate::unwind::guard(me.core.world_rank, || me.core.hold_turn(ticket, || f(&me))).unwrap_or_else(|e| {
+                    me.core.fail(e.clone());
+                    Err(e)
+                });
             slot.complete(r);
         }));
         work
@@ -1496,6 +1516,11 @@ impl Core {
             }
         }
         self.aborted.store(true, Ordering::SeqCst);
+        {
+            // Ops waiting their turn fail now instead of at their deadline.
+            let _g = self.turn_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.turn_cv.notify_all();
+        }
         let culprit =
             self.cause.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|e| e.peer().map(|p| (p, e.kind())));
         let mut state = self.lock_state();
@@ -1514,11 +1539,15 @@ impl Core {
             return Ok(TurnGuard { core: self, advance: true });
         }
         let deadline = Instant::now() + timeout;
+        let mut op_name = Some(op);
         let mut g = self.turn_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.turn_waiters.fetch_add(1, Ordering::SeqCst);
         let result = loop {
             if self.turn.load(Ordering::SeqCst) == ticket {
                 break Ok(TurnGuard { core: self, advance: true });
+            }
+            if let Err(e) = self.check_alive(|| op_name.take().map_or_else(String::new, |f| f())) {
+                break Err(e);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -1526,7 +1555,7 @@ impl Core {
                     ErrorKind::Timeout,
                     format!("timed out after {timeout:?} waiting for this rank's earlier async ops to finish"),
                 )
-                .with_op(op())
+                .with_op(op_name.take().map_or_else(String::new, |f| f()))
                 .with_rank(self.world_rank));
             }
             g = self.turn_cv.wait_timeout(g, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
@@ -1573,7 +1602,9 @@ impl Core {
                 .name(format!("oxcomm-async-{}", self.world_rank))
                 .spawn(move || {
                     for job in rx {
-                        job();
+                        // Jobs catch their panics (`spawn`); this keeps the worker alive for
+                        // the jobs queued behind one that did not.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                     }
                 })
                 .expect("spawn the async worker thread");
@@ -1632,6 +1663,7 @@ impl Core {
             });
         }
         let members: Vec<usize> = (0..self.world_size).collect();
+        let flight = jobs.first().map(|j| self.flight.start(&j.fp, "p2p", Some(j.peer)));
         let State { links, stats, scratch, .. } = &mut *state;
         let mut ctx = Ctx::new(
             self.world_rank,
@@ -1643,7 +1675,7 @@ impl Core {
             stats,
             scratch,
         );
-        let result = (|| {
+        let result = crate::unwind::catch(self.world_rank, || {
             // Phase 1: headers out, headers in.
             let mut got = vec![[0u8; FP_BYTES]; jobs.len()];
             {
@@ -1670,10 +1702,17 @@ impl Core {
                 .map(|j| if j.is_send { Xfer::send(j.peer, &j.bytes) } else { Xfer::recv(j.peer, &mut j.bytes) })
                 .collect();
             ctx.run(&mut xfers)
-        })();
+        });
         drop(state);
+        if let (Some(id), Ok(())) = (flight, &result) {
+            self.flight.finish(id, Ok(()));
+        }
         result.map_err(|e| {
             let e = e.with_op(first.clone()).with_rank(self.world_rank);
+            let e = match flight {
+                Some(id) => self.flight.annotate(id, e, self.world_rank),
+                None => e,
+            };
             self.fail(e.clone());
             e
         })

@@ -67,6 +67,7 @@ pub mod reduce;
 pub mod rendezvous;
 pub mod threads;
 pub mod transport;
+mod unwind;
 pub mod wire;
 
 #[cfg(feature = "mpi")]

@@ -43,12 +43,22 @@ fn list(ranks: &[usize]) -> String {
     ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-/// Checks that every rank of the group is running `mine`; see the module docs.
+/// Checks that every rank of the group is running `mine`; see the module docs. On shared
+/// memory it also meets ranks that run a direct op at this sequence number instead.
 pub(crate) fn agree(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
-    let (n, r) = (ctx.size, ctx.rank);
-    if n == 1 {
+    if ctx.size == 1 {
         return Ok(());
     }
+    #[cfg(target_os = "linux")]
+    let r = super::shm_direct::beside_direct(ctx, mine, |ctx| agree_over_links(ctx, mine));
+    #[cfg(not(target_os = "linux"))]
+    let r = agree_over_links(ctx, mine);
+    r.map_err(|e| ctx.blame_the_dead(e))
+}
+
+/// [`agree`] over the links.
+fn agree_over_links(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
+    let (n, r) = (ctx.size, ctx.rank);
     if r != 0 {
         ctx.send(0, &mine.encode())?;
         let mut v = [0u8; VERDICT_BYTES];

@@ -4,6 +4,7 @@ mod collectives;
 mod comm_logging;
 mod compression_kernels;
 mod failures;
+mod faults;
 mod logging;
 mod multiproc;
 mod objects;
@@ -14,3 +15,4 @@ mod rendezvous;
 mod shm;
 #[cfg(unix)]
 mod tcp;
+mod unwind;
