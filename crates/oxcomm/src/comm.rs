@@ -1586,7 +1586,7 @@ impl P2pJob {
     /// Checks the header that arrived for this receive against what it expects (dtype,
     /// count, tag, per-pair sequence number), before any payload is read.
     pub(crate) fn check_header(&self, got: &[u8]) -> Result<()> {
-        let theirs = Fingerprint::decode(got).map_err(|e| e.with_peer(self.peer))?;
+        let theirs = Fingerprint::decode_from(got, self.peer)?;
         if theirs != self.fp {
             return Err(Error::new(
                 ErrorKind::Mismatch,

@@ -4,6 +4,8 @@ mod collectives;
 mod comm_logging;
 mod compression_kernels;
 mod failures;
+#[cfg(unix)]
+mod hostile;
 mod logging;
 mod multiproc;
 mod objects;

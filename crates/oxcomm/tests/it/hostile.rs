@@ -1,0 +1,146 @@
+//! Hostile peers over real sockets (issue 16, item 1): a fake rank 0 that completes the TCP
+//! handshake with the job's token and then answers the agreement phase with verdicts that no
+//! honest rank 0 sends. The honest ranks must fail with a `Protocol` error naming rank 0, fast,
+//! without a panic or an allocation sized by the peer.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oxcomm::rendezvous::InMemoryStore;
+use oxcomm::transport::tcp::connect_mesh;
+use oxcomm::transport::{Doorbell, Link};
+use oxcomm::{CommConfig, Communicator, ErrorKind};
+
+const TOKEN: &[u8] = b"hostile-token-0123456789abcdef";
+
+type Parts = (Vec<Option<Box<dyn Link>>>, Arc<dyn Doorbell>);
+
+fn job(tag: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("h{}-{tag}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Sends all of `bytes` on `link`, or panics at `until`.
+fn send_all(link: &mut dyn Link, bell: &dyn Doorbell, bytes: &[u8], until: Instant) {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let epoch = bell.epoch();
+        let n = link.try_send(&bytes[sent..]).expect("fake peer: send");
+        sent += n;
+        if n == 0 {
+            assert!(Instant::now() < until, "fake peer: send timed out");
+            bell.wait(epoch, until.min(Instant::now() + Duration::from_millis(20)));
+        }
+    }
+}
+
+/// Receives exactly `buf.len()` bytes from `link`, or panics at `until`.
+fn recv_exact(link: &mut dyn Link, bell: &dyn Doorbell, buf: &mut [u8], until: Instant) {
+    let mut got = 0;
+    while got < buf.len() {
+        let epoch = bell.epoch();
+        let n = link.try_recv(&mut buf[got..]).expect("fake peer: recv");
+        got += n;
+        if n == 0 {
+            assert!(Instant::now() < until, "fake peer: recv timed out");
+            bell.wait(epoch, until.min(Instant::now() + Duration::from_millis(20)));
+        }
+    }
+}
+
+/// A 3-rank TCP job whose rank 0 is the fake: it reads each honest rank's 48-byte fingerprint
+/// and answers with `status`, `word` and the rank's own fingerprint, then `tail`. Ranks 1 and
+/// 2 run a real communicator and call `barrier()`; returns their errors and how long they took.
+fn hostile_verdict(status: u8, word: u64, tail: &[u8]) -> Vec<(oxcomm::Error, Duration)> {
+    let job = job("verdict");
+    let store = InMemoryStore::new();
+    let world = 3;
+    let until = Instant::now() + Duration::from_secs(20);
+    let parts: Vec<Parts> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|r| {
+                let (store, job) = (&store, &job);
+                s.spawn(move || connect_mesh(store, r, world, "127.0.0.1".parse().unwrap(), TOKEN, job, until).unwrap())
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut parts = parts.into_iter();
+    let (mut fake_links, fake_bell) = parts.next().unwrap();
+    let config = CommConfig { timeout: Duration::from_secs(20), ..CommConfig::default() };
+    std::thread::scope(|s| {
+        let honest: Vec<_> = parts
+            .enumerate()
+            .map(|(i, (links, bell))| {
+                let config = config.clone();
+                s.spawn(move || {
+                    let c = Communicator::from_links(i + 1, links, bell, config, "tcp").unwrap();
+                    let t0 = Instant::now();
+                    let err = c.barrier().expect_err("a hostile verdict must fail the barrier");
+                    (err, t0.elapsed())
+                })
+            })
+            .collect();
+        for p in 1..world {
+            let link = fake_links[p].as_deref_mut().unwrap();
+            let mut fp = [0u8; 48];
+            recv_exact(link, &*fake_bell, &mut fp, until);
+            let mut v = [0u8; 64];
+            v[0] = status;
+            v[8..16].copy_from_slice(&word.to_le_bytes());
+            v[16..].copy_from_slice(&fp);
+            send_all(link, &*fake_bell, &v, until);
+            if !tail.is_empty() {
+                send_all(link, &*fake_bell, tail, until);
+            }
+        }
+        let out: Vec<_> = honest.into_iter().map(|h| h.join().expect("an honest rank panicked")).collect();
+        drop(fake_links);
+        out
+    })
+}
+
+fn assert_names_rank_0(case: &str, errs: &[(oxcomm::Error, Duration)]) {
+    for (e, took) in errs {
+        assert_eq!(e.kind(), ErrorKind::Protocol, "{case}: {e}");
+        assert_eq!(e.peer(), Some(0), "{case}: {e}");
+        assert!(e.to_string().contains("rank 0"), "{case}: {e}");
+        assert!(*took < Duration::from_secs(5), "{case}: took {took:?}: {e}");
+    }
+}
+
+const MISMATCH: u8 = 1;
+const MISSING: u8 = 2;
+
+#[test]
+fn a_missing_verdict_with_no_ranks_is_a_protocol_error_naming_rank_0() {
+    assert_names_rank_0("missing, word 0", &hostile_verdict(MISSING, 0, &[]));
+}
+
+#[test]
+fn a_missing_verdict_whose_length_wraps_is_a_protocol_error() {
+    // 8 × 2^61 wraps to 0 in 64-bit arithmetic.
+    assert_names_rank_0("missing, word 2^61", &hostile_verdict(MISSING, 1 << 61, &[]));
+    assert_names_rank_0("missing, word u64::MAX", &hostile_verdict(MISSING, u64::MAX, &[]));
+}
+
+#[test]
+fn a_missing_verdict_announcing_8_tib_allocates_nothing() {
+    assert_names_rank_0("missing, word 2^40", &hostile_verdict(MISSING, 1 << 40, &[]));
+}
+
+#[test]
+fn a_mismatch_verdict_naming_rank_1000_is_a_protocol_error() {
+    assert_names_rank_0("mismatch, rank 1000", &hostile_verdict(MISMATCH, 1000, &[]));
+}
+
+#[test]
+fn a_missing_rank_list_with_a_bad_rank_id_is_a_protocol_error() {
+    assert_names_rank_0("missing 1, id 1000", &hostile_verdict(MISSING, 1, &1000u64.to_le_bytes()));
+}
+
+#[test]
+fn an_unknown_verdict_status_is_a_protocol_error() {
+    assert_names_rank_0("status 9", &hostile_verdict(9, 0, &[]));
+}
