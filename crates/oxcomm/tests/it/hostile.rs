@@ -144,3 +144,40 @@ fn a_missing_rank_list_with_a_bad_rank_id_is_a_protocol_error() {
 fn an_unknown_verdict_status_is_a_protocol_error() {
     assert_names_rank_0("status 9", &hostile_verdict(9, 0, &[]));
 }
+
+#[test]
+fn an_abort_frame_naming_a_rank_outside_the_world_is_a_protocol_error() {
+    use oxcomm::transport::tcp::TcpEndpoint;
+    let job = job("abort");
+    // Concrete links, so the test can write a raw frame header.
+    let mut e0 = TcpEndpoint::listen("127.0.0.1".parse().unwrap(), 0, 2, TOKEN, &job).unwrap();
+    let mut e1 = TcpEndpoint::listen("127.0.0.1".parse().unwrap(), 1, 2, TOKEN, &job).unwrap();
+    let (a0, a1) = (e0.local_addr(), e1.local_addr());
+    let until = Instant::now() + Duration::from_secs(20);
+    let ((mut l0, b0), (mut l1, _b1)) = std::thread::scope(|s| {
+        let t = s.spawn(move || {
+            e1.connect(&[(0, a0)], until).unwrap();
+            e1.into_tcp_parts()
+        });
+        e0.connect(&[(1, a1)], until).unwrap();
+        (e0.into_tcp_parts(), t.join().unwrap())
+    });
+    // Tag 2 is an abort frame; its length word is `culprit << 3 | cause`.
+    let header = oxcomm::transport::tcp::encode_frame_header(2, 0, (1000 << 3) | 2);
+    l1[0].as_mut().unwrap().inject_raw(&header, until).unwrap();
+    let link = l0[1].as_mut().unwrap();
+    let mut buf = [0u8; 16];
+    let err = loop {
+        let epoch = b0.epoch();
+        match link.try_recv(&mut buf) {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(Instant::now() < until, "no error before the deadline");
+                b0.wait(epoch, until.min(Instant::now() + Duration::from_millis(20)));
+            }
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
+    assert_eq!(err.peer(), Some(1), "{err}");
+    assert!(err.to_string().contains("rank 1000"), "{err}");
+}

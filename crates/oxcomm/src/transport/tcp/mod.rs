@@ -332,7 +332,7 @@ impl TcpEndpoint {
             configure(&stream, &self.config).map_err(|e| e.with_peer(p).with_rank(self.rank))?;
             tracing::debug!(target: "oxcomm::tcp", rank = self.rank, peer = p,
                 local = ?stream.local_addr().ok(), remote = ?stream.peer_addr().ok(), "connected");
-            self.links[p] = Some(TcpLink::new(self.rank, p, Shared::new(stream), self.config.frame_bytes));
+            self.links[p] = Some(TcpLink::new(self.rank, p, self.world, Shared::new(stream), self.config.frame_bytes));
         }
         Ok(())
     }
