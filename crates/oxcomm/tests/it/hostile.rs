@@ -181,3 +181,71 @@ fn an_abort_frame_naming_a_rank_outside_the_world_is_a_protocol_error() {
     assert_eq!(err.peer(), Some(1), "{err}");
     assert!(err.to_string().contains("rank 1000"), "{err}");
 }
+
+/// Two endpoints of a 2-rank job on loopback.
+fn endpoints(job: &str) -> (oxcomm::transport::tcp::TcpEndpoint, oxcomm::transport::tcp::TcpEndpoint) {
+    use oxcomm::transport::tcp::TcpEndpoint;
+    let ip = "127.0.0.1".parse().unwrap();
+    (TcpEndpoint::listen(ip, 0, 2, TOKEN, job).unwrap(), TcpEndpoint::listen(ip, 1, 2, TOKEN, job).unwrap())
+}
+
+#[test]
+fn silent_connections_do_not_lock_the_real_peer_out() {
+    use std::net::TcpStream;
+    let job = job("flood");
+    let (mut e0, mut e1) = endpoints(&job);
+    let (a0, a1) = (e0.local_addr(), e1.local_addr());
+    let until = Instant::now() + Duration::from_secs(30);
+    // 64 silent connections wait in rank 1's backlog before it accepts ...
+    let mut silent: Vec<TcpStream> = (0..64).map(|_| TcpStream::connect(a1).unwrap()).collect();
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let t = s.spawn(move || e1.connect(&[(0, a0)], until));
+        // ... and 64 more arrive while it does, so every handshake slot is held by a stranger
+        // when the real rank 0 knocks.
+        std::thread::sleep(Duration::from_millis(100));
+        silent.extend((0..64).map(|_| TcpStream::connect(a1).unwrap()));
+        std::thread::sleep(Duration::from_millis(100));
+        e0.connect(&[(1, a1)], until).expect("rank 0 must get in despite the flood");
+        t.join().unwrap().expect("rank 1 must accept rank 0 despite the flood");
+    });
+    // Far below the 10 s handshake timeout the strangers could have held each slot for.
+    assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+    drop(silent);
+}
+
+#[test]
+fn a_refusal_tells_an_unauthenticated_peer_nothing_about_the_job() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let job = job("secretjobname");
+    let (mut e0, mut e1) = endpoints(&job);
+    let (a0, a1) = (e0.local_addr(), e1.local_addr());
+    let until = Instant::now() + Duration::from_secs(30);
+    std::thread::scope(|s| {
+        let t = s.spawn(move || e1.connect(&[(0, a0)], until));
+        // A HELLO (magic, version 1, code 1, body length) from "another-job", world 7, rank 5 -> 3.
+        let other = b"another-job";
+        let mut body = vec![0x42u8; 32];
+        for w in [7u32, 5, 3] {
+            body.extend_from_slice(&w.to_le_bytes());
+        }
+        body.extend_from_slice(&(other.len() as u16).to_le_bytes());
+        body.extend_from_slice(other);
+        let mut msg = b"OXTH\x01\x01".to_vec();
+        msg.extend_from_slice(&(body.len() as u16).to_le_bytes());
+        msg.extend_from_slice(&body);
+        let mut c = TcpStream::connect(a1).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(&msg).unwrap();
+        let mut reply = Vec::new();
+        let _ = c.read_to_end(&mut reply);
+        assert!(reply.len() > 8 && reply[5] == 5, "expected a REJECT, got {reply:?}");
+        let text = String::from_utf8_lossy(&reply[8..]).into_owned();
+        assert!(text.contains("not this job"), "{text}");
+        assert!(!text.contains(&job) && !text.contains("secretjobname"), "the REJECT echoes the job id: {text}");
+        assert!(!text.contains('2') && !text.contains('1'), "the REJECT gives world size or rank away: {text}");
+        e0.connect(&[(1, a1)], until).unwrap();
+        t.join().unwrap().unwrap();
+    });
+}

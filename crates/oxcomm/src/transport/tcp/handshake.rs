@@ -52,6 +52,9 @@ const PROOF: u8 = 3;
 const WELCOME: u8 = 4;
 const REJECT: u8 = 5;
 
+/// What an unauthenticated peer is told when its HELLO does not match this side.
+const UNMATCHED: &str = "not this job: the job id, world size or ranks of the HELLO do not match this rank's";
+
 const CONNECTOR_LABEL: &[u8] = b"oxcomm-tcp-v1/connector";
 const ACCEPTOR_LABEL: &[u8] = b"oxcomm-tcp-v1/acceptor";
 
@@ -188,7 +191,9 @@ pub(crate) fn acceptor(stream: &mut TcpStream, me: Identity<'_>, deadline: Insta
         None
     };
     if let Some(reason) = refusal {
-        let _ = write_msg(stream, REJECT, reason.as_bytes(), deadline);
+        // The peer has proved nothing yet: it learns that it was refused, not this side's job
+        // id, world size or rank (those stay in this side's error and log).
+        let _ = write_msg(stream, REJECT, UNMATCHED.as_bytes(), deadline);
         return Err(Error::new(ErrorKind::Rendezvous, format!("refused a connection: {reason}")));
     }
     let ours = nonce()?;
@@ -304,8 +309,10 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         let t = std::thread::spawn(move || acceptor(&mut a, id(b"k", 2), deadline));
         let err = connector(&mut c, id(b"k", 1), 3, deadline).unwrap_err();
+        assert!(err.message().contains("not this job"), "{err}");
+        assert!(!err.message().contains("rank 2"), "the refusal leaks the acceptor's rank: {err}");
+        let err = t.join().unwrap().unwrap_err();
         assert!(err.message().contains("asked for rank 3"), "{err}");
-        t.join().unwrap().unwrap_err();
 
         let (mut c, mut a) = pair();
         let t = std::thread::spawn(move || acceptor(&mut a, id(b"k", 3), deadline));
