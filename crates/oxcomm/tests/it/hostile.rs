@@ -249,3 +249,37 @@ fn a_refusal_tells_an_unauthenticated_peer_nothing_about_the_job() {
         t.join().unwrap().unwrap();
     });
 }
+
+#[test]
+fn an_object_length_beyond_the_bound_is_a_protocol_error_naming_the_root() {
+    let job = job("objlen");
+    let store = InMemoryStore::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    let ip = "127.0.0.1".parse().unwrap();
+    let ((mut fake_links, fake_bell), (links, bell)) = std::thread::scope(|s| {
+        let t = s.spawn(|| connect_mesh(&store, 1, 2, ip, TOKEN, &job, until).unwrap());
+        (connect_mesh(&store, 0, 2, ip, TOKEN, &job, until).unwrap(), t.join().unwrap())
+    });
+    let config = CommConfig { timeout: Duration::from_secs(20), ..CommConfig::default() };
+    let (err, took) = std::thread::scope(|s| {
+        let honest = s.spawn(move || {
+            let c = Communicator::from_links(1, links, bell, config, "tcp").unwrap();
+            let t0 = Instant::now();
+            let err = c.broadcast_bytes(None, 0).expect_err("an 8 TiB object must be refused");
+            (err, t0.elapsed())
+        });
+        // Rank 0 agrees to the broadcast of the length, then announces 2^43 bytes.
+        let link = fake_links[1].as_deref_mut().unwrap();
+        let mut fp = [0u8; 48];
+        recv_exact(link, &*fake_bell, &mut fp, until);
+        let mut v = [0u8; 64];
+        v[16..].copy_from_slice(&fp);
+        send_all(link, &*fake_bell, &v, until);
+        send_all(link, &*fake_bell, &(1i64 << 43).to_le_bytes(), until);
+        honest.join().expect("the honest rank panicked")
+    });
+    assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
+    assert_eq!(err.peer(), Some(0), "{err}");
+    assert!(err.to_string().contains("rank 0 announced an object of 8796093022208 bytes"), "{err}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
