@@ -120,7 +120,8 @@ pub(crate) fn agree(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
         ctx.set_deadline(deadline + VERDICT_GRACE);
         ctx.recv(0, &mut v)?;
         let root = ctx.world(0);
-        let from_root = |e: Error| Error::protocol(format!("verdict from rank {root}: {}", e.message())).with_peer(root);
+        let from_root =
+            |e: Error| Error::protocol(format!("verdict from rank {root}: {}", e.message())).with_peer(root);
         return match decode_verdict(&v, n, r).map_err(from_root)? {
             Verdict::Agreed => Ok(()),
             Verdict::Mismatch { culprit, theirs } => {

@@ -239,8 +239,9 @@ impl TcpLink {
             let header = frame::decode(bytes, self.recv_seq)
                 .map_err(|e| Error::protocol(format!("from rank {}: {}", self.peer, e.message())))?;
             if header.abort {
-                let (culprit, code) = frame::decode_abort(header.len, self.world)
-                    .map_err(|e| self.fail(Error::protocol(format!("from rank {}: {}", self.peer, e.message())).with_peer(self.peer)))?;
+                let (culprit, code) = frame::decode_abort(header.len, self.world).map_err(|e| {
+                    self.fail(Error::protocol(format!("from rank {}: {}", self.peer, e.message())).with_peer(self.peer))
+                })?;
                 let err = if culprit == self.peer {
                     self.gone("it aborted after failing")
                 } else {
