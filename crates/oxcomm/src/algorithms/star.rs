@@ -26,12 +26,12 @@ use crate::wire::{Fingerprint, FP_BYTES};
 /// How much longer non-root ranks wait for rank 0's verdict than rank 0 waits for them.
 pub(crate) const VERDICT_GRACE: Duration = Duration::from_millis(500);
 
-const VERDICT_BYTES: usize = 16 + FP_BYTES;
-const OK: u8 = 0;
-const MISMATCH: u8 = 1;
-const MISSING: u8 = 2;
+pub(crate) const VERDICT_BYTES: usize = 16 + FP_BYTES;
+pub(crate) const OK: u8 = 0;
+pub(crate) const MISMATCH: u8 = 1;
+pub(crate) const MISSING: u8 = 2;
 
-fn verdict(status: u8, word: u64, fp: &Fingerprint) -> [u8; VERDICT_BYTES] {
+pub(crate) fn verdict(status: u8, word: u64, fp: &Fingerprint) -> [u8; VERDICT_BYTES] {
     let mut v = [0u8; VERDICT_BYTES];
     v[0] = status;
     v[8..16].copy_from_slice(&word.to_le_bytes());

@@ -452,24 +452,8 @@ fn read_exact_field(stream: &mut TcpStream, len: usize, deadline: Instant, what:
 /// (protocol violation or I/O failure); an op that fails is answered with an `ERROR` frame.
 fn handle_request(shared: &Shared, stream: &mut TcpStream, header: Header) -> Result<Vec<u8>> {
     let (k, v) = (shared.limits.max_key_len, shared.limits.max_value_len);
-    let count_ok = match header.code {
-        wire::SET | wire::GET | wire::ADD => header.count == 2,
-        wire::TRY_GET | wire::DELETE => header.count == 1,
-        wire::WAIT => (1..=MAX_WAIT_KEYS + 1).contains(&header.count),
-        wire::COMPARE_SET => (2..=3).contains(&header.count),
-        code => return Err(Error::protocol(format!("unknown request code {code:#04x}"))),
-    };
-    if !count_ok {
-        return Err(Error::protocol(format!("request code {:#04x} with {} fields", header.code, header.count)));
-    }
+    let limit = request_shape(header, k, v)?;
     let code = header.code;
-    let limit = move |i: usize| match (code, i) {
-        (wire::WAIT, 0) => 8,
-        (wire::WAIT, _) => k,
-        (_, 0) => k,
-        (wire::GET | wire::ADD, 1) => 8,
-        _ => v,
-    };
     let deadline = after(Instant::now(), shared.frame_timeout);
     let fields = wire::read_fields(stream, header.count, limit, deadline)?;
 
@@ -503,6 +487,45 @@ fn handle_request(shared: &Shared, stream: &mut TcpStream, header: Header) -> Re
         }
         Err(e) => wire::encode(wire::ERROR, &[&[wire::kind_code(e.kind())], e.message().as_bytes()]),
     })
+}
+
+/// Checks a request header's code and field count, and returns the byte limit of each of its
+/// fields (`k` for keys, `v` for values), before any field is read.
+pub(crate) fn request_shape(header: Header, k: usize, v: usize) -> Result<impl Fn(usize) -> usize> {
+    let count_ok = match header.code {
+        wire::SET | wire::GET | wire::ADD => header.count == 2,
+        wire::TRY_GET | wire::DELETE => header.count == 1,
+        wire::WAIT => (1..=MAX_WAIT_KEYS + 1).contains(&header.count),
+        wire::COMPARE_SET => (2..=3).contains(&header.count),
+        code => return Err(Error::protocol(format!("unknown request code {code:#04x}"))),
+    };
+    if !count_ok {
+        return Err(Error::protocol(format!("request code {:#04x} with {} fields", header.code, header.count)));
+    }
+    let code = header.code;
+    Ok(move |i: usize| match (code, i) {
+        (wire::WAIT, 0) => 8,
+        (wire::WAIT, _) => k,
+        (_, 0) => k,
+        (wire::GET | wire::ADD, 1) => 8,
+        _ => v,
+    })
+}
+
+/// Checks the fields of a request the way [`handle_request`] reads them (keys are UTF-8,
+/// integers 8 bytes), without running it: for the fuzz targets.
+pub(crate) fn check_request_fields(code: u8, fields: &[Vec<u8>]) -> Result<()> {
+    match code {
+        wire::WAIT => {
+            eight(&fields[0])?;
+            fields[1..].iter().try_for_each(|f| key(f).map(|_| ()))
+        }
+        wire::GET | wire::ADD => {
+            eight(&fields[1])?;
+            key(&fields[0]).map(|_| ())
+        }
+        _ => key(&fields[0]).map(|_| ()),
+    }
 }
 
 fn key(bytes: &[u8]) -> Result<&str> {

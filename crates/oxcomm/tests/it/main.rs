@@ -4,6 +4,7 @@ mod collectives;
 mod comm_logging;
 mod compression_kernels;
 mod failures;
+mod fuzz;
 #[cfg(unix)]
 mod hostile;
 mod logging;

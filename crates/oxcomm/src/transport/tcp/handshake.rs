@@ -236,8 +236,16 @@ fn write_msg(stream: &mut TcpStream, code: u8, body: &[u8], deadline: Instant) -
 }
 
 fn read_msg(stream: &mut TcpStream, deadline: Instant) -> Result<(u8, Vec<u8>)> {
+    read_msg_with(&mut |buf: &mut [u8]| {
+        read_exact_by(stream, buf, Some(deadline)).map_err(|e| io_error("reading a handshake message", e))
+    })
+}
+
+/// Reads one handshake message through `read` (which fills its whole buffer or fails),
+/// checking magic, version and the body bound before the body is allocated.
+pub(crate) fn read_msg_with(read: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<(u8, Vec<u8>)> {
     let mut header = [0u8; HEADER_LEN];
-    read_exact_by(stream, &mut header, Some(deadline)).map_err(|e| io_error("reading a handshake message", e))?;
+    read(&mut header)?;
     if header[..4] != MAGIC {
         return Err(Error::protocol(format!(
             "bad handshake magic {:02x?} (expected {:02x?}): not an oxcomm TCP peer",
@@ -253,8 +261,13 @@ fn read_msg(stream: &mut TcpStream, deadline: Instant) -> Result<(u8, Vec<u8>)> 
         return Err(Error::protocol(format!("handshake message of {len} bytes (limit {MAX_BODY})")));
     }
     let mut body = vec![0u8; len];
-    read_exact_by(stream, &mut body, Some(deadline)).map_err(|e| io_error("reading a handshake message", e))?;
+    read(&mut body)?;
     Ok((header[5], body))
+}
+
+/// Decodes a HELLO body (for the fuzz targets): whether it is well formed.
+pub(crate) fn decode_hello(b: &[u8]) -> Result<()> {
+    Hello::decode(b).map(|_| ())
 }
 
 #[cfg(test)]

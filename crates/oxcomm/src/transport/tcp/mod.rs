@@ -87,7 +87,9 @@ pub use frame::{
 };
 pub use link::{TcpDoorbell, TcpLink};
 
+pub(crate) use frame::{decode as decode_frame_header, decode_abort};
 use handshake::Identity;
+pub(crate) use handshake::{decode_hello, read_msg_with};
 use link::Shared;
 
 /// Longest accepted job id, in bytes.
