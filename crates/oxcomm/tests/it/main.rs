@@ -7,6 +7,8 @@ mod failures;
 mod fuzz;
 #[cfg(unix)]
 mod hostile;
+#[cfg(target_os = "linux")]
+mod init_failure;
 mod logging;
 mod multiproc;
 mod objects;
