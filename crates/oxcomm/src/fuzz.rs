@@ -27,8 +27,11 @@ pub const ALLOC_BOUND: usize = 80 << 10;
 const STORE_KEY: usize = 1024;
 const STORE_VALUE: usize = 1 << 20;
 
+/// A fuzz target: any bytes in, whether they decoded out.
+pub type Target = fn(&[u8]) -> bool;
+
 /// The fuzz targets by name: (name, decoder).
-pub const TARGETS: [(&str, fn(&[u8]) -> bool); 6] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("fingerprint", fingerprint),
     ("verdict", verdict),
     ("tcp_frame", tcp_frame),

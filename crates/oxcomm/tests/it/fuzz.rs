@@ -147,7 +147,7 @@ struct Figures {
 }
 
 /// Runs `decode` on mutated inputs until `execs` runs or `budget` passes.
-fn run_target(name: &str, decode: fn(&[u8]) -> bool, execs: u64, budget: Duration, seed: u64) -> Figures {
+fn run_target(name: &str, decode: oxcomm::fuzz::Target, execs: u64, budget: Duration, seed: u64) -> Figures {
     let mut pool = oxcomm::fuzz::seeds(name);
     assert!(!pool.is_empty(), "{name}: no seeds");
     if let Ok(dir) = std::fs::read_dir(corpus_dir(name)) {

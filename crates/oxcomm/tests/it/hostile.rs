@@ -82,8 +82,8 @@ fn hostile_verdict(status: u8, word: u64, tail: &[u8]) -> Vec<(oxcomm::Error, Du
                 })
             })
             .collect();
-        for p in 1..world {
-            let link = fake_links[p].as_deref_mut().unwrap();
+        for link in fake_links.iter_mut().skip(1) {
+            let link = link.as_deref_mut().unwrap();
             let mut fp = [0u8; 48];
             recv_exact(link, &*fake_bell, &mut fp, until);
             let mut v = [0u8; 64];

@@ -152,7 +152,7 @@ fn a_segment_left_at_a_reused_tokens_old_name_does_not_stop_the_next_run() {
     let stale = format!("/dev/shm/oxcomm-{job}-0-1");
     {
         use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new().write(true).create_new(true).mode(0).open(&stale).unwrap();
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o000).open(&stale).unwrap();
     }
     let start = Instant::now();
     let mut j = spawn(2, &job, "60", |_| vec![]);
