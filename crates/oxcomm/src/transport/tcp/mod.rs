@@ -24,7 +24,10 @@
 //! ranks. A connection that fails it (wrong token, other job, garbage, silence past the
 //! handshake timeout) is dropped with a `warn` on target `oxcomm::tcp`; the listener keeps
 //! accepting until every expected peer has arrived or the deadline passes, so a stray client
-//! cannot disturb a job. After the handshake the stream carries data frames, each a 24-byte
+//! cannot disturb a job. At most 64 handshakes run at once; one more connection cuts off the
+//! oldest, and a connector whose handshake was cut off (or reset) retries until its deadline,
+//! so a flood of silent connections cannot lock a real peer out. A peer refused before it
+//! proved the token is told only "not this job", never this side's job id, world or rank. After the handshake the stream carries data frames, each a 24-byte
 //! header (magic `OXTF`, version, tag, sequence number, length ≤ [`MAX_FRAME_BYTES`], check
 //! word; see `frame.rs`) followed by a piece of payload. The receiver checks every header, so a
 //! desynchronised or hostile peer is reported as [`ErrorKind::Protocol`], never misread, and
