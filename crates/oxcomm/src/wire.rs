@@ -234,4 +234,22 @@ mod tests {
         bad[0] ^= 1;
         assert!(Fingerprint::decode(&bad).is_err());
     }
+
+    #[test]
+    fn bad_op_headers_name_their_sender_and_reserved_bytes_are_checked() {
+        let fp = Fingerprint::new(OpKind::Barrier, 3, 0);
+        let mut bad = fp.encode();
+        bad[0] ^= 1;
+        let e = Fingerprint::decode_from(&bad, 5).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::Protocol);
+        assert_eq!(e.peer(), Some(5));
+        assert!(e.message().contains("from rank 5"), "{e}");
+        for at in [7usize, 9, 13] {
+            let mut b = fp.encode();
+            b[at] = 2;
+            assert!(Fingerprint::decode(&b).is_err(), "byte {at}");
+        }
+        assert!(Fingerprint::decode(&fp.encode()[..47]).is_err());
+        assert!(Fingerprint::decode(&[fp.encode().as_slice(), &[0]].concat()).is_err());
+    }
 }
