@@ -149,15 +149,21 @@ fn a_segment_left_at_a_reused_tokens_old_name_does_not_stop_the_next_run() {
     let job = job_id("reuse");
     // The name rank 1's segment had when it was derived from the job (token) alone: a stale
     // file there (another user's, or a crashed run's) used to make rank 1 fail on every run.
-    let stale = format!("/dev/shm/oxcomm-{job}-0-1");
+    struct Removed(String);
+    impl Drop for Removed {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let stale = Removed(format!("/dev/shm/oxcomm-{job}-0-1"));
     {
         use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o000).open(&stale).unwrap();
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o000).open(&stale.0).unwrap();
     }
     let start = Instant::now();
     let mut j = spawn(2, &job, "60", |_| vec![]);
     let out = wait_all(&mut j, start, start + Duration::from_secs(60));
-    let _ = std::fs::remove_file(&stale);
+    drop(stale);
     for (r, (code, text, _)) in out.iter().enumerate() {
         assert_eq!(*code, Some(0), "rank {r}: {text}");
         assert!(text.contains("ok over shm"), "rank {r}: {text}");
