@@ -221,9 +221,17 @@ impl Init {
         if !use_shm || (local.is_empty() && !remote.is_empty()) {
             tracing::info!(target: "oxcomm::init", rank, world, job = %job, "joining over TCP");
             let (ip, tcp) = self.tcp_settings()?;
-            let (links, bell) =
-                crate::transport::tcp::connect_mesh_with(store, rank, world, ip, &self.token, &job, &tcp, deadline)
-                    .map_err(fail)?;
+            let (links, bell) = crate::transport::tcp::connect_mesh_with(
+                &Watching(store),
+                rank,
+                world,
+                ip,
+                &self.token,
+                &job,
+                &tcp,
+                deadline,
+            )
+            .map_err(fail)?;
             return Communicator::from_links(rank, links, bell, self.config.clone(), "tcp")?.with_hosts(&hosts);
         }
         if std::env::var(ENV_BIND).map_or(true, |v| v != "none") {
@@ -239,7 +247,7 @@ impl Init {
                 "joining over shared memory and TCP");
             let (ip, tcp) = self.tcp_settings()?;
             let parts = crate::transport::tcp::connect_peers_with(
-                store,
+                &Watching(store),
                 rank,
                 world,
                 &remote,
@@ -332,6 +340,35 @@ fn wait_watching(store: &PrefixStore<Arc<dyn Store>>, keys: &[&str], deadline: I
         if slice >= deadline {
             return Err(Error::new(ErrorKind::Timeout, format!("timed out waiting for store key(s) {keys:?}")));
         }
+    }
+}
+
+/// The job's store as the TCP set-up sees it: its waits (for peers' addresses) also fail at
+/// once when some rank publishes an init failure.
+struct Watching<'a>(&'a PrefixStore<Arc<dyn Store>>);
+
+impl Store for Watching<'_> {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.0.set(key, value)
+    }
+    fn get(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+        wait_watching(self.0, &[key], deadline)?;
+        self.0.get(key, deadline)
+    }
+    fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.0.try_get(key)
+    }
+    fn wait(&self, keys: &[&str], deadline: Instant) -> Result<()> {
+        wait_watching(self.0, keys, deadline)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.0.add(key, delta)
+    }
+    fn delete(&self, key: &str) -> Result<bool> {
+        self.0.delete(key)
+    }
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<Vec<u8>> {
+        self.0.compare_set(key, expected, new)
     }
 }
 

@@ -121,27 +121,44 @@ fn job_id(tag: &str) -> String {
     format!("i{}{tag}{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
 }
 
-#[test]
-fn a_rank_that_fails_during_init_is_named_by_the_others_at_once() {
-    let job = job_id("fail");
+/// Rank 1 of 3 gets `bad` (a setting that makes its init fail after the host exchange) and
+/// everyone `common`; ranks 0 and 2 must fail naming rank 1 and its cause, long before the
+/// 120 s timeout.
+fn rank_1_fails(tag: &str, common: &[(&'static str, &str)], bad: (&'static str, &str)) {
+    let job = job_id(tag);
     let start = Instant::now();
-    // Rank 1's shared-memory settings are broken: it fails after the host exchange, while
-    // ranks 0 and 2 wait for its segment. The timeout is 120 s; they must not wait for it.
-    let mut j =
-        spawn(3, &job, "120", |r| if r == 1 { vec![("OXCOMM_SHM_RING_BYTES", "lots".to_string())] } else { vec![] });
+    let mut j = spawn(3, &job, "120", |r| {
+        let mut env: Vec<(&'static str, String)> = common.iter().map(|(k, v)| (*k, v.to_string())).collect();
+        if r == 1 {
+            env.push((bad.0, bad.1.to_string()));
+        }
+        env
+    });
     let out = wait_all(&mut j, start, start + Duration::from_secs(60));
     let (code, text, _) = &out[1];
     assert_eq!(*code, Some(3), "rank 1 should fail: {text}");
-    assert!(text.contains("OXCOMM_SHM_RING_BYTES"), "{text}");
+    assert!(text.contains(bad.0), "{text}");
     for r in [0, 2] {
         let (code, text, secs) = &out[r];
         assert_eq!(*code, Some(3), "rank {r} should fail: {text}");
         assert!(text.contains("rank 1 failed during init"), "rank {r}: {text}");
-        assert!(text.contains("OXCOMM_SHM_RING_BYTES"), "rank {r} should carry rank 1's cause: {text}");
+        assert!(text.contains(bad.0), "rank {r} should carry rank 1's cause: {text}");
         // Process start-up included; far below the 120 s timeout.
         assert!(*secs < 15.0, "rank {r} took {secs:.1} s");
     }
     assert!(leftovers(&job).is_empty(), "left in /dev/shm: {:?}", leftovers(&job));
+}
+
+#[test]
+fn a_rank_that_fails_during_shm_init_is_named_by_the_others_at_once() {
+    // Ranks 0 and 2 wait for rank 1's segment.
+    rank_1_fails("shm", &[], ("OXCOMM_SHM_RING_BYTES", "lots"));
+}
+
+#[test]
+fn a_rank_that_fails_during_tcp_init_is_named_by_the_others_at_once() {
+    // Ranks 0 and 2 wait for rank 1's TCP address.
+    rank_1_fails("tcp", &[("OXCOMM_TRANSPORT", "tcp")], ("OXCOMM_TCP_FRAME_BYTES", "lots"));
 }
 
 #[test]
