@@ -106,16 +106,27 @@ pub fn tcp_handshake(b: &[u8]) -> bool {
     ok
 }
 
-/// A store request frame as the server reads it: header, shape, fields, field checks.
+/// A store frame: a request as the server reads it (header, shape, fields, field checks), or
+/// an answer as a client reads it.
 pub fn store_frame(b: &[u8]) -> bool {
     let Some(h) = b.get(..store_wire::HEADER_LEN) else { return false };
     let Ok(header) = store_wire::decode_header(h.try_into().unwrap_or_else(|_| unreachable!())) else {
         return false;
     };
-    let Ok(limit) = store::request_shape(header, STORE_KEY, STORE_VALUE) else { return false };
     let mut read = reader(&b[store_wire::HEADER_LEN..]);
+    if let Ok(limit) = store::request_shape(header, STORE_KEY, STORE_VALUE) {
+        return match store_wire::read_fields_with(&mut read, header.count, &limit) {
+            Ok(fields) => store::check_request_fields(header.code, &fields).is_ok(),
+            Err(_) => false,
+        };
+    }
+    // Not a request: an answer, as a client reads it.
+    let Ok(limit) = store::answer_shape(header) else { return false };
     match store_wire::read_fields_with(&mut read, header.count, &limit) {
-        Ok(fields) => store::check_request_fields(header.code, &fields).is_ok(),
+        Ok(fields) => {
+            let _ = store::answer(header.code, fields);
+            true
+        }
         Err(_) => false,
     }
 }
@@ -183,6 +194,8 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             store_wire::encode(store_wire::WAIT, &[&50u64.to_le_bytes(), b"a", b"b"]),
             store_wire::encode(store_wire::COMPARE_SET, &[b"k", b"new", b"old"]),
             store_wire::encode(store_wire::ADD, &[b"counter", &(-3i64).to_le_bytes()]),
+            store_wire::encode(store_wire::OK, &[b"value"]),
+            store_wire::encode(store_wire::ERROR, &[&[2], b"timed out"]),
         ],
         "object_length" => vec![[12i64, -1, 0, 4096].iter().flat_map(|l| l.to_le_bytes()).collect()],
         _ => Vec::new(),

@@ -675,16 +675,36 @@ impl StoreClient {
 /// (connection still fine), `Err(_)` when the connection failed.
 fn read_answer(stream: &mut TcpStream, deadline: Instant) -> Result<Result<Vec<Vec<u8>>>> {
     let header = wire::read_header(stream, Some(deadline))?;
-    match (header.code, header.count) {
-        (wire::OK, 0..=1) => Ok(Ok(wire::read_fields(stream, header.count, |_| MAX_VALUE_LEN, deadline)?)),
-        (wire::ERROR, 2) => {
-            let limit = |i| if i == 0 { 1 } else { wire::MAX_MESSAGE_LEN };
-            let fields = wire::read_fields(stream, 2, limit, deadline)?;
-            let kind = wire::code_kind(fields[0].first().copied().unwrap_or(0));
-            Ok(Err(Error::new(kind, String::from_utf8_lossy(&fields[1]))))
+    let limit = answer_shape(header)?;
+    let fields = wire::read_fields(stream, header.count, limit, deadline)?;
+    Ok(answer(header.code, fields))
+}
+
+/// Checks an answer header (`OK` with 0 or 1 fields, `ERROR` with 2) and returns the byte
+/// limit of each field, before any field is read.
+pub(crate) fn answer_shape(header: Header) -> Result<impl Fn(usize) -> usize> {
+    let error = match (header.code, header.count) {
+        (wire::OK, 0..=1) => false,
+        (wire::ERROR, 2) => true,
+        (code, count) => {
+            return Err(Error::protocol(format!("unexpected answer code {code:#04x} with {count} fields")))
         }
-        (code, count) => Err(Error::protocol(format!("unexpected answer code {code:#04x} with {count} fields"))),
+    };
+    Ok(move |i: usize| match (error, i) {
+        (false, _) => MAX_VALUE_LEN,
+        (true, 0) => 1,
+        (true, _) => wire::MAX_MESSAGE_LEN,
+    })
+}
+
+/// The answer that `fields` of a checked answer header `code` make.
+pub(crate) fn answer(code: u8, mut fields: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+    if code != wire::ERROR {
+        return Ok(fields);
     }
+    let message = fields.pop().unwrap_or_default();
+    let kind = wire::code_kind(fields.first().and_then(|f| f.first()).copied().unwrap_or(0));
+    Err(Error::new(kind, String::from_utf8_lossy(&message)))
 }
 
 fn client_handshake(stream: &mut TcpStream, token: &[u8], deadline: Instant) -> Result<()> {
