@@ -461,8 +461,12 @@ impl Communicator {
         let mine: Vec<i64> = input.iter().map(|(name, bytes, _)| hash(name, *bytes)).collect();
         let mut most = [mine.len() as i64];
         self.all_reduce(&mut most, ReduceOp::Max)?;
+        // Peers' counts are input: at most 2^20 keys and 2^24 samples in all (issue 16).
+        let bad = |what: String| Error::protocol(format!("straggler table: a peer sent {what}")).with_rank(self.rank());
+        let most =
+            usize::try_from(most[0]).ok().filter(|m| *m <= 1 << 20).ok_or_else(|| bad(format!("{} keys", most[0])))?;
         let mut padded = mine.clone();
-        padded.resize(most[0] as usize, PAD);
+        padded.resize(most, PAD);
         let mut all = vec![0i64; padded.len() * self.size()];
         self.all_gather(&padded, &mut all)?;
         let mut keys: Vec<i64> = all.into_iter().filter(|k| *k != PAD).collect();
@@ -472,6 +476,10 @@ impl Communicator {
         let mut lengths: Vec<i64> =
             keys.iter().map(|k| position(*k).map_or(i64::MAX, |i| input[i].2.len() as i64)).collect();
         self.all_reduce(&mut lengths, ReduceOp::Min)?;
+        let samples = lengths.iter().map(|l| u64::try_from(*l).unwrap_or(u64::MAX)).fold(0, u64::saturating_add);
+        if samples > 1 << 24 {
+            return Err(bad(format!("{samples} samples")));
+        }
         let mut flat = Vec::with_capacity(lengths.iter().map(|l| *l as usize).sum());
         for (k, len) in keys.iter().zip(&lengths) {
             let lat = position(*k).map(|i| &input[i].2);
@@ -1734,7 +1742,7 @@ impl P2pJob {
     /// Checks the header that arrived for this receive against what it expects (dtype,
     /// count, tag, per-pair sequence number), before any payload is read.
     pub(crate) fn check_header(&self, got: &[u8]) -> Result<()> {
-        let theirs = Fingerprint::decode(got).map_err(|e| e.with_peer(self.peer))?;
+        let theirs = Fingerprint::decode_from(got, self.peer)?;
         if theirs != self.fp {
             return Err(Error::new(
                 ErrorKind::Mismatch,

@@ -59,6 +59,8 @@ mod copy;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz;
 #[cfg(target_os = "linux")]
 pub mod init;
 pub mod logging;

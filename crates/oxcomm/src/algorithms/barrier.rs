@@ -27,7 +27,7 @@ fn rounds(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
         let (to, from) = schedule::dissemination(ctx.rank, ctx.size, round);
         let mut got = [0u8; FP_BYTES];
         ctx.sendrecv(to, &out, from, &mut got)?;
-        let theirs = Fingerprint::decode(&got).map_err(|e| e.with_peer(ctx.world(from)))?;
+        let theirs = Fingerprint::decode_from(&got, ctx.world(from))?;
         if theirs != *mine {
             let who = ctx.world(from);
             return Err(Error::new(

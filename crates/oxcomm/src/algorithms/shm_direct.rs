@@ -116,7 +116,7 @@ fn arrive(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint, payload: &[u8
         if h[..FP_BYTES] == header[..FP_BYTES] {
             continue;
         }
-        let theirs = Fingerprint::decode(&h[..FP_BYTES]).map_err(|e| e.with_peer(r))?;
+        let theirs = Fingerprint::decode_from(&h[..FP_BYTES], r)?;
         if theirs != *fp {
             return Err(Error::new(
                 ErrorKind::Mismatch,

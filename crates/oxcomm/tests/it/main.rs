@@ -5,6 +5,11 @@ mod comm_logging;
 mod compression_kernels;
 mod failures;
 mod faults;
+mod fuzz;
+#[cfg(unix)]
+mod hostile;
+#[cfg(target_os = "linux")]
+mod init_failure;
 mod logging;
 mod multiproc;
 mod objects;
