@@ -64,7 +64,7 @@ impl PyComm {
             return Ok(Some(PyWork::new(Box::new(work), self.comm.clone())));
         }
         let comm = &self.comm;
-        py.detach(|| f(comm)).py()?;
+        crate::interrupt::run(py, comm, || f(comm))?;
         Ok(None)
     }
 }
@@ -314,13 +314,17 @@ impl PyComm {
     #[pyo3(signature = (buf, dst, tag = 0))]
     fn send(&self, py: Python<'_>, buf: Buf, dst: usize, tag: u32) -> PyResult<()> {
         let comm = &self.comm;
-        py.detach(|| with_elem!(buf.dtype, T => comm.send(unsafe { buf.slice::<T>() }, dst, tag))).py()
+        crate::interrupt::run(py, comm, || with_elem!(buf.dtype, T => comm.send(unsafe { buf.slice::<T>() }, dst, tag)))
     }
 
     #[pyo3(signature = (buf, src, tag = 0))]
     fn recv(&self, py: Python<'_>, buf: Buf, src: usize, tag: u32) -> PyResult<()> {
         let comm = &self.comm;
-        py.detach(|| with_elem!(buf.dtype, T => comm.recv(unsafe { buf.slice_mut::<T>() }, src, tag))).py()
+        crate::interrupt::run(
+            py,
+            comm,
+            || with_elem!(buf.dtype, T => comm.recv(unsafe { buf.slice_mut::<T>() }, src, tag)),
+        )
     }
 
     /// Starts sending a copy of `buf` (pending sends and receives start together).
@@ -352,7 +356,7 @@ impl PyComm {
             return Err(PyValueError::new_err(format!("timeout: {timeout} is not a positive number of seconds")));
         }
         let comm = &self.comm;
-        py.detach(|| comm.monitored_barrier(Duration::from_secs_f64(timeout))).py()
+        crate::interrupt::run(py, comm, || comm.monitored_barrier(Duration::from_secs_f64(timeout)))
     }
 
     #[pyo3(signature = (bufs, op, async_op = false))]
@@ -411,7 +415,7 @@ impl PyComm {
     /// list); `None` outside it.
     fn new_group(&self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<Option<PyComm>> {
         let comm = &self.comm;
-        Ok(py.detach(|| comm.new_group(&ranks)).py()?.map(|comm| PyComm { comm }))
+        Ok(crate::interrupt::run(py, comm, || comm.new_group(&ranks))?.map(|comm| PyComm { comm }))
     }
 
     /// A sub-group over this communicator's links that only its members call (the same list,
@@ -423,7 +427,7 @@ impl PyComm {
     /// Splits by `color` (`None` joins no group), ordered by `key` then rank. Collective.
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<PyComm>> {
         let comm = &self.comm;
-        Ok(py.detach(|| comm.split(color, key)).py()?.map(|comm| PyComm { comm }))
+        Ok(crate::interrupt::run(py, comm, || comm.split(color, key))?.map(|comm| PyComm { comm }))
     }
 
     /// The root's bytes on every rank (`data` is ignored elsewhere; `None` at the root fails
@@ -435,14 +439,14 @@ impl PyComm {
         root: usize,
     ) -> PyResult<Bound<'py, PyBytes>> {
         let comm = &self.comm;
-        let out = py.detach(|| comm.broadcast_bytes(data, root)).py()?;
+        let out = crate::interrupt::run(py, comm, || comm.broadcast_bytes(data, root))?;
         Ok(PyBytes::new(py, &out))
     }
 
     /// Every rank's bytes, in rank order.
     fn all_gather_bytes<'py>(&self, py: Python<'py>, data: Vec<u8>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
         let comm = &self.comm;
-        let out = py.detach(|| comm.all_gather_bytes(&data)).py()?;
+        let out = crate::interrupt::run(py, comm, || comm.all_gather_bytes(&data))?;
         Ok(out.iter().map(|b| PyBytes::new(py, b)).collect())
     }
 
@@ -450,7 +454,7 @@ impl PyComm {
     #[pyo3(signature = (show_straggler = false))]
     fn log_summary(&self, py: Python<'_>, show_straggler: bool) -> PyResult<String> {
         let comm = &self.comm;
-        py.detach(|| comm.log_summary(show_straggler)).py()
+        crate::interrupt::run(py, comm, || comm.log_summary(show_straggler))
     }
 
     /// This rank's last ops as JSON Lines (the flight recorder).

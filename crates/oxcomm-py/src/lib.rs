@@ -7,6 +7,7 @@ mod buffer;
 mod comm;
 mod compressed;
 mod errors;
+mod interrupt;
 mod store;
 mod work;
 

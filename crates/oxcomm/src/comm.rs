@@ -629,6 +629,7 @@ impl Communicator {
             stats,
             scratch,
         );
+        ctx.cancel = Some(&self.core.aborted);
         #[cfg(target_os = "linux")]
         if self.group.id == 0 {
             ctx.direct =
@@ -1683,6 +1684,7 @@ impl Core {
             stats,
             scratch,
         );
+        ctx.cancel = Some(&self.aborted);
         let result = crate::unwind::catch(self.world_rank, || {
             // Phase 1: headers out, headers in.
             let mut got = vec![[0u8; FP_BYTES]; jobs.len()];

@@ -129,6 +129,10 @@ pub(crate) struct Ctx<'c> {
     /// ops (set by [`crate::algorithms::shm_direct::beside_direct`]): whenever the rank would
     /// sleep it checks that no peer runs a direct op at the same sequence number.
     pub watch: Option<crate::wire::Fingerprint>,
+    /// The communicator's abort flag: a wait that sees it set (checked with the peers, every
+    /// [`PEER_CHECK_INTERVAL`]) gives up, so `abort()` from another thread (or Ctrl-C in the
+    /// Python binding) ends an op that waits for a peer.
+    pub cancel: Option<&'c std::sync::atomic::AtomicBool>,
 }
 
 /// `cell`'s deadline, set to `now + timeout` if it is not yet (see [`Ctx::deadline`]).
@@ -169,6 +173,7 @@ impl<'c> Ctx<'c> {
             scratch,
             direct: None,
             watch: None,
+            cancel: None,
         }
     }
 
@@ -192,6 +197,7 @@ impl<'c> Ctx<'c> {
             scratch: &mut *self.scratch,
             direct: None,
             watch: None,
+            cancel: self.cancel,
         }
     }
 
@@ -271,6 +277,7 @@ impl<'c> Ctx<'c> {
             if now.duration_since(*last_check.get_or_insert(now)) >= PEER_CHECK_INTERVAL {
                 last_check = Some(now);
                 self.bell.heartbeat();
+                self.check_cancel()?;
                 for x in xfers.iter().filter(|x| !x.finished()) {
                     let world = self.members[x.peer()];
                     self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
@@ -298,6 +305,7 @@ impl<'c> Ctx<'c> {
             if now.duration_since(*last_check.get_or_insert(now)) >= PEER_CHECK_INTERVAL {
                 last_check = Some(now);
                 self.bell.heartbeat();
+                self.check_cancel()?;
                 if world != self.members[self.rank] {
                     // This wait reads shared memory, not the link: bytes the peer left unread
                     // in it must not make a dead peer look alive.
@@ -312,6 +320,17 @@ impl<'c> Ctx<'c> {
             }
             // Peers publish what `lagging` reads without ringing unless this rank sleeps.
             self.bell.wait_checked(epoch, deadline.min(now + PEER_CHECK_INTERVAL), &mut || lagging().is_none());
+        }
+    }
+
+    /// Fails if the communicator was aborted while this op waited (see [`Ctx::cancel`]).
+    fn check_cancel(&self) -> Result<()> {
+        match self.cancel {
+            Some(flag) if flag.load(std::sync::atomic::Ordering::SeqCst) => Err(Error::new(
+                ErrorKind::Aborted,
+                "the communicator was aborted (by another thread, or an interrupt) while this op waited",
+            )),
+            _ => Ok(()),
         }
     }
 

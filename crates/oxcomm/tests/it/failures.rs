@@ -298,6 +298,32 @@ fn run_async_holds_one_turn_for_a_composite_op() {
 }
 
 #[test]
+fn abort_from_another_thread_ends_an_op_that_waits() {
+    // Rank 1 never joins the all-reduce; rank 0's op waits (deadline 60 s) until another
+    // thread of rank 0 aborts the communicator: the op must end within a few peer checks.
+    let out = threads::run_with(2, config(60_000), |comm| {
+        if comm.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(800));
+            return None;
+        }
+        let other = comm.clone();
+        let aborter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let t = Instant::now();
+            other.abort("test: interrupted");
+            t
+        });
+        let err = comm.all_reduce(&mut [1.0f32; 4], ReduceOp::Sum).unwrap_err();
+        let aborted_at = aborter.join().unwrap();
+        Some((err, aborted_at.elapsed()))
+    })
+    .unwrap();
+    let (err, since_abort) = out[0].clone().expect("rank 0 ran the op");
+    assert_eq!(err.kind(), ErrorKind::Aborted, "{err}");
+    assert!(since_abort < Duration::from_secs(2), "the op ended {since_abort:?} after the abort");
+}
+
+#[test]
 fn members_group_needs_no_call_from_non_members() {
     let out = threads::run(4, |comm| {
         // Ranks 1 and 3 never call members_group for [3, 1]'s complement, and vice versa.
