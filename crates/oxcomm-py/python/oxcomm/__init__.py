@@ -17,6 +17,7 @@ the buffers in place when the op completes.
 """
 
 import enum as _enum
+import os as _os
 import pickle as _pickle
 
 from . import _native
@@ -77,14 +78,18 @@ class Communicator:
         self._c = native
 
     @staticmethod
-    def from_store(store, rank, world_size, *, timeout=300.0, transport=None, master_addr=None, pin_to_core=False):
+    def from_store(store, rank, world_size, *, timeout=300.0, transport=None, master_addr=None, pin_to_core=None):
         """Joins a job through a key-value store with torch.distributed.Store's methods.
 
         Rank 0 makes the job's secret and id and publishes them in the store, so the store
         must be private to the job (torch's stores are). ``transport``: ``"auto"`` (shared
         memory on a host, TCP across), ``"shm"`` or ``"tcp"``. ``master_addr``: an address of
         the store's host, used to pick the interface for TCP links (default loopback).
+        ``pin_to_core``: pin the calling thread to its own core when every local rank has one
+        (default: only if ``OXCOMM_BIND=core``; threads started later inherit the mask).
         """
+        if pin_to_core is None:
+            pin_to_core = _os.environ.get("OXCOMM_BIND", "").strip() == "core"
         native = _native.Communicator.from_store(
             store,
             rank,
@@ -92,7 +97,7 @@ class Communicator:
             timeout=float(timeout),
             transport=transport,
             master_addr=master_addr,
-            pin_to_core=pin_to_core,
+            pin_to_core=bool(pin_to_core),
         )
         return Communicator(native)
 
