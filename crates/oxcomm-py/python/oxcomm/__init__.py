@@ -88,6 +88,8 @@ class Communicator:
         ``pin_to_core``: pin the calling thread to its own core when every local rank has one
         (default: only if ``OXCOMM_BIND=core``; threads started later inherit the mask).
         """
+        if master_addr is None:
+            master_addr = _os.environ.get("MASTER_ADDR") or None
         if pin_to_core is None:
             pin_to_core = _os.environ.get("OXCOMM_BIND", "").strip() == "core"
         native = _native.Communicator.from_store(
