@@ -64,6 +64,7 @@ def rank_main(args):
     torch.set_num_threads(1)
     dist.init_process_group("oxcomm")
     gloo = dist.new_group(backend="gloo")
+    floor = _noop_group()
     n = dist.get_world_size()
     buf = torch.ones(max(sizes(args)) // 4, dtype=torch.float32)
     rows = []
@@ -71,7 +72,7 @@ def rank_main(args):
         t = buf[: size // 4]
         iters, warmup = iters_for(args, size)
         row = {"size": size}
-        for name, group in (("gloo", gloo), ("oxcomm", None)):
+        for name, group in (("gloo", gloo), ("oxcomm", None), ("floor", floor)):
             dist.barrier(group=gloo)
             for _ in range(warmup):
                 dist.all_reduce(t, group=group)
@@ -93,6 +94,28 @@ def rank_main(args):
         with open(os.environ["PY_ALLREDUCE_OUT"], "w") as f:
             json.dump(rows, f)
     dist.destroy_process_group()
+
+
+def _noop_group():
+    """A torch group whose all_reduce does nothing and returns a completed Work: the cost of
+    torch.distributed's Python path and of a Python backend's call, which bounds any Python
+    backend's small-message latency from below."""
+    import torch.distributed as dist
+
+    from oxcomm.torch import _DONE
+
+    class Noop(dist.ProcessGroup):
+        def allreduce(self, tensors, opts=None):
+            return _DONE
+
+        def getBackendName(self):
+            return "noop"
+
+    if "PYNOOP" not in dist.Backend._plugins:
+        dist.Backend.register_backend(
+            "pynoop", lambda o, _: Noop(o.group_rank, o.group_size), extended_api=True, devices=["cpu"]
+        )
+    return dist.new_group(backend="pynoop")
 
 
 # ----------------------------------------------------------------------------------- the parent
@@ -157,13 +180,14 @@ def main():
 
     print(f"# torch.distributed.all_reduce f32 sum, {n} ranks, host {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     print(f"# time = mean of back-to-back calls (max over ranks); busbw in GB/s; rust = `oxcomm bench` in place")
-    head = ("size(B)", "gloo(us)", "busbw", "oxcomm(us)", "busbw", "rust(us)", "busbw", "gloo/ox", "ox/gloo bw", "torch/rust", "wrong")
-    print("%12s %11s %7s %11s %7s %11s %7s %8s %10s %10s %6s" % head)
+    print("# floor = dist.all_reduce on a Python backend that does nothing (torch's and a Python backend's own cost)")
+    head = ("size(B)", "gloo(us)", "busbw", "oxcomm(us)", "busbw", "rust(us)", "busbw", "gloo/ox", "ox/gloo bw", "torch/rust", "floor(us)", "wrong")
+    print("%12s %11s %7s %11s %7s %11s %7s %8s %10s %10s %9s %6s" % head)
     for r in rows:
         s, g, o = r["size"], r["gloo"], r["oxcomm"]
         ru = rust.get(s)
         print(
-            "%12d %11.2f %7.3f %11.2f %7.3f %11s %7s %8.1f %10.2f %10s %6d"
+            "%12d %11.2f %7.3f %11.2f %7.3f %11s %7s %8.1f %10.2f %10s %9.2f %6d"
             % (
                 s,
                 g,
@@ -175,6 +199,7 @@ def main():
                 g / o,
                 bw(s, o) / bw(s, g) if g else 0,
                 f"{o / ru:.2f}" if ru else "-",
+                r["floor"],
                 r["wrong"],
             )
         )

@@ -67,13 +67,20 @@ _OPS = {
 _world_comm = None
 
 
+_op_cache = {}
+
+
 def _reduce_op(op, call):
     """oxcomm's ReduceOp for a torch ReduceOp (or RedOpType), or NotImplementedError."""
     kind = getattr(op, "op", op)
+    hit = _op_cache.get(kind)
+    if hit is not None:
+        return hit
     name = getattr(kind, "name", str(kind).rsplit(".", 1)[-1])
     if name not in _OPS:
         raise NotImplementedError(f"oxcomm: {call} with ReduceOp.{name} is not supported (oxcomm reduces with {', '.join(_OPS)})")
-    return getattr(oxcomm.ReduceOp, _OPS[name])
+    _op_cache[kind] = found = getattr(oxcomm.ReduceOp, _OPS[name])
+    return found
 
 
 def _timeout(opts):
@@ -184,8 +191,9 @@ class _Waiter:
             self._cv.notify()
 
     def idle(self):
-        with self._cv:
-            return not self._queue and not self._busy
+        """No async op of this group in flight. Lock-free: ``_busy`` is set before an op
+        leaves the queue and cleared after it completed, so one of the two shows it."""
+        return not self._busy and not self._queue
 
     _busy = False
 
@@ -194,8 +202,8 @@ class _Waiter:
             with self._cv:
                 while not self._queue:
                     self._cv.wait()
-                op = self._queue.popleft()
                 self._busy = True
+                op = self._queue.popleft()
             op.complete()
             with self._cv:
                 self._busy = False
@@ -257,6 +265,9 @@ class _Work(dist.Work):
 def _done(result):
     """A completed Work whose future holds ``result``."""
     return _Work(result)
+
+
+_DONE = _Work([])
 
 
 class ProcessGroupOxcomm(dist.ProcessGroup):
@@ -334,7 +345,8 @@ class ProcessGroupOxcomm(dist.ProcessGroup):
             start(False)
             if finish is not None:
                 finish()
-            return _done(result)
+            # torch's blocking calls only wait() on it: one completed Work serves them all.
+            return _DONE
         fut = torch.futures.Future()
         self._waiter.submit(_Op(start(True), result, finish, fut, op))
         work = _Work(result, fut)
