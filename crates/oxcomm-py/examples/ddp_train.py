@@ -37,10 +37,11 @@ def main():
         opt.zero_grad()
         loss.backward()
         opt.step()
-    total = torch.tensor([loss.item()])
-    dist.all_reduce(total, op=dist.ReduceOp.AVG if args.backend == "oxcomm" else dist.ReduceOp.SUM)
+    mean = torch.tensor([loss.item()])
+    dist.all_reduce(mean)
+    mean /= dist.get_world_size()
     if rank == 0:
-        print(f"{args.backend}: loss after {args.steps} steps {total.item():.5f} (all-reduced over {dist.get_world_size()} ranks)")
+        print(f"{args.backend}: loss after {args.steps} steps {mean.item():.5f} (mean over {dist.get_world_size()} ranks)")
     dist.destroy_process_group()
 
 

@@ -448,3 +448,69 @@ def test_oxcomm_group_beside_gloo_default():
 def test_ddp_matches_gloo():
     res = _torch_ranks.run(2, "test_torch_backend:case_ddp", timeout=240)
     assert set(res[0]) == {"default", "allreduce_hook", "fp16_compress_hook"}
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+DDP_EXAMPLE = os.path.join(REPO, "crates", "oxcomm-py", "examples", "ddp_train.py")
+
+
+def _oxcomm_binary():
+    """The oxcomm CLI: $OXCOMM, else the workspace's build (built here if missing)."""
+    import subprocess
+
+    if os.environ.get("OXCOMM"):
+        return os.environ["OXCOMM"]
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
+    for profile in ("release", "debug"):
+        path = os.path.join(target, profile, "oxcomm")
+        if os.path.exists(path):
+            return path
+    subprocess.run(["cargo", "build", "-q", "-p", "oxcomm-cli"], cwd=REPO, check=True, timeout=1800)
+    return os.path.join(target, "debug", "oxcomm")
+
+
+def _run_example(cmd, timeout=240):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [c if c != "python3" else sys.executable for c in cmd],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _torch_ranks._kill(proc)
+        out, _ = proc.communicate()
+        raise AssertionError(f"{cmd} timed out\n{out.decode(errors='replace')[-4000:]}")
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-6000:]
+    return text
+
+
+def _final_loss(text):
+    import re
+
+    m = re.search(r"loss after \d+ steps ([0-9.]+)", text)
+    assert m, text[-3000:]
+    return float(m.group(1))
+
+
+def test_unchanged_script_on_oxcomm_and_gloo_under_torchrun():
+    """The same DDP script under torchrun on "gloo" and on "oxcomm": the same loss."""
+    import sys
+
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", DDP_EXAMPLE]
+    ox = _final_loss(_run_example(run + ["--backend", "oxcomm", "--steps", "30"]))
+    gl = _final_loss(_run_example(run + ["--backend", "gloo", "--steps", "30"]))
+    assert abs(ox - gl) <= 1e-4 * max(1.0, gl), (ox, gl)
+
+
+def test_script_under_oxcomm_launch():
+    """init_process_group("oxcomm") under `oxcomm launch` (whose store is oxcomm's, not torch's)."""
+    text = _run_example([_oxcomm_binary(), "launch", "-n", "2", "--", "python3", DDP_EXAMPLE, "--steps", "10"])
+    assert "oxcomm: loss after 10 steps" in text, text[-3000:]

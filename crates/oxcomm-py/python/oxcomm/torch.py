@@ -714,7 +714,10 @@ def _wrap_env_rendezvous():
     import os
     import tempfile
 
-    from torch.distributed import rendezvous as rdzv
+    import importlib
+
+    # the module (torch.distributed.rendezvous is also the name of a function)
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
 
     handlers = getattr(rdzv, "_rendezvous_handlers", None)
     original = None if handlers is None else handlers.get("env")
