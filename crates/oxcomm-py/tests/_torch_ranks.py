@@ -36,8 +36,9 @@ def _store(world):
     return dist.TCPStore("127.0.0.1", 0, world, True, timedelta(seconds=60), wait_for_workers=False)
 
 
-def run(world, target, *, timeout=120.0, env=None, args=()):
-    """Run ``target`` ("module:function") on ``world`` ranks; a list of their return values."""
+def run(world, target, *, timeout=120.0, env=None, args=(), may_die=()):
+    """Run ``target`` ("module:function") on ``world`` ranks; a list of their return values
+    (``None`` for a rank in ``may_die`` that was killed, as the test meant it to be)."""
     store = _store(world)
     procs = []
     base = dict(os.environ)
@@ -69,17 +70,20 @@ def run(world, target, *, timeout=120.0, env=None, args=()):
                     start_new_session=True,
                 )
             )
-        outputs = _wait_all(procs, timeout)
+        outputs = _wait_all(procs, timeout, may_die)
     finally:
         for p in procs:
             _kill(p)
         del store
-    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+    failed = [r for r, p in enumerate(procs) if p.returncode != 0 and not (r in may_die and p.returncode < 0)]
     if failed:
         msg = "\n".join(f"--- rank {r} (exit {procs[r].returncode}) ---\n{outputs[r][-6000:]}" for r in range(world))
         raise RanksFailed(f"{target} on {world} ranks: rank(s) {failed} failed\n{msg}")
     results = []
     for r, out in enumerate(outputs):
+        if r in may_die and procs[r].returncode < 0:
+            results.append(None)
+            continue
         line = [ln for ln in out.splitlines() if ln.startswith(RESULT)]
         if not line:
             raise RanksFailed(f"{target}: rank {r} printed no result\n{out[-6000:]}")
@@ -87,7 +91,7 @@ def run(world, target, *, timeout=120.0, env=None, args=()):
     return results
 
 
-def _wait_all(procs, timeout):
+def _wait_all(procs, timeout, may_die=()):
     """Read every rank's output until all exit, one fails, or the deadline passes."""
     import selectors
 
@@ -117,7 +121,9 @@ def _wait_all(procs, timeout):
             elif chunk is not None and chunk == b"":
                 sel.unregister(key.fileobj)
                 open_streams -= 1
-        if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+        if failed_at is None and any(
+            p.poll() not in (None, 0) and not (r in may_die and p.returncode < 0) for r, p in enumerate(procs)
+        ):
             failed_at = time.monotonic()
     for p in procs:
         try:

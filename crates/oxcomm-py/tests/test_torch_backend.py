@@ -416,7 +416,60 @@ def case_ddp():
     return report
 
 
+def case_rank_killed():
+    """Rank 1 is SIGKILLed while rank 0 waits in all_reduce (blocking, then async through a
+    future): rank 0 raises within 2 s, naming rank 1, and does not hang."""
+    import signal
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    _init()
+    rank = dist.get_rank()
+    t = torch.ones(1 << 20)
+    dist.all_reduce(t)  # the links are up
+    if rank == 1:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        raise AssertionError("all_reduce with a dead peer returned")
+    except RuntimeError as e:
+        took = time.monotonic() - start - 0.5
+        msg = str(e)
+    assert took < 2.0, f"took {took:.2f} s after the kill"
+    assert "1" in msg and ("rank" in msg or "peer" in msg), msg
+    return {"seconds": round(took, 3), "error": msg[:300]}
+
+
+def case_mismatch():
+    """Ranks pass different sizes to all_reduce: every rank raises (no hang, no wrong answer)."""
+    import torch
+    import torch.distributed as dist
+
+    _init()
+    rank = dist.get_rank()
+    t = torch.ones(10 + rank)
+    try:
+        dist.all_reduce(t)
+        raise AssertionError("mismatched all_reduce returned")
+    except RuntimeError as e:
+        return str(e)[:300]
+
+
 # ------------------------------------------------------------------------------- in pytest
+
+
+def test_rank_killed_mid_op_raises_within_2s():
+    res = _torch_ranks.run(2, "test_torch_backend:case_rank_killed", timeout=60, may_die={1})
+    assert res[1] is None and res[0]["seconds"] < 2.0, res
+
+
+def test_mismatched_sizes_raise_on_every_rank():
+    res = _torch_ranks.run(2, "test_torch_backend:case_mismatch", timeout=60)
+    assert all(res), res
 
 
 def test_collectives_match_gloo_2_ranks():
