@@ -347,8 +347,19 @@ class ProcessGroupOxcomm(dist.ProcessGroup):
                 finish()
             # torch's blocking calls only wait() on it: one completed Work serves them all.
             return _DONE
+        try:
+            native = start(True)
+        except (TypeError, NotImplementedError) as e:
+            if "async" not in str(e):
+                raise
+            # an op oxcomm runs only blocking: behind the in-flight ones, then here
+            self._drain()
+            start(False)
+            if finish is not None:
+                finish()
+            return _done(result)
         fut = torch.futures.Future()
-        self._waiter.submit(_Op(start(True), result, finish, fut, op))
+        self._waiter.submit(_Op(native, result, finish, fut, op))
         work = _Work(result, fut)
         if not asynchronous:
             work.wait()
@@ -665,7 +676,7 @@ def _create(dist_opts, backend_options):
         comm = oxcomm.Communicator.from_store(dist_opts.store, rank, size, timeout=seconds)
         _world_comm = comm
         _finalizer_for(comm)
-    elif _world_comm is not None and _world_default_is_oxcomm():
+    elif _world_comm is not None and hasattr(_world_comm, "group") and _world_default_is_oxcomm():
         comm = _world_comm.group(global_ranks)
     if comm is None:
         comm = oxcomm.Communicator.from_store(dist_opts.store, rank, size, timeout=seconds)
