@@ -141,7 +141,9 @@ def rust_figures(args):
             cmd = [binary, "bench", "--quiet", "--world-size", str(args.ranks), "--op", "all_reduce", "--dtype", "f32"]
             cmd += ["--redop", "sum", "-b", str(lo), "-e", str(hi), "-f", "2", "-n", str(iters), "-w", str(warmup)]
             subprocess.run(cmd + ["--json", f.name], check=True, timeout=args.deadline)
-            for line in open(f.name):
+            with open(f.name) as rows:
+                lines = rows.read().splitlines()
+            for line in lines:
                 if line.strip():
                     r = json.loads(line)
                     if r.get("in_place"):
@@ -170,7 +172,8 @@ def main():
         from py_spawn import spawn
 
         spawn(__file__, sys.argv[1:], args.ranks, args.deadline, {"PY_ALLREDUCE_OUT": f.name})
-        rows = json.load(open(f.name))
+        with open(f.name) as fh:
+            rows = json.load(fh)
     rust = {} if args.no_rust else rust_figures(args)
     n = args.ranks
     factor = 2 * (n - 1) / n
@@ -178,10 +181,25 @@ def main():
     def bw(size, us):
         return size / us / 1e3 * factor if us else 0.0
 
-    print(f"# torch.distributed.all_reduce f32 sum, {n} ranks, host {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
-    print(f"# time = mean of back-to-back calls (max over ranks); busbw in GB/s; rust = `oxcomm bench` in place")
+    print(
+        f"# torch.distributed.all_reduce f32 sum, {n} ranks, host {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}"
+    )
+    print("# time = mean of back-to-back calls (max over ranks); busbw in GB/s; rust = `oxcomm bench` in place")
     print("# floor = dist.all_reduce on a Python backend that does nothing (torch's and a Python backend's own cost)")
-    head = ("size(B)", "gloo(us)", "busbw", "oxcomm(us)", "busbw", "rust(us)", "busbw", "gloo/ox", "ox/gloo bw", "torch/rust", "floor(us)", "wrong")
+    head = (
+        "size(B)",
+        "gloo(us)",
+        "busbw",
+        "oxcomm(us)",
+        "busbw",
+        "rust(us)",
+        "busbw",
+        "gloo/ox",
+        "ox/gloo bw",
+        "torch/rust",
+        "floor(us)",
+        "wrong",
+    )
     print("%12s %11s %7s %11s %7s %11s %7s %8s %10s %10s %9s %6s" % head)
     for r in rows:
         s, g, o = r["size"], r["gloo"], r["oxcomm"]

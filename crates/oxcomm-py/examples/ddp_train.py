@@ -41,7 +41,9 @@ def main():
     dist.all_reduce(mean)
     mean /= dist.get_world_size()
     if rank == 0:
-        print(f"{args.backend}: loss after {args.steps} steps {mean.item():.5f} (mean over {dist.get_world_size()} ranks)")
+        print(
+            f"{args.backend}: loss after {args.steps} steps {mean.item():.5f} (mean over {dist.get_world_size()} ranks)"
+        )
     dist.destroy_process_group()
 
 

@@ -60,7 +60,9 @@ def _same(name, got, want):
         for i, (g, w) in enumerate(zip(got, want)):
             _same(f"{name}[{i}]", g, w)
         return
-    assert got.dtype == want.dtype and got.shape == want.shape, f"{name}: {got.dtype}{tuple(got.shape)} vs {want.dtype}{tuple(want.shape)}"
+    assert got.dtype == want.dtype and got.shape == want.shape, (
+        f"{name}: {got.dtype}{tuple(got.shape)} vs {want.dtype}{tuple(want.shape)}"
+    )
     assert torch.equal(got, want), f"{name}: oxcomm {got.flatten()[:8].tolist()} != gloo {want.flatten()[:8].tolist()}"
 
 

@@ -106,7 +106,9 @@ class CompressedBackend:
                 f"compressed_allreduce: server_error has {server_error.numel()} elements, expected {n_padded} / {n}"
             )
         if length > n_padded:
-            raise ValueError(f"compressed_allreduce: buffer_m has {length} elements, more than worker_error's {n_padded}")
+            raise ValueError(
+                f"compressed_allreduce: buffer_m has {length} elements, more than worker_error's {n_padded}"
+            )
         state = self._state(worker_error, server_error)
         in_place = length == n_padded and buffer_m.is_contiguous()
         buf = buffer_m.view(-1) if in_place else buffer_m.reshape(-1).clone()

@@ -42,7 +42,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed import ReduceOp
 
 import oxcomm
 
@@ -78,7 +77,9 @@ def _reduce_op(op, call):
         return hit
     name = getattr(kind, "name", str(kind).rsplit(".", 1)[-1])
     if name not in _OPS:
-        raise NotImplementedError(f"oxcomm: {call} with ReduceOp.{name} is not supported (oxcomm reduces with {', '.join(_OPS)})")
+        raise NotImplementedError(
+            f"oxcomm: {call} with ReduceOp.{name} is not supported (oxcomm reduces with {', '.join(_OPS)})"
+        )
     _op_cache[kind] = found = getattr(oxcomm.ReduceOp, _OPS[name])
     return found
 
@@ -433,7 +434,9 @@ class ProcessGroupOxcomm(dist.ProcessGroup):
                     o.copy_(flat[k * inp.numel() : (k + 1) * inp.numel()].view(o.shape))
 
         src = _flat(inp)
-        return self._run("all_gather", opts, lambda a: self.comm.all_gather(src, flat, async_op=a), output_tensors, finish)
+        return self._run(
+            "all_gather", opts, lambda a: self.comm.all_gather(src, flat, async_op=a), output_tensors, finish
+        )
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts or dist.AllgatherOptions()
@@ -478,7 +481,9 @@ class ProcessGroupOxcomm(dist.ProcessGroup):
                         o.copy_(flat[k * inp.numel() : (k + 1) * inp.numel()].view(o.shape))
 
         src = _flat(inp)
-        return self._run("gather", opts, lambda a: self.comm.gather(src, flat, root, async_op=a), output_tensors, finish)
+        return self._run(
+            "gather", opts, lambda a: self.comm.gather(src, flat, root, async_op=a), output_tensors, finish
+        )
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ScatterOptions()
@@ -496,7 +501,9 @@ class ProcessGroupOxcomm(dist.ProcessGroup):
                 flat = torch.cat([_flat(t.contiguous()) for t in ins])
         buf, finish = _contiguous_out(out, None)
         dst = _flat(buf)
-        return self._run("scatter", opts, lambda a: self.comm.scatter(flat, dst, root, async_op=a), output_tensors, finish)
+        return self._run(
+            "scatter", opts, lambda a: self.comm.scatter(flat, dst, root, async_op=a), output_tensors, finish
+        )
 
     # ------------------------------------------------------------------ reduce-scatter
 
@@ -515,7 +522,11 @@ class ProcessGroupOxcomm(dist.ProcessGroup):
         buf, finish = _contiguous_out(out, None)
         dst = _flat(buf)
         return self._run(
-            "reduce_scatter", opts, lambda a: self.comm.reduce_scatter(flat, dst, op, async_op=a), output_tensors, finish
+            "reduce_scatter",
+            opts,
+            lambda a: self.comm.reduce_scatter(flat, dst, op, async_op=a),
+            output_tensors,
+            finish,
         )
 
     def reduce_scatter_single(self, output, input, opts=None):
@@ -526,7 +537,11 @@ class ProcessGroupOxcomm(dist.ProcessGroup):
         buf, finish = _contiguous_out(output, None)
         dst = _flat(buf)
         return self._run(
-            "reduce_scatter_tensor", opts, lambda a: self.comm.reduce_scatter(src, dst, op, async_op=a), [output], finish
+            "reduce_scatter_tensor",
+            opts,
+            lambda a: self.comm.reduce_scatter(src, dst, op, async_op=a),
+            [output],
+            finish,
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -584,8 +599,12 @@ class ProcessGroupOxcomm(dist.ProcessGroup):
             n = self.size()
             in_row = math.prod(input.shape[1:]) if input.dim() > 1 else 1
             out_row = math.prod(output.shape[1:]) if output.dim() > 1 else 1
-            send_counts = [int(s) * in_row for s in input_split_sizes] if input_split_sizes else [input.numel() // n] * n
-            recv_counts = [int(s) * out_row for s in output_split_sizes] if output_split_sizes else [output.numel() // n] * n
+            send_counts = (
+                [int(s) * in_row for s in input_split_sizes] if input_split_sizes else [input.numel() // n] * n
+            )
+            recv_counts = (
+                [int(s) * out_row for s in output_split_sizes] if output_split_sizes else [output.numel() // n] * n
+            )
             if len(send_counts) != n or len(recv_counts) != n:
                 raise ValueError(f"oxcomm: all_to_all_single: split sizes must have {n} entries")
             start = lambda a: self.comm.all_to_all_v(src, send_counts, dst, recv_counts, async_op=a)  # noqa: E731
