@@ -5,7 +5,7 @@
 //! ([`run_checks`]), starting the ranks (threads in this process; processes over shared memory
 //! or TCP through [`crate::launch::launch_self`], as `oxcomm bench` does) and the table. The
 //! ops that `oxcomm bench` times are run and verified by the bench's own code
-//! ([`crate::bench::Case`]), so the check and the bench agree on what "right" means; the
+//! ([`crate::bench::cases`]), so the check and the bench agree on what "right" means; the
 //! others (all_to_all_v, gather, scatter, barrier, send/recv, reduce_scatter_coalesced) are
 //! verified here. It uses only oxcomm's public API.
 //!
@@ -16,11 +16,11 @@
 //! and u8 (the compressed ops only for the dtypes they take), at counts of 0, 1, 7, 4097 and 2^18 elements per rank
 //! block (2^18 is 1 MiB of f32), both in place and out of place where the bench has both
 //! modes. Reducing ops use `sum`; all_reduce (auto) also `max` and `prod` up to 4097 elements. Inputs are small integers
-//! whose reductions are exact in every dtype (see `crate::bench`), so results are compared
+//! whose reductions are exact in every dtype (see `crate::bench::cases`), so results are compared
 //! exactly (within a few units in the last place only where the op divides: the compressed
 //! ops and reduce_scatter_coalesced on floats). onebit_all_reduce's counts are rounded up to
 //! its padding granularity and quant_reduce_scatter's up to even (their exact-input checks
-//! need unpadded buffers; see `crate::bench`).
+//! need unpadded buffers; see `crate::bench::cases`).
 //!
 //! Every op has a deadline of `OXCOMM_TIMEOUT` seconds (30 here unless set), so a hang
 //! becomes a failure. A failure names the case (dtype, count, mode) and what went wrong: the
@@ -49,7 +49,7 @@ use oxcomm::compression::onebit;
 use oxcomm::{Algorithm, Communicator, DType, Element, OpOptions, ReduceOp};
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{BenchElement, BenchOp, Buffers, Case, Layout, Pattern, SENTINEL};
+use crate::bench::cases::{BenchElement, BenchOp, Buffers, Case, Layout, Pattern, SENTINEL};
 
 /// Flags of `oxcomm check`.
 #[derive(Debug, Clone, clap::Args)]

@@ -1,5 +1,6 @@
 //! Micro-benchmark of `CommsLogger::record`: the per-op cost the communicator pays when the
-//! logger is on. Prints ns per call and how many heap allocations the timed loop made.
+//! logger is on. Prints ns per call and how many heap allocations the timed loop made. Also
+//! the flight recorder's start + finish, which every op pays (it is always on).
 //!
 //! Run: `cargo bench -p oxcomm --bench logger` (add `-- N` to change the call count, default
 //! 1e6).
@@ -9,7 +10,9 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use oxcomm::logging::flight::FlightRecorder;
 use oxcomm::logging::{CommsLogger, LoggerConfig, OpRecord};
+use oxcomm::wire::{Fingerprint, OpKind};
 use oxcomm::DType;
 
 /// Counts allocations so the benchmark can show the hot path makes none.
@@ -108,7 +111,28 @@ fn main() {
     println!("should_record (disabled):      {ns:6.1} ns/call");
     assert_eq!(log.op_count(), 0);
 
+    flight_recorder(n);
     overhead_on_an_8_byte_all_reduce();
+}
+
+/// The flight recorder's per-op cost: one start and one finish (two uncontended lock/unlock
+/// pairs and two coarse clock reads), and the allocations it makes (none).
+fn flight_recorder(n: u64) {
+    let fr = FlightRecorder::default();
+    let mut fp = Fingerprint::new(OpKind::AllReduce, 0, 0);
+    fp.dtype = Some(DType::F32);
+    fp.count = 2;
+    let a0 = ALLOCS.load(Ordering::Relaxed);
+    let t0 = Instant::now();
+    for i in 0..n {
+        fp.seq = i;
+        let id = fr.start(black_box(&fp), "direct", None);
+        fr.finish(black_box(id), Ok(()));
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / n as f64;
+    let allocs = ALLOCS.load(Ordering::Relaxed) - a0;
+    println!("flight recorder start+finish:  {ns:6.1} ns/op, {allocs} allocations over {n} ops");
+    assert_eq!(allocs, 0, "the flight recorder allocates per op");
 }
 
 /// The end-to-end cost: 8-byte all_reduce on 2 thread ranks with the logger off, on and warm

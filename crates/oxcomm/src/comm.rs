@@ -96,12 +96,16 @@ pub(crate) struct Core {
     worker: Mutex<Option<mpsc::Sender<Job>>>,
     /// Point-to-point ops issued with `isend`/`irecv` and not yet started.
     pending_p2p: Mutex<Vec<P2pJob>>,
+    /// How many groups [`Communicator::members_group`] made for each list of world ranks.
+    member_groups: Mutex<std::collections::HashMap<Vec<usize>, u64>>,
     /// Things that must live as long as the communicator (the store, its server).
     keep: Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>,
     /// The comms logger (records nothing unless enabled).
     logger: CommsLogger,
     /// Set while `log_summary` runs its own collectives, which are not logged.
     logging_paused: AtomicBool,
+    /// This rank's last ops, for errors and hung jobs (issue 16).
+    flight: crate::logging::flight::FlightRecorder,
     /// Every rank's shared-memory workspace, when all ranks share this host.
     #[cfg(target_os = "linux")]
     direct: Option<crate::transport::shm::direct::ShmDirect>,
@@ -162,13 +166,18 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// Advances the turn when an op ends, however it ends.
+/// Advances the turn when an op ends, however it ends (unless the op ran inside a turn that
+/// [`Communicator::run_async`] holds, which advances once when its closure returns).
 struct TurnGuard<'a> {
     core: &'a Core,
+    advance: bool,
 }
 
 impl Drop for TurnGuard<'_> {
     fn drop(&mut self) {
+        if !self.advance {
+            return;
+        }
         self.core.turn.fetch_add(1, Ordering::SeqCst);
         if self.core.turn_waiters.load(Ordering::SeqCst) > 0 {
             let _g = self.core.turn_lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -250,9 +259,11 @@ impl Communicator {
             transport,
             worker: Mutex::new(None),
             pending_p2p: Mutex::new(Vec::new()),
+            member_groups: Mutex::new(std::collections::HashMap::new()),
             keep: Mutex::new(Vec::new()),
             logger: CommsLogger::new(config.logger.clone()),
             logging_paused: AtomicBool::new(false),
+            flight: Default::default(),
             #[cfg(target_os = "linux")]
             direct,
             #[cfg(feature = "mpi")]
@@ -398,6 +409,12 @@ impl Communicator {
         self.core.cause.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// This rank's last ops as JSON Lines, oldest first (the flight recorder: see
+    /// [`crate::logging::flight`]); callable while an op hangs on another thread.
+    pub fn flight_record(&self) -> String {
+        self.core.flight.to_jsonl(self.core.world_rank)
+    }
+
     /// The comms logger: per-op records when enabled by [`CommConfig::logger`] or
     /// `OXCOMM_COMMS_LOGGER=1`.
     pub fn logger(&self) -> &CommsLogger {
@@ -444,8 +461,12 @@ impl Communicator {
         let mine: Vec<i64> = input.iter().map(|(name, bytes, _)| hash(name, *bytes)).collect();
         let mut most = [mine.len() as i64];
         self.all_reduce(&mut most, ReduceOp::Max)?;
+        // Peers' counts are input: at most 2^20 keys and 2^24 samples in all (issue 16).
+        let bad = |what: String| Error::protocol(format!("straggler table: a peer sent {what}")).with_rank(self.rank());
+        let most =
+            usize::try_from(most[0]).ok().filter(|m| *m <= 1 << 20).ok_or_else(|| bad(format!("{} keys", most[0])))?;
         let mut padded = mine.clone();
-        padded.resize(most[0] as usize, PAD);
+        padded.resize(most, PAD);
         let mut all = vec![0i64; padded.len() * self.size()];
         self.all_gather(&padded, &mut all)?;
         let mut keys: Vec<i64> = all.into_iter().filter(|k| *k != PAD).collect();
@@ -455,6 +476,10 @@ impl Communicator {
         let mut lengths: Vec<i64> =
             keys.iter().map(|k| position(*k).map_or(i64::MAX, |i| input[i].2.len() as i64)).collect();
         self.all_reduce(&mut lengths, ReduceOp::Min)?;
+        let samples = lengths.iter().map(|l| u64::try_from(*l).unwrap_or(u64::MAX)).fold(0, u64::saturating_add);
+        if samples > 1 << 24 {
+            return Err(bad(format!("{samples} samples")));
+        }
         let mut flat = Vec::with_capacity(lengths.iter().map(|l| *l as usize).sum());
         for (k, len) in keys.iter().zip(&lengths) {
             let lat = position(*k).map(|i| &input[i].2);
@@ -588,6 +613,7 @@ impl Communicator {
         let logged = self.core.logging(fp.kind.name());
         let started = if logged { self.core.logger.now_ns() } else { 0 };
         self.core.check_alive(|| fp.to_string())?;
+        let flight = self.core.flight.start(fp, algorithm, None);
         let mut state = self.core.lock_state();
         #[cfg(target_os = "linux")]
         let State { links, stats, scratch, direct_state, .. } = &mut *state;
@@ -608,18 +634,22 @@ impl Communicator {
             ctx.direct =
                 self.core.direct.as_ref().map(|shm| crate::algorithms::shm_direct::Direct { shm, state: direct_state });
         }
-        let result = (|| {
+        let result = crate::unwind::catch(self.core.world_rank, || {
             if agree {
                 algorithms::star::agree(&mut ctx, fp)?;
             }
             body(&mut ctx, fp)
-        })();
+        });
         drop(state);
         if logged && result.is_ok() {
             self.core.record(fp, self.size(), algorithm, started, caller);
         }
+        if result.is_ok() {
+            self.core.flight.finish(flight, Ok(()));
+        }
         result.map_err(|e| {
             let e = e.with_op(fp.to_string()).with_rank(self.core.world_rank);
+            let e = self.core.flight.annotate(flight, e, self.core.world_rank);
             self.core.fail(e.clone());
             e
         })
@@ -1144,6 +1174,63 @@ impl Communicator {
         Ok(self.subgroup(&ranks, 0x5eed_0000_0000 ^ u64::from(color)))
     }
 
+    /// A sub-group of the listed group ranks over this communicator's links, made without
+    /// any communication: only the members call it (ranks outside the list get `None`, as
+    /// from [`Communicator::new_group`]). Every member must pass the same list, and members
+    /// must make their groups of one rank list in the same order (as torch requires of
+    /// `new_group`), because the group's identity is the list and how many groups of that
+    /// list this rank made before. Use it where a framework creates a group on its members
+    /// only; [`Communicator::new_group`] checks the list across ranks instead.
+    ///
+    /// ```
+    /// use oxcomm::{threads, ReduceOp};
+    ///
+    /// let out = threads::run(3, |comm| {
+    ///     if comm.rank() == 1 {
+    ///         return Ok(0.0); // not a member: takes no part
+    ///     }
+    ///     let g = comm.members_group(&[0, 2])?.expect("a member");
+    ///     let mut v = [comm.rank() as f32];
+    ///     g.all_reduce(&mut v, ReduceOp::Sum)?;
+    ///     Ok::<_, oxcomm::Error>(v[0])
+    /// })?;
+    /// assert_eq!(out.into_iter().map(|r| r.unwrap()).collect::<Vec<_>>(), vec![2.0, 0.0, 2.0]);
+    /// # Ok::<(), oxcomm::Error>(())
+    /// ```
+    pub fn members_group(&self, ranks: &[usize]) -> Result<Option<Communicator>> {
+        let mut fp = self.fingerprint(OpKind::NewGroup);
+        fp.count = ranks.len() as u64;
+        let mut seen = vec![false; self.size()];
+        for &r in ranks {
+            if r >= self.size() {
+                return Err(self.arg_error(&fp, format!("rank {r} out of range for a group of {}", self.size())));
+            }
+            if std::mem::replace(&mut seen[r], true) {
+                return Err(self.arg_error(&fp, format!("rank {r} listed twice")));
+            }
+        }
+        if !seen[self.rank()] {
+            return Ok(None);
+        }
+        #[cfg(feature = "mpi")]
+        if self.mpi().is_some() {
+            return Err(Error::unsupported("members_group on the MPI backend (use new_group or split)")
+                .with_rank(self.core.world_rank));
+        }
+        let world: Vec<usize> = ranks.iter().map(|r| self.group.members[*r]).collect();
+        let nth = {
+            let mut made = self.core.member_groups.lock().unwrap_or_else(|e| e.into_inner());
+            let n = made.entry(world.clone()).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let mut h = DefaultHasher::new();
+        ("members_group", &world, nth).hash(&mut h);
+        let id = h.finish() | 1;
+        let me = ranks.iter().position(|r| *r == self.rank()).expect("checked above");
+        Ok(Some(Communicator { core: self.core.clone(), group: Arc::new(Group::new(id, world, me, &self.core.hosts)) }))
+    }
+
     pub(crate) fn subgroup(&self, ranks: &[usize], salt: u64) -> Option<Communicator> {
         let me = ranks.iter().position(|r| *r == self.rank())?;
         let mut h = DefaultHasher::new();
@@ -1225,12 +1312,47 @@ impl Communicator {
 
     // ---------------------------------------------------------------- async collectives
 
-    fn spawn<R: Send + 'static>(&self, f: impl FnOnce(&Communicator, u64) -> Result<R> + Send + 'static) -> Work<R> {
+    /// Runs `f` on this rank's async worker as one op in issue order: it starts after every op
+    /// issued before `run_async` returned and before any op issued after it, and every op `f`
+    /// issues on this communicator (or its groups) runs inside that one turn, so a composite
+    /// op (several collectives, e.g. the 1-bit all-reduce) keeps its place on every rank. The
+    /// handle returns what `f` returns.
+    ///
+    /// `f` must not wait on [`Work`] handles of this communicator (they would wait for the
+    /// turn `f` holds); it may call any sync op. An error from `f` completes the handle; an
+    /// error inside an op also aborts the communicator, as for sync ops.
+    ///
+    /// ```
+    /// use oxcomm::{threads, ReduceOp};
+    ///
+    /// let out = threads::run(2, |comm| {
+    ///     let work = comm.run_async(|c| {
+    ///         let mut v = vec![c.rank() as f32; 4];
+    ///         c.all_reduce(&mut v, ReduceOp::Sum)?;
+    ///         c.all_reduce(&mut v, ReduceOp::Sum)?;
+    ///         Ok(v)
+    ///     });
+    ///     work.wait()
+    /// })?;
+    /// assert_eq!(out[0].as_ref().unwrap(), &vec![2.0; 4]);
+    /// # Ok::<(), oxcomm::Error>(())
+    /// ```
+    pub fn run_async<R: Send + 'static>(&self, f: impl FnOnce(&Communicator) -> Result<R> + Send + 'static) -> Work<R> {
+        if self.core.holds_turn() {
+            // Issued from inside a held turn (on the worker): it runs there and then.
+            return Work::done(f(self), self.core.clone());
+        }
         let ticket = self.core.draw_ticket();
         let (work, slot) = Work::pending(self.core.clone());
         let me = self.clone();
         self.core.submit(Box::new(move || {
-            let r = f(&me, ticket);
+            // A panic outside the op's own guard (in the closure's own code) still completes
+            // the handle and aborts the communicator, so later ops do not wait their turn.
+            let r =
+                crate::unwind::guard(me.core.world_rank, || me.core.hold_turn(ticket, || f(&me))).unwrap_or_else(|e| {
+                    me.core.fail(e.clone());
+                    Err(e)
+                });
             slot.complete(r);
         }));
         work
@@ -1239,80 +1361,72 @@ impl Communicator {
     /// Async [`Communicator::all_reduce`]: takes the buffer and hands it back through the
     /// handle. Async ops on one communicator run and complete in the order they were issued.
     pub fn all_reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
-        self.spawn(move |c, ticket| {
+        self.run_async(move |c| {
             let mut buf = buf;
-            c.with_ticket(ticket, || c.all_reduce(&mut buf, op))?;
+            c.all_reduce(&mut buf, op)?;
             Ok(buf)
         })
     }
 
     /// Async [`Communicator::broadcast`].
     pub fn broadcast_async<T: Element>(&self, buf: Vec<T>, root: usize) -> Work<Vec<T>> {
-        self.spawn(move |c, ticket| {
+        self.run_async(move |c| {
             let mut buf = buf;
-            c.with_ticket(ticket, || c.broadcast(&mut buf, root))?;
+            c.broadcast(&mut buf, root)?;
             Ok(buf)
         })
     }
 
     /// Async [`Communicator::reduce`].
     pub fn reduce_async<T: Element>(&self, buf: Vec<T>, root: usize, op: ReduceOp) -> Work<Vec<T>> {
-        self.spawn(move |c, ticket| {
+        self.run_async(move |c| {
             let mut buf = buf;
-            c.with_ticket(ticket, || c.reduce(&mut buf, root, op))?;
+            c.reduce(&mut buf, root, op)?;
             Ok(buf)
         })
     }
 
     /// Async [`Communicator::all_gather`]: the handle returns the gathered buffer.
     pub fn all_gather_async<T: Element>(&self, input: Vec<T>) -> Work<Vec<T>> {
-        self.spawn(move |c, ticket| {
+        self.run_async(move |c| {
             let mut out = vec![T::default(); input.len() * c.size()];
-            c.with_ticket(ticket, || c.all_gather(&input, &mut out))?;
+            c.all_gather(&input, &mut out)?;
             Ok(out)
         })
     }
 
     /// Async [`Communicator::reduce_scatter`]: the handle returns this rank's block.
     pub fn reduce_scatter_async<T: Element>(&self, input: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
-        self.spawn(move |c, ticket| {
+        self.run_async(move |c| {
             let mut out = vec![T::default(); input.len() / c.size().max(1)];
-            c.with_ticket(ticket, || c.reduce_scatter(&input, &mut out, op))?;
+            c.reduce_scatter(&input, &mut out, op)?;
             Ok(out)
         })
     }
 
     /// Async [`Communicator::all_to_all`]: the handle returns the received buffer.
     pub fn all_to_all_async<T: Element>(&self, send: Vec<T>) -> Work<Vec<T>> {
-        self.spawn(move |c, ticket| {
+        self.run_async(move |c| {
             let mut out = vec![T::default(); send.len()];
-            c.with_ticket(ticket, || c.all_to_all(&send, &mut out))?;
+            c.all_to_all(&send, &mut out)?;
             Ok(out)
         })
     }
 
     /// Async [`Communicator::barrier`].
     pub fn barrier_async(&self) -> Work<()> {
-        self.spawn(move |c, ticket| c.with_ticket(ticket, || c.barrier()))
-    }
-
-    /// Runs `f` (one sync op) under an already-issued ticket.
-    fn with_ticket<R>(&self, ticket: u64, f: impl FnOnce() -> Result<R>) -> Result<R> {
-        PRESET_TICKET.with(|t| t.set(Some(ticket)));
-        let r = f();
-        if let Some(unused) = PRESET_TICKET.with(|t| t.take()) {
-            // The op failed before it took its turn (a bad argument): take the turn now so
-            // the ops issued after it are not left waiting.
-            let _turn = self.core.await_turn(unused, self.core.config.timeout, String::new);
-        }
-        r
+        self.run_async(move |c| c.barrier())
     }
 }
 
 thread_local! {
-    /// A ticket issued when an async op was queued, consumed by the op when the worker runs it.
-    static PRESET_TICKET: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+    /// The core whose turn this thread holds inside [`Communicator::run_async`] (its address),
+    /// or 0: ops of that core issued on this thread run inside the held turn.
+    static HELD_TURN: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
+
+/// Ticket value meaning "this thread already holds the turn".
+const HELD: u64 = u64::MAX;
 
 /// Runs `f` with the direct shared-memory view taken out of `ctx` (and puts it back).
 #[cfg(target_os = "linux")]
@@ -1410,6 +1524,11 @@ impl Core {
             }
         }
         self.aborted.store(true, Ordering::SeqCst);
+        {
+            // Ops waiting their turn fail now instead of at their deadline.
+            let _g = self.turn_lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.turn_cv.notify_all();
+        }
         let culprit =
             self.cause.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|e| e.peer().map(|p| (p, e.kind())));
         let mut state = self.lock_state();
@@ -1421,15 +1540,22 @@ impl Core {
     }
 
     fn await_turn(&self, ticket: u64, timeout: Duration, op: impl FnOnce() -> String) -> Result<TurnGuard<'_>> {
+        if ticket == HELD {
+            return Ok(TurnGuard { core: self, advance: false });
+        }
         if self.turn.load(Ordering::SeqCst) == ticket {
-            return Ok(TurnGuard { core: self });
+            return Ok(TurnGuard { core: self, advance: true });
         }
         let deadline = Instant::now() + timeout;
+        let mut op_name = Some(op);
         let mut g = self.turn_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.turn_waiters.fetch_add(1, Ordering::SeqCst);
         let result = loop {
             if self.turn.load(Ordering::SeqCst) == ticket {
-                break Ok(TurnGuard { core: self });
+                break Ok(TurnGuard { core: self, advance: true });
+            }
+            if let Err(e) = self.check_alive(|| op_name.take().map_or_else(String::new, |f| f())) {
+                break Err(e);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -1437,7 +1563,7 @@ impl Core {
                     ErrorKind::Timeout,
                     format!("timed out after {timeout:?} waiting for this rank's earlier async ops to finish"),
                 )
-                .with_op(op())
+                .with_op(op_name.take().map_or_else(String::new, |f| f()))
                 .with_rank(self.world_rank));
             }
             g = self.turn_cv.wait_timeout(g, deadline - now).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
@@ -1446,14 +1572,34 @@ impl Core {
         result
     }
 
-    /// The ticket of the op about to run: the one issued when an async op was queued (set by
-    /// `with_ticket` on the worker), or a fresh one after starting pending `isend`/`irecv`s.
+    /// The ticket of the op about to run: [`HELD`] inside a turn this thread holds (see
+    /// [`Communicator::run_async`]), or a fresh one after starting pending `isend`/`irecv`s.
     fn draw_ticket(self: &Arc<Self>) -> u64 {
-        if let Some(t) = PRESET_TICKET.with(|t| t.take()) {
-            return t;
+        if self.holds_turn() {
+            return HELD;
         }
         self.flush_p2p();
         self.next_ticket.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Whether this thread holds this core's turn (inside [`Communicator::run_async`]).
+    fn holds_turn(&self) -> bool {
+        HELD_TURN.with(|h| h.get()) == self as *const Core as usize
+    }
+
+    /// Waits for `ticket`'s turn, then runs `f` holding it: every op `f` issues on this core
+    /// runs inside the turn, which advances once when `f` returns (or unwinds).
+    fn hold_turn<R>(&self, ticket: u64, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        /// Restores the previous holder when `f` ends, however it ends.
+        struct Restore(usize);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                HELD_TURN.with(|h| h.set(self.0));
+            }
+        }
+        let _turn = self.await_turn(ticket, self.config.timeout, || "an async op".to_string())?;
+        let _restore = Restore(HELD_TURN.with(|h| h.replace(self as *const Core as usize)));
+        f()
     }
 
     fn submit(&self, job: Job) {
@@ -1464,7 +1610,9 @@ impl Core {
                 .name(format!("oxcomm-async-{}", self.world_rank))
                 .spawn(move || {
                     for job in rx {
-                        job();
+                        // Jobs catch their panics (`spawn`); this keeps the worker alive for
+                        // the jobs queued behind one that did not.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                     }
                 })
                 .expect("spawn the async worker thread");
@@ -1523,6 +1671,7 @@ impl Core {
             });
         }
         let members: Vec<usize> = (0..self.world_size).collect();
+        let flight = jobs.first().map(|j| self.flight.start(&j.fp, "p2p", Some(j.peer)));
         let State { links, stats, scratch, .. } = &mut *state;
         let mut ctx = Ctx::new(
             self.world_rank,
@@ -1534,7 +1683,7 @@ impl Core {
             stats,
             scratch,
         );
-        let result = (|| {
+        let result = crate::unwind::catch(self.world_rank, || {
             // Phase 1: headers out, headers in.
             let mut got = vec![[0u8; FP_BYTES]; jobs.len()];
             {
@@ -1561,10 +1710,17 @@ impl Core {
                 .map(|j| if j.is_send { Xfer::send(j.peer, &j.bytes) } else { Xfer::recv(j.peer, &mut j.bytes) })
                 .collect();
             ctx.run(&mut xfers)
-        })();
+        });
         drop(state);
+        if let (Some(id), Ok(())) = (flight, &result) {
+            self.flight.finish(id, Ok(()));
+        }
         result.map_err(|e| {
             let e = e.with_op(first.clone()).with_rank(self.world_rank);
+            let e = match flight {
+                Some(id) => self.flight.annotate(id, e, self.world_rank),
+                None => e,
+            };
             self.fail(e.clone());
             e
         })
@@ -1586,7 +1742,7 @@ impl P2pJob {
     /// Checks the header that arrived for this receive against what it expects (dtype,
     /// count, tag, per-pair sequence number), before any payload is read.
     pub(crate) fn check_header(&self, got: &[u8]) -> Result<()> {
-        let theirs = Fingerprint::decode(got).map_err(|e| e.with_peer(self.peer))?;
+        let theirs = Fingerprint::decode_from(got, self.peer)?;
         if theirs != self.fp {
             return Err(Error::new(
                 ErrorKind::Mismatch,

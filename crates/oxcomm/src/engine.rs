@@ -125,6 +125,10 @@ pub(crate) struct Ctx<'c> {
     /// The shared-memory workspaces, when the op may use the direct path (take it out while
     /// using it, and put it back).
     pub direct: Option<crate::algorithms::shm_direct::Direct<'c>>,
+    /// The fingerprint of a world-group op that talks over links while ranks may run direct
+    /// ops (set by [`crate::algorithms::shm_direct::beside_direct`]): whenever the rank would
+    /// sleep it checks that no peer runs a direct op at the same sequence number.
+    pub watch: Option<crate::wire::Fingerprint>,
 }
 
 /// `cell`'s deadline, set to `now + timeout` if it is not yet (see [`Ctx::deadline`]).
@@ -164,6 +168,7 @@ impl<'c> Ctx<'c> {
             stats,
             scratch,
             direct: None,
+            watch: None,
         }
     }
 
@@ -186,6 +191,7 @@ impl<'c> Ctx<'c> {
             stats: &mut *self.stats,
             scratch: &mut *self.scratch,
             direct: None,
+            watch: None,
         }
     }
 
@@ -256,6 +262,7 @@ impl<'c> Ctx<'c> {
             if progressed {
                 continue;
             }
+            self.check_paths()?;
             let now = Instant::now();
             let deadline = self.deadline_at(now);
             if now >= deadline {
@@ -292,12 +299,44 @@ impl<'c> Ctx<'c> {
                 last_check = Some(now);
                 self.bell.heartbeat();
                 if world != self.members[self.rank] {
-                    self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
+                    // This wait reads shared memory, not the link: bytes the peer left unread
+                    // in it must not make a dead peer look alive.
+                    if let Err(e) = self.link(world)?.check_alive() {
+                        // It may have published, then exited, since `lagging` was read.
+                        if lagging() == Some(lag) {
+                            return Err(e.with_peer(world));
+                        }
+                        continue;
+                    }
                 }
             }
             // Peers publish what `lagging` reads without ringing unless this rank sleeps.
             self.bell.wait_checked(epoch, deadline.min(now + PEER_CHECK_INTERVAL), &mut || lagging().is_none());
         }
+    }
+
+    /// `e`, unless it blames the bytes a peer sent (a mismatch or a protocol error naming it)
+    /// and that peer is gone: then the peer's death, since what a dead rank left unread in
+    /// a link is a leftover (a message nobody received), not its part in this op.
+    pub fn blame_the_dead(&mut self, e: Error) -> Error {
+        if !matches!(e.kind(), ErrorKind::Mismatch | ErrorKind::Protocol) {
+            return e;
+        }
+        let Some(world) = e.peer() else { return e };
+        match self.links.get_mut(world).and_then(|l| l.as_mut()).map(|l| l.check_alive()) {
+            Some(Err(gone)) if gone.kind() == ErrorKind::PeerGone => gone.with_peer(world),
+            _ => e,
+        }
+    }
+
+    /// Fails with [`ErrorKind::Mismatch`] if [`Ctx::watch`] is set and a peer runs a direct
+    /// op at its sequence number (it would never send what this rank waits for).
+    fn check_paths(&self) -> Result<()> {
+        #[cfg(target_os = "linux")]
+        if let (Some(fp), Some(d)) = (&self.watch, &self.direct) {
+            return crate::algorithms::shm_direct::no_direct_peer(d.shm, self.rank, fp);
+        }
+        Ok(())
     }
 
     fn link(&mut self, world: usize) -> Result<&mut Box<dyn Link>> {

@@ -93,6 +93,11 @@ pub struct Init {
     pub socket_ifname: Option<String>,
     /// Address for TCP links (`OXCOMM_SOCKET_ADDR`; wins over the interface).
     pub socket_addr: Option<std::net::IpAddr>,
+    /// Pin the calling thread to its own core when every rank of a shared-memory job has one
+    /// ([`ENV_BIND`]; default `true` from the environment). A library embedded in another
+    /// program (the Python binding) sets it `false`: threads the caller starts later inherit
+    /// the mask.
+    pub pin_to_core: bool,
 }
 
 impl Init {
@@ -137,11 +142,16 @@ impl Init {
             host_id: get(ENV_HOST_ID),
             socket_ifname: settings.socket_ifname.clone(),
             socket_addr: settings.socket_addr,
+            pin_to_core: get(ENV_BIND).is_none_or(|v| v.trim() != "none"),
         })
     }
 
-    /// Joins the job: meets every rank through the store and builds the links.
-    pub fn connect(self) -> Result<Communicator> {
+    /// Joins the job: meets every rank through the store and builds the links. The n-th
+    /// communicator a process connects uses job id `<job>-<n>` (every rank of a job connects
+    /// the same number of times, so the ids agree).
+    pub fn connect(mut self) -> Result<Communicator> {
+        let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
+        self.job = format!("{}-{generation}", self.job);
         let deadline = Instant::now() + self.config.timeout;
         let mut keep: Vec<Box<dyn Any + Send + Sync>> = Vec::new();
         let client = if self.rank == 0 && !self.store_served {
@@ -162,29 +172,53 @@ impl Init {
     }
 
     /// Joins the job through an existing store (e.g. an [`crate::rendezvous::InMemoryStore`]
-    /// shared by threads, or the launcher's).
+    /// shared by threads, the launcher's, or a framework's). `job` must be the same on every
+    /// rank and unique among the communicators built on this store (it names the store keys
+    /// and shared-memory segments); [`Init::connect`] makes it so.
     pub fn connect_with_store(&self, store: Arc<dyn Store>) -> Result<Communicator> {
         let (rank, world) = (self.rank, self.world_size);
         if rank >= world {
             return Err(Error::invalid(format!("rank {rank} out of range for world size {world}")));
         }
         crate::transport::shm::validate_job(&self.job)?;
-        let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
-        let job = format!("{}-{generation}", self.job);
+        let job = self.job.clone();
         let store = PrefixStore::new(format!("oxcomm/{job}"), store);
+        self.join(&store, &job).inspect_err(|e| publish_failure(&store, rank, e))
+    }
+
+    /// The body of [`Init::connect_with_store`] under the job's store prefix.
+    fn join(&self, store: &PrefixStore<Arc<dyn Store>>, job: &str) -> Result<Communicator> {
+        let (rank, world) = (self.rank, self.world_size);
+        let job = job.to_string();
         let deadline = Instant::now() + self.config.timeout;
         let fail = |e: Error| e.with_rank(rank);
+
+        // Per-run randomness, from rank 0 (published before its host key, so whoever has read
+        // that has it): shared-memory names are not predictable from a reused token alone.
+        if rank == 0 {
+            let mut nonce = [0u8; RUN_NONCE_BYTES];
+            getrandom::fill(&mut nonce)
+                .map_err(|e| Error::new(ErrorKind::Io, format!("the OS random source failed: {e}")).with_rank(rank))?;
+            store.set(RUN_KEY, crate::rendezvous::to_hex(&nonce).as_bytes()).map_err(fail)?;
+        }
 
         // Who shares this host?
         let host = self.host_id.clone().unwrap_or_else(host_identity);
         store.set(&format!("host/{rank}"), host.as_bytes()).map_err(fail)?;
         let mut hosts = Vec::with_capacity(world);
         for r in 0..world {
-            let h = store
-                .get(&format!("host/{r}"), deadline)
+            wait_watching(store, &[&format!("host/{r}")], deadline)
                 .map_err(|e| e.with_rank(rank).with_peer(r).with_op("init (waiting for every rank to join)"))?;
-            hosts.push(h);
+            hosts.push(store.get(&format!("host/{r}"), deadline).map_err(fail)?);
         }
+        let run = store.get(RUN_KEY, deadline).map_err(fail)?;
+        let run = std::str::from_utf8(&run)
+            .ok()
+            .filter(|r| r.len() == 2 * RUN_NONCE_BYTES && r.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| Error::protocol("init: the run nonce in the store is malformed").with_rank(rank))?;
+        // The segment names' job part: as much of the job as fits, then the run nonce.
+        let keep = job.len().min(crate::transport::shm::MAX_JOB_LEN - run.len() - 1);
+        let shm_job = format!("{}-{run}", &job[..keep]);
         let local: Vec<usize> = (0..world).filter(|r| hosts[*r] == host.as_bytes() && *r != rank).collect();
         let remote: Vec<usize> = (0..world).filter(|r| hosts[*r] != host.as_bytes()).collect();
         let use_shm = !matches!(self.transport, TransportChoice::Tcp);
@@ -198,12 +232,20 @@ impl Init {
         if !use_shm || (local.is_empty() && !remote.is_empty()) {
             tracing::info!(target: "oxcomm::init", rank, world, job = %job, "joining over TCP");
             let (ip, tcp) = self.tcp_settings()?;
-            let (links, bell) =
-                crate::transport::tcp::connect_mesh_with(&store, rank, world, ip, &self.token, &job, &tcp, deadline)
-                    .map_err(fail)?;
+            let (links, bell) = crate::transport::tcp::connect_mesh_with(
+                &Watching(store),
+                rank,
+                world,
+                ip,
+                &self.token,
+                &job,
+                &tcp,
+                deadline,
+            )
+            .map_err(fail)?;
             return Communicator::from_links(rank, links, bell, self.config.clone(), "tcp")?.with_hosts(&hosts);
         }
-        if std::env::var(ENV_BIND).map_or(true, |v| v != "none") {
+        if self.pin_to_core {
             let local_rank = (0..world).filter(|r| hosts[*r] == host.as_bytes() && *r < rank).count();
             bind_to_core(local_rank, local.len() + 1);
         }
@@ -216,7 +258,7 @@ impl Init {
                 "joining over shared memory and TCP");
             let (ip, tcp) = self.tcp_settings()?;
             let parts = crate::transport::tcp::connect_peers_with(
-                &store,
+                &Watching(store),
                 rank,
                 world,
                 &remote,
@@ -236,11 +278,11 @@ impl Init {
         // Shared memory: create, tell, attach, wait until attached, unlink.
         let shm_config = crate::transport::shm::ShmConfig::for_local_ranks(local.len() + 1).with_env().map_err(fail)?;
         let mut ep =
-            crate::transport::shm::ShmEndpoint::create(&job, rank, world, &local, &shm_config).map_err(fail)?;
+            crate::transport::shm::ShmEndpoint::create(&shm_job, rank, world, &local, &shm_config).map_err(fail)?;
         store.set(&format!("shm/{rank}"), b"1").map_err(fail)?;
         let keys: Vec<String> = local.iter().map(|r| format!("shm/{r}")).collect();
         let keys: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
-        store.wait(&keys, deadline).map_err(fail)?;
+        wait_watching(store, &keys, deadline).map_err(fail)?;
         ep.attach(&local, deadline).map_err(fail)?;
         ep.wait_attached(&local, deadline).map_err(fail)?;
         ep.unlink_own().map_err(fail)?;
@@ -273,6 +315,85 @@ impl Init {
 /// Pins the calling thread to the `local_rank`-th core it may run on, when there is one per
 /// local rank; otherwise (or if the OS refuses) leaves it alone. Waiting ranks spin briefly
 /// before sleeping, which only pays off when ranks do not share a core.
+/// Store key (under the job's prefix) of rank 0's per-run nonce.
+const RUN_KEY: &str = "run";
+/// Bytes of the per-run nonce (12 hex digits in segment names).
+const RUN_NONCE_BYTES: usize = 6;
+/// Store key (under the job's prefix) where the first rank that fails during init says so:
+/// `"{rank}\n{error}"`.
+const FAILED_KEY: &str = "failed";
+/// How often a rank waiting on the store during init looks for a published failure.
+const FAILURE_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Publishes this rank's init failure (first one wins; best effort: the store may be the
+/// thing that failed). A failure that only repeats another rank's is not published again.
+fn publish_failure(store: &PrefixStore<Arc<dyn Store>>, rank: usize, e: &Error) {
+    if e.kind() == ErrorKind::Rendezvous && e.message().contains("failed during init") {
+        return;
+    }
+    let _ = store.compare_set(FAILED_KEY, None, format!("{rank}\n{e}").as_bytes());
+}
+
+/// Waits for `keys` until `deadline`, and fails at once (naming the rank) when some rank
+/// publishes an init failure meanwhile.
+fn wait_watching(store: &PrefixStore<Arc<dyn Store>>, keys: &[&str], deadline: Instant) -> Result<()> {
+    loop {
+        let now = Instant::now();
+        let slice = deadline.min(now + FAILURE_POLL);
+        match store.wait(keys, slice) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::Timeout => {}
+            Err(e) => return Err(e),
+        }
+        if let Some(failed) = store.try_get(FAILED_KEY)? {
+            return Err(init_failure(&failed));
+        }
+        if slice >= deadline {
+            return Err(Error::new(ErrorKind::Timeout, format!("timed out waiting for store key(s) {keys:?}")));
+        }
+    }
+}
+
+/// The job's store as the TCP set-up sees it: its waits (for peers' addresses) also fail at
+/// once when some rank publishes an init failure.
+struct Watching<'a>(&'a PrefixStore<Arc<dyn Store>>);
+
+impl Store for Watching<'_> {
+    fn set(&self, key: &str, value: &[u8]) -> Result<()> {
+        self.0.set(key, value)
+    }
+    fn get(&self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
+        wait_watching(self.0, &[key], deadline)?;
+        self.0.get(key, deadline)
+    }
+    fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.0.try_get(key)
+    }
+    fn wait(&self, keys: &[&str], deadline: Instant) -> Result<()> {
+        wait_watching(self.0, keys, deadline)
+    }
+    fn add(&self, key: &str, delta: i64) -> Result<i64> {
+        self.0.add(key, delta)
+    }
+    fn delete(&self, key: &str) -> Result<bool> {
+        self.0.delete(key)
+    }
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<Vec<u8>> {
+        self.0.compare_set(key, expected, new)
+    }
+}
+
+/// The error of a rank that read another rank's published init failure (the value of
+/// [`FAILED_KEY`]), checked like any peer's bytes.
+fn init_failure(value: &[u8]) -> Error {
+    let text = String::from_utf8_lossy(&value[..value.len().min(4096)]);
+    let (who, why) = text.split_once('\n').unwrap_or((&text, ""));
+    match who.parse::<usize>() {
+        Ok(r) => Error::new(ErrorKind::Rendezvous, format!("rank {r} failed during init: {why}")).with_peer(r),
+        Err(_) => Error::protocol(format!("a malformed init failure in the store: {text:?}")),
+    }
+}
+
 fn bind_to_core(local_rank: usize, local_size: usize) {
     use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
     let Ok(allowed) = sched_getaffinity(None) else { return };

@@ -59,6 +59,8 @@ mod copy;
 pub mod dtype;
 pub mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz;
 #[cfg(target_os = "linux")]
 pub mod init;
 pub mod logging;
@@ -67,6 +69,7 @@ pub mod reduce;
 pub mod rendezvous;
 pub mod threads;
 pub mod transport;
+mod unwind;
 pub mod wire;
 
 #[cfg(feature = "mpi")]

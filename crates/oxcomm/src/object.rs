@@ -27,6 +27,26 @@ use crate::error::{Error, ErrorKind, Result};
 /// The length a rank sends when it has no bytes to contribute.
 const NOTHING: i64 = -1;
 
+/// Largest object (encoded bytes) a rank accepts from a peer: 4 GiB. A longer announced length
+/// is a protocol error naming the sender, before anything is allocated.
+pub const MAX_OBJECT_BYTES: usize = 4 << 30;
+
+/// Checks a length that rank `from` announced: `Ok(None)` for "nothing to send" (−1),
+/// `Ok(Some(len))` for 0 ..= [`MAX_OBJECT_BYTES`], a [`ErrorKind::Protocol`] error naming
+/// `from` for anything else.
+pub(crate) fn check_length(len: i64, from: usize) -> Result<Option<usize>> {
+    if len == NOTHING {
+        return Ok(None);
+    }
+    match usize::try_from(len) {
+        Ok(l) if l <= MAX_OBJECT_BYTES => Ok(Some(l)),
+        _ => Err(Error::protocol(format!(
+            "rank {from} announced an object of {len} bytes (allowed: 0 to {MAX_OBJECT_BYTES}, or -1 for none)"
+        ))
+        .with_peer(from)),
+    }
+}
+
 impl Communicator {
     /// Copies `root`'s bytes to every rank and returns them (on `root` too). `root` passes
     /// `Some(bytes)`; the other ranks' argument is ignored (pass `None`).
@@ -62,7 +82,11 @@ impl Communicator {
             _ => NOTHING,
         }];
         self.broadcast(&mut len, root)?;
-        if len[0] == NOTHING {
+        let checked = check_length(len[0], root).map_err(|e| {
+            self.abort(e.message());
+            e.with_op(op.to_string()).with_rank(self.world_rank())
+        })?;
+        if checked.is_none() {
             let msg =
                 format!("root rank {root} had nothing to send (no object, or one that failed to serialize there)");
             return Err(self.object_error(op, msg).with_peer(root));
@@ -176,9 +200,10 @@ impl Communicator {
         let n = self.size();
         let mut lens = vec![0i64; n];
         self.all_gather(&[bytes.map_or(NOTHING, |b| length_of(b.len()))], &mut lens)?;
-        if let Some(from) = lens.iter().position(|&l| l < NOTHING) {
-            let msg = format!("rank {from} announced a length of {} bytes", lens[from]);
-            return Err(Error::protocol(msg).with_op(op.to_string()).with_rank(self.world_rank()).with_peer(from));
+        for (from, &l) in lens.iter().enumerate() {
+            if let Err(e) = check_length(l, from) {
+                return Err(e.with_op(op.to_string()).with_rank(self.world_rank()));
+            }
         }
         if let Some(from) = lens.iter().position(|&l| l == NOTHING) {
             let missing: Vec<usize> = (0..n).filter(|&r| lens[r] == NOTHING).collect();

@@ -141,14 +141,20 @@ impl Fingerprint {
         b
     }
 
-    /// Decodes the wire form; a bad magic or unknown tag is a protocol error.
+    /// Decodes the wire form; a wrong length, bad magic, unknown tag or a reserved byte that
+    /// is not zero is a protocol error (without a peer: see [`Fingerprint::decode_from`]).
     pub(crate) fn decode(b: &[u8]) -> Result<Fingerprint> {
-        let word = |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().expect("8 bytes"));
-        if b.len() < FP_BYTES || u32::from_le_bytes(b[0..4].try_into().expect("4 bytes")) != MAGIC {
-            return Err(Error::protocol(
-                "bad op header from peer (the byte stream lost its framing, or the peer is not oxcomm)",
-            ));
+        if b.len() != FP_BYTES || b[0..4] != MAGIC.to_le_bytes() {
+            return Err(Error::protocol(format!(
+                "bad op header of {} bytes (the byte stream lost its framing, or the peer is not oxcomm)",
+                b.len()
+            )));
         }
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
         let kind = OpKind::from_tag(b[4]).ok_or_else(|| Error::protocol(format!("unknown op kind {}", b[4])))?;
         let dtype = match b[5] {
             0xff => None,
@@ -158,17 +164,23 @@ impl Fingerprint {
             0xff => None,
             t => Some(ReduceOp::from_tag(t).ok_or_else(|| Error::protocol(format!("unknown reduce op {t}")))?),
         };
-        let root = (b[7] != 0).then(|| u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")));
-        Ok(Fingerprint {
-            kind,
-            dtype,
-            op,
-            root,
-            count: word(16..24),
-            seq: word(24..32),
-            group: word(32..40),
-            extra: word(40..48),
-        })
+        let root_word = u32::from_le_bytes([b[8], b[9], b[10], b[11]]);
+        let root = match b[7] {
+            0 if root_word == 0 => None,
+            1 => Some(root_word),
+            flag => return Err(Error::protocol(format!("bad root field ({flag}, {root_word}) in an op header"))),
+        };
+        if b[12..16] != [0; 4] {
+            return Err(Error::protocol("reserved bytes of an op header are not zero"));
+        }
+        Ok(Fingerprint { kind, dtype, op, root, count: word(16), seq: word(24), group: word(32), extra: word(40) })
+    }
+
+    /// [`Fingerprint::decode`] of bytes that world rank `from` sent: an error names it (in the
+    /// message and as the error's peer).
+    pub(crate) fn decode_from(b: &[u8], from: usize) -> Result<Fingerprint> {
+        Fingerprint::decode(b)
+            .map_err(|e| Error::protocol(format!("from rank {from}: {}", e.message())).with_peer(from))
     }
 }
 
@@ -221,5 +233,23 @@ mod tests {
         let mut bad = fp.encode();
         bad[0] ^= 1;
         assert!(Fingerprint::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn bad_op_headers_name_their_sender_and_reserved_bytes_are_checked() {
+        let fp = Fingerprint::new(OpKind::Barrier, 3, 0);
+        let mut bad = fp.encode();
+        bad[0] ^= 1;
+        let e = Fingerprint::decode_from(&bad, 5).unwrap_err();
+        assert_eq!(e.kind(), crate::error::ErrorKind::Protocol);
+        assert_eq!(e.peer(), Some(5));
+        assert!(e.message().contains("from rank 5"), "{e}");
+        for at in [7usize, 9, 13] {
+            let mut b = fp.encode();
+            b[at] = 2;
+            assert!(Fingerprint::decode(&b).is_err(), "byte {at}");
+        }
+        assert!(Fingerprint::decode(&fp.encode()[..47]).is_err());
+        assert!(Fingerprint::decode(&[fp.encode().as_slice(), &[0]].concat()).is_err());
     }
 }

@@ -13,12 +13,21 @@ use crate::wire::{Fingerprint, FP_BYTES};
 
 /// Runs the dissemination barrier for `mine`.
 pub(crate) fn dissemination(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    let r = super::shm_direct::beside_direct(ctx, mine, |ctx| rounds(ctx, mine));
+    #[cfg(not(target_os = "linux"))]
+    let r = rounds(ctx, mine);
+    r.map_err(|e| ctx.blame_the_dead(e))
+}
+
+/// The rounds of [`dissemination`].
+fn rounds(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
     let out = mine.encode();
     for round in 0..schedule::dissemination_rounds(ctx.size) {
         let (to, from) = schedule::dissemination(ctx.rank, ctx.size, round);
         let mut got = [0u8; FP_BYTES];
         ctx.sendrecv(to, &out, from, &mut got)?;
-        let theirs = Fingerprint::decode(&got).map_err(|e| e.with_peer(ctx.world(from)))?;
+        let theirs = Fingerprint::decode_from(&got, ctx.world(from))?;
         if theirs != *mine {
             let who = ctx.world(from);
             return Err(Error::new(

@@ -26,12 +26,12 @@ use crate::wire::{Fingerprint, FP_BYTES};
 /// How much longer non-root ranks wait for rank 0's verdict than rank 0 waits for them.
 pub(crate) const VERDICT_GRACE: Duration = Duration::from_millis(500);
 
-const VERDICT_BYTES: usize = 16 + FP_BYTES;
-const OK: u8 = 0;
-const MISMATCH: u8 = 1;
-const MISSING: u8 = 2;
+pub(crate) const VERDICT_BYTES: usize = 16 + FP_BYTES;
+pub(crate) const OK: u8 = 0;
+pub(crate) const MISMATCH: u8 = 1;
+pub(crate) const MISSING: u8 = 2;
 
-fn verdict(status: u8, word: u64, fp: &Fingerprint) -> [u8; VERDICT_BYTES] {
+pub(crate) fn verdict(status: u8, word: u64, fp: &Fingerprint) -> [u8; VERDICT_BYTES] {
     let mut v = [0u8; VERDICT_BYTES];
     v[0] = status;
     v[8..16].copy_from_slice(&word.to_le_bytes());
@@ -43,49 +43,121 @@ fn list(ranks: &[usize]) -> String {
     ranks.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-/// Checks that every rank of the group is running `mine`; see the module docs.
+/// A verdict as a non-root rank reads it (see [`decode_verdict`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Every rank called the same op.
+    Agreed,
+    /// Group rank `culprit` called `theirs` (`culprit` is 0 when this rank is the odd one
+    /// out, and `theirs` is then rank 0's op).
+    Mismatch { culprit: usize, theirs: Fingerprint },
+    /// `count` ranks (1 ..= n − 2) did not join rank 0's op `theirs`; their ids follow.
+    Missing { count: usize, theirs: Fingerprint },
+}
+
+/// Decodes the verdict rank 0 sent to group rank `me` of a group of `n`, checking every field:
+/// the status, the reserved bytes, the word (a rank id below `n` that is not `me`, or a count
+/// of missing ranks between 1 and n − 2: neither this rank nor rank 0 is missing) and the
+/// fingerprint. Errors are [`ErrorKind::Protocol`] without a peer (the caller names rank 0).
+pub(crate) fn decode_verdict(v: &[u8], n: usize, me: usize) -> Result<Verdict> {
+    if v.len() != VERDICT_BYTES {
+        return Err(Error::protocol(format!("a verdict of {} bytes (expected {VERDICT_BYTES})", v.len())));
+    }
+    if v[1..8] != [0; 7] {
+        return Err(Error::protocol("reserved bytes of the verdict are not zero"));
+    }
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&v[8..16]);
+    let word = u64::from_le_bytes(w);
+    let theirs = Fingerprint::decode(&v[16..])?;
+    match v[0] {
+        OK if word == 0 => Ok(Verdict::Agreed),
+        MISMATCH => match usize::try_from(word) {
+            Ok(c) if c < n && (c != me || c == 0) => Ok(Verdict::Mismatch { culprit: c, theirs }),
+            _ => Err(Error::protocol(format!("a mismatch verdict naming rank {word} (group of {n}, this is {me})"))),
+        },
+        MISSING => match usize::try_from(word) {
+            Ok(count) if count >= 1 && count < n.saturating_sub(1) => Ok(Verdict::Missing { count, theirs }),
+            _ => Err(Error::protocol(format!("a verdict of {word} missing ranks (group of {n})"))),
+        },
+        s => Err(Error::protocol(format!("bad verdict status {s} with word {word}"))),
+    }
+}
+
+/// Decodes the list of missing ranks that follows a [`Verdict::Missing`]: 8-byte ids, each
+/// in 1..n, not `me`, strictly increasing (so no rank is named twice).
+pub(crate) fn decode_missing(raw: &[u8], n: usize, me: usize) -> Result<Vec<usize>> {
+    if raw.is_empty() || raw.len() % 8 != 0 || raw.len() / 8 >= n.saturating_sub(1) {
+        return Err(Error::protocol(format!("a missing-rank list of {} bytes (group of {n})", raw.len())));
+    }
+    let mut out: Vec<usize> = Vec::with_capacity(raw.len() / 8);
+    for c in raw.chunks_exact(8) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        let id = u64::from_le_bytes(w);
+        match usize::try_from(id) {
+            Ok(m) if m >= 1 && m < n && m != me && out.last().is_none_or(|l| *l < m) => out.push(m),
+            _ => {
+                return Err(Error::protocol(format!(
+                    "the missing-rank list names rank {id} (group of {n}, this is {me}, ids must increase)"
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Checks that every rank of the group is running `mine`; see the module docs. On shared
+/// memory it also meets ranks that run a direct op at this sequence number instead.
 pub(crate) fn agree(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
-    let (n, r) = (ctx.size, ctx.rank);
-    if n == 1 {
+    if ctx.size == 1 {
         return Ok(());
     }
+    #[cfg(target_os = "linux")]
+    let r = super::shm_direct::beside_direct(ctx, mine, |ctx| agree_over_links(ctx, mine));
+    #[cfg(not(target_os = "linux"))]
+    let r = agree_over_links(ctx, mine);
+    r.map_err(|e| ctx.blame_the_dead(e))
+}
+
+/// [`agree`] over the links.
+fn agree_over_links(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
+    let (n, r) = (ctx.size, ctx.rank);
     if r != 0 {
         ctx.send(0, &mine.encode())?;
         let mut v = [0u8; VERDICT_BYTES];
         let deadline = ctx.deadline();
         ctx.set_deadline(deadline + VERDICT_GRACE);
         ctx.recv(0, &mut v)?;
-        let word = u64::from_le_bytes(v[8..16].try_into().expect("8 bytes"));
-        let other = Fingerprint::decode(&v[16..])?;
-        return match v[0] {
-            OK => Ok(()),
-            MISMATCH => {
-                let who = ctx.world(word as usize);
+        let root = ctx.world(0);
+        let from_root =
+            |e: Error| Error::protocol(format!("verdict from rank {root}: {}", e.message())).with_peer(root);
+        return match decode_verdict(&v, n, r).map_err(from_root)? {
+            Verdict::Agreed => Ok(()),
+            Verdict::Mismatch { culprit, theirs } => {
+                let who = ctx.world(culprit);
                 Err(Error::new(
                     ErrorKind::Mismatch,
-                    format!("ranks called different collectives: rank {who} called {other}, this rank called {mine}"),
+                    format!("ranks called different collectives: rank {who} called {theirs}, this rank called {mine}"),
                 )
                 .with_peer(who))
             }
-            MISSING => {
-                let mut raw = vec![0u8; 8 * word as usize];
+            Verdict::Missing { count, theirs } => {
+                // `count` is at most n - 2, checked by the decoder: the allocation is bounded
+                // by the group size, never by the peer.
+                let mut raw = vec![0u8; 8 * count];
                 ctx.recv(0, &mut raw)?;
-                let missing: Vec<usize> = raw
-                    .chunks_exact(8)
-                    .map(|c| ctx.world(u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize))
-                    .collect();
+                let missing: Vec<usize> =
+                    decode_missing(&raw, n, r).map_err(from_root)?.into_iter().map(|m| ctx.world(m)).collect();
                 Err(Error::new(
                     ErrorKind::Timeout,
                     format!(
-                        "timed out: rank {} reports that rank(s) {} did not join {} before the deadline",
-                        ctx.world(0),
+                        "timed out: rank {root} reports that rank(s) {} did not join {theirs} before the deadline",
                         list(&missing),
-                        other
                     ),
                 )
                 .with_peer(missing[0]))
             }
-            s => Err(Error::protocol(format!("bad verdict {s} from rank {}", ctx.world(0))).with_peer(ctx.world(0))),
         };
     }
     // Rank 0: collect every fingerprint.
@@ -125,7 +197,7 @@ pub(crate) fn agree(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
     let mut fps = Vec::with_capacity(n);
     fps.push(*mine);
     for (p, b) in raw.iter().enumerate().skip(1) {
-        fps.push(Fingerprint::decode(b).map_err(|e| e.with_peer(ctx.world(p)))?);
+        fps.push(Fingerprint::decode_from(b, ctx.world(p))?);
     }
     let culprit = (1..n).find(|p| fps[*p] != *mine);
     let verdicts: Vec<[u8; VERDICT_BYTES]> = (0..n)

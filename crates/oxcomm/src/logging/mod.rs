@@ -100,6 +100,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
+pub mod flight;
 pub mod record;
 pub mod summary;
 

@@ -452,24 +452,8 @@ fn read_exact_field(stream: &mut TcpStream, len: usize, deadline: Instant, what:
 /// (protocol violation or I/O failure); an op that fails is answered with an `ERROR` frame.
 fn handle_request(shared: &Shared, stream: &mut TcpStream, header: Header) -> Result<Vec<u8>> {
     let (k, v) = (shared.limits.max_key_len, shared.limits.max_value_len);
-    let count_ok = match header.code {
-        wire::SET | wire::GET | wire::ADD => header.count == 2,
-        wire::TRY_GET | wire::DELETE => header.count == 1,
-        wire::WAIT => (1..=MAX_WAIT_KEYS + 1).contains(&header.count),
-        wire::COMPARE_SET => (2..=3).contains(&header.count),
-        code => return Err(Error::protocol(format!("unknown request code {code:#04x}"))),
-    };
-    if !count_ok {
-        return Err(Error::protocol(format!("request code {:#04x} with {} fields", header.code, header.count)));
-    }
+    let limit = request_shape(header, k, v)?;
     let code = header.code;
-    let limit = move |i: usize| match (code, i) {
-        (wire::WAIT, 0) => 8,
-        (wire::WAIT, _) => k,
-        (_, 0) => k,
-        (wire::GET | wire::ADD, 1) => 8,
-        _ => v,
-    };
     let deadline = after(Instant::now(), shared.frame_timeout);
     let fields = wire::read_fields(stream, header.count, limit, deadline)?;
 
@@ -503,6 +487,45 @@ fn handle_request(shared: &Shared, stream: &mut TcpStream, header: Header) -> Re
         }
         Err(e) => wire::encode(wire::ERROR, &[&[wire::kind_code(e.kind())], e.message().as_bytes()]),
     })
+}
+
+/// Checks a request header's code and field count, and returns the byte limit of each of its
+/// fields (`k` for keys, `v` for values), before any field is read.
+pub(crate) fn request_shape(header: Header, k: usize, v: usize) -> Result<impl Fn(usize) -> usize> {
+    let count_ok = match header.code {
+        wire::SET | wire::GET | wire::ADD => header.count == 2,
+        wire::TRY_GET | wire::DELETE => header.count == 1,
+        wire::WAIT => (1..=MAX_WAIT_KEYS + 1).contains(&header.count),
+        wire::COMPARE_SET => (2..=3).contains(&header.count),
+        code => return Err(Error::protocol(format!("unknown request code {code:#04x}"))),
+    };
+    if !count_ok {
+        return Err(Error::protocol(format!("request code {:#04x} with {} fields", header.code, header.count)));
+    }
+    let code = header.code;
+    Ok(move |i: usize| match (code, i) {
+        (wire::WAIT, 0) => 8,
+        (wire::WAIT, _) => k,
+        (_, 0) => k,
+        (wire::GET | wire::ADD, 1) => 8,
+        _ => v,
+    })
+}
+
+/// Checks the fields of a request the way [`handle_request`] reads them (keys are UTF-8,
+/// integers 8 bytes), without running it: for the fuzz targets.
+pub(crate) fn check_request_fields(code: u8, fields: &[Vec<u8>]) -> Result<()> {
+    match code {
+        wire::WAIT => {
+            eight(&fields[0])?;
+            fields[1..].iter().try_for_each(|f| key(f).map(|_| ()))
+        }
+        wire::GET | wire::ADD => {
+            eight(&fields[1])?;
+            key(&fields[0]).map(|_| ())
+        }
+        _ => key(&fields[0]).map(|_| ()),
+    }
 }
 
 fn key(bytes: &[u8]) -> Result<&str> {
@@ -652,16 +675,36 @@ impl StoreClient {
 /// (connection still fine), `Err(_)` when the connection failed.
 fn read_answer(stream: &mut TcpStream, deadline: Instant) -> Result<Result<Vec<Vec<u8>>>> {
     let header = wire::read_header(stream, Some(deadline))?;
-    match (header.code, header.count) {
-        (wire::OK, 0..=1) => Ok(Ok(wire::read_fields(stream, header.count, |_| MAX_VALUE_LEN, deadline)?)),
-        (wire::ERROR, 2) => {
-            let limit = |i| if i == 0 { 1 } else { wire::MAX_MESSAGE_LEN };
-            let fields = wire::read_fields(stream, 2, limit, deadline)?;
-            let kind = wire::code_kind(fields[0].first().copied().unwrap_or(0));
-            Ok(Err(Error::new(kind, String::from_utf8_lossy(&fields[1]))))
+    let limit = answer_shape(header)?;
+    let fields = wire::read_fields(stream, header.count, limit, deadline)?;
+    Ok(answer(header.code, fields))
+}
+
+/// Checks an answer header (`OK` with 0 or 1 fields, `ERROR` with 2) and returns the byte
+/// limit of each field, before any field is read.
+pub(crate) fn answer_shape(header: Header) -> Result<impl Fn(usize) -> usize> {
+    let error = match (header.code, header.count) {
+        (wire::OK, 0..=1) => false,
+        (wire::ERROR, 2) => true,
+        (code, count) => {
+            return Err(Error::protocol(format!("unexpected answer code {code:#04x} with {count} fields")))
         }
-        (code, count) => Err(Error::protocol(format!("unexpected answer code {code:#04x} with {count} fields"))),
+    };
+    Ok(move |i: usize| match (error, i) {
+        (false, _) => MAX_VALUE_LEN,
+        (true, 0) => 1,
+        (true, _) => wire::MAX_MESSAGE_LEN,
+    })
+}
+
+/// The answer that `fields` of a checked answer header `code` make.
+pub(crate) fn answer(code: u8, mut fields: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+    if code != wire::ERROR {
+        return Ok(fields);
     }
+    let message = fields.pop().unwrap_or_default();
+    let kind = wire::code_kind(fields.first().and_then(|f| f.first()).copied().unwrap_or(0));
+    Err(Error::new(kind, String::from_utf8_lossy(&message)))
 }
 
 fn client_handshake(stream: &mut TcpStream, token: &[u8], deadline: Instant) -> Result<()> {

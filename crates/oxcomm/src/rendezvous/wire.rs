@@ -100,10 +100,24 @@ pub(crate) fn read_fields(
     limit: impl Fn(usize) -> usize,
     deadline: Instant,
 ) -> Result<Vec<Vec<u8>>> {
+    read_fields_with(
+        &mut |buf: &mut [u8]| read_exact_by(stream, buf, Some(deadline)).map_err(|e| io_error("reading a frame", e)),
+        count,
+        &limit,
+    )
+}
+
+/// [`read_fields`] through `read` (which fills its whole buffer or fails): the decoder
+/// itself, without the socket (the fuzz targets drive it from a byte slice).
+pub(crate) fn read_fields_with(
+    read: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+    count: usize,
+    limit: &dyn Fn(usize) -> usize,
+) -> Result<Vec<Vec<u8>>> {
     let mut fields = Vec::with_capacity(count.min(64));
     for i in 0..count {
         let mut len = [0u8; 4];
-        read_exact_by(stream, &mut len, Some(deadline)).map_err(|e| io_error("reading a frame", e))?;
+        read(&mut len)?;
         let len = u32::from_le_bytes(len) as usize;
         let max = limit(i);
         if len > max {
@@ -116,8 +130,7 @@ pub(crate) fn read_fields(
             let start = field.len();
             let end = len.min(start + READ_CHUNK);
             field.resize(end, 0);
-            read_exact_by(stream, &mut field[start..end], Some(deadline))
-                .map_err(|e| io_error("reading a frame", e))?;
+            read(&mut field[start..end])?;
         }
         fields.push(field);
     }

@@ -82,6 +82,10 @@ impl<L: Link> Link for Watched<L> {
         self.inner.check_peer()
     }
 
+    fn check_alive(&mut self) -> Result<()> {
+        self.inner.check_alive()
+    }
+
     fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
         self.inner.close(cause);
     }

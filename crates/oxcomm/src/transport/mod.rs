@@ -59,6 +59,13 @@ pub trait Link: Send {
     /// gone. Cheap enough to call every few milliseconds while waiting.
     fn check_peer(&mut self) -> Result<()>;
 
+    /// [`Link::check_peer`] for a rank that is not reading this link: the peer is reported
+    /// gone even while bytes it sent are still unread (they will never be read by a wait
+    /// that watches shared memory instead, such as the direct shared-memory collectives).
+    fn check_alive(&mut self) -> Result<()> {
+        self.check_peer()
+    }
+
     /// Closes the link for good after this rank failed, telling the peer (where the transport
     /// can) which rank caused the failure and how (`Timeout`, `PeerGone`, `Mismatch`, ...), so
     /// every rank's error names the original culprit rather than the neighbour that gave up

@@ -119,7 +119,11 @@ impl ThreadLink {
     fn gone(&self) -> Error {
         for q in [&self.inbox, &self.out] {
             let c = q.culprit.load(Ordering::SeqCst);
-            if c != usize::MAX && c != self.peer {
+            if c == self.peer {
+                return Error::new(ErrorKind::PeerGone, format!("rank {c} is gone (it aborted after failing)"))
+                    .with_peer(c);
+            }
+            if c != usize::MAX {
                 return super::cascaded(self.peer, c, super::cause_kind(q.cause.load(Ordering::SeqCst)));
             }
         }

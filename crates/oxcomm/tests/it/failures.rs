@@ -90,12 +90,16 @@ fn op_dtype_root_and_kind_mismatches() {
 #[test]
 fn a_missing_rank_is_named_by_everyone_within_the_deadline() {
     let timeout = Duration::from_millis(1000);
+    // Times are measured from one instant before any rank starts: the others learn of the
+    // missing rank from rank 0, at rank 0's deadline, which is `timeout` after rank 0 began
+    // waiting; a rank that started later than rank 0 (a loaded machine) hears it less than
+    // `timeout` after its own start (issue 16: this made the test flaky).
+    let t0 = Instant::now();
     let out = threads::run_with(4, CommConfig { timeout, ..CommConfig::default() }, |comm| {
         if comm.rank() == 3 {
             std::thread::sleep(timeout * 3);
             return None;
         }
-        let t0 = Instant::now();
         let mut buf = input(comm.rank(), 16);
         let r = comm.all_reduce(&mut buf, ReduceOp::Sum);
         Some((r, t0.elapsed()))
@@ -106,7 +110,8 @@ fn a_missing_rank_is_named_by_everyone_within_the_deadline() {
         let e = r.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Timeout, "rank {rank}: {e}");
         assert_eq!(e.peer(), Some(3), "rank {rank}: {e}");
-        assert!(took >= timeout && took < timeout + Duration::from_secs(1), "rank {rank} took {took:?}");
+        // Rank 0's deadline, then at most the verdict's grace (0.5 s) and scheduling slack.
+        assert!(took >= timeout && took < timeout + Duration::from_secs(2), "rank {rank} took {took:?}");
     }
 }
 
@@ -127,7 +132,9 @@ fn a_missing_root_is_named_too() {
         let e = r.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
         assert_eq!(e.peer(), Some(0), "{e}");
-        assert!(took < timeout + Duration::from_secs(1), "took {took:?}");
+        // The others wait half a second longer than the root would have (the verdict's
+        // grace), plus scheduling slack on a loaded machine.
+        assert!(took < timeout + Duration::from_millis(1500), "took {took:?}");
     }
 }
 
@@ -150,7 +157,9 @@ fn after_an_error_every_op_fails_at_once_with_the_cause() {
     assert_eq!(later.kind(), ErrorKind::Aborted);
     assert!(later.to_string().contains("timed out"), "{later}");
     assert!(later.to_string().contains("barrier"), "{later}");
-    assert!(took < Duration::from_millis(50));
+    // At once: well under the 500 ms deadline, with room for a descheduled thread on a
+    // loaded machine (a 50 ms bound is a timing dependence, issue 16).
+    assert!(took < Duration::from_millis(250), "{took:?}");
 }
 
 #[test]
@@ -247,6 +256,75 @@ fn async_ops_complete_in_issue_order() {
         assert_eq!(g, vec![0, 0, 1, 1, 2, 2, 3, 3]);
         assert_eq!(rs, vec![4, 4]);
         assert_eq!(bc, vec![2.0; 3]);
+    }
+}
+
+#[test]
+fn run_async_holds_one_turn_for_a_composite_op() {
+    // A composite op of three all-reduces issued async, then a sync all-reduce from another
+    // thread of the same rank: on every rank the three run first, back to back, so the sums
+    // line up (a different interleaving on one rank would mismatch or mix the values).
+    let out = threads::run(3, |comm| {
+        let work = comm.run_async(|c| {
+            let mut v = vec![c.rank() as i64; 5];
+            for _ in 0..3 {
+                c.all_reduce(&mut v, ReduceOp::Sum)?;
+            }
+            Ok(v)
+        });
+        let other = comm.clone();
+        let sync = std::thread::spawn(move || {
+            let mut w = [100i32 + other.rank() as i32; 2];
+            other.all_reduce(&mut w, ReduceOp::Sum).map(|_| w)
+        });
+        let sync = sync.join().unwrap();
+        // An error inside the closure completes the handle and later ops still run.
+        let bad = comm.run_async(|c| c.all_reduce(&mut [1.0f32], ReduceOp::BAnd)).wait();
+        let after = comm.run_async(|c| {
+            let mut v = [1u8; 2];
+            c.all_reduce(&mut v, ReduceOp::Sum)?;
+            Ok(v)
+        });
+        (work.wait(), sync, bad, after.wait())
+    })
+    .unwrap();
+    for (composite, sync, bad, after) in out {
+        // 0+1+2 = 3, then 3·3 = 9, then 27.
+        assert_eq!(composite.unwrap(), vec![27; 5]);
+        assert_eq!(sync.unwrap(), [303; 2]);
+        assert_eq!(bad.unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(after.unwrap(), [3, 3]);
+    }
+}
+
+#[test]
+fn members_group_needs_no_call_from_non_members() {
+    let out = threads::run(4, |comm| {
+        // Ranks 1 and 3 never call members_group for [3, 1]'s complement, and vice versa.
+        let mine: &[usize] = if comm.rank() % 2 == 0 { &[2, 0] } else { &[1, 3] };
+        let g = comm.members_group(mine).unwrap().expect("a member");
+        let mut v = [comm.rank() as f32 + 1.0; 3];
+        g.all_reduce(&mut v, ReduceOp::Sum).unwrap();
+        // A second group of the same list is a different group, made in the same order.
+        let g2 = comm.members_group(mine).unwrap().unwrap();
+        let mut ranks = vec![0i32; 2];
+        g2.all_gather(&[comm.rank() as i32], &mut ranks).unwrap();
+        let outside = comm.members_group(&[(comm.rank() + 1) % 4]).unwrap();
+        let dup = comm.members_group(&[0, 0]).unwrap_err();
+        // The world still works after groups made on members only.
+        let mut w = [1i32];
+        comm.all_reduce(&mut w, ReduceOp::Sum).unwrap();
+        (comm.rank(), g.rank(), v, ranks, outside.is_none(), dup.kind(), w)
+    })
+    .unwrap();
+    for (rank, group_rank, v, ranks, outside_none, dup, w) in out {
+        let want = if rank % 2 == 0 { 4.0 } else { 6.0 };
+        assert_eq!(v, [want; 3]);
+        assert_eq!(group_rank, if rank % 2 == 0 { 1 - rank / 2 } else { rank / 2 });
+        assert_eq!(ranks, if rank % 2 == 0 { vec![2, 0] } else { vec![1, 3] });
+        assert!(outside_none);
+        assert_eq!(dup, ErrorKind::InvalidArgument);
+        assert_eq!(w, [4]);
     }
 }
 

@@ -4,6 +4,12 @@ mod collectives;
 mod comm_logging;
 mod compression_kernels;
 mod failures;
+mod faults;
+mod fuzz;
+#[cfg(unix)]
+mod hostile;
+#[cfg(target_os = "linux")]
+mod init_failure;
 mod logging;
 mod multiproc;
 mod objects;
@@ -14,3 +20,4 @@ mod rendezvous;
 mod shm;
 #[cfg(unix)]
 mod tcp;
+mod unwind;

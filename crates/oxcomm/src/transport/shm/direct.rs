@@ -10,6 +10,7 @@
 //! | offset | what |
 //! | --- | --- |
 //! | 0 | counters, one 128-byte line each: `arrived`, `copied_in`, `reduced`, `copied_out` |
+//! | [`ANNOUNCE_OFFSET`] | the *announcement*: a tag word (`seq + 1`, 0: none) and [`ANNOUNCE_BYTES`] that a rank publishes when it starts an op that does not use the slots, so peers on the direct path see that it is elsewhere (see [`ShmDirect::announce`]) |
 //! | [`SLOTS_OFFSET`] | two *slots* (by op parity), each an 8-byte stamp, a 56-byte header (fingerprint + length) and [`SMALL_BYTES`] of payload, so a small op's stamp, header and first 64 payload bytes share two adjacent cache lines |
 //! | [`BIG_OFFSET`] | two *halves* of [`CHUNK_BYTES`] each |
 //!
@@ -34,8 +35,12 @@ pub const CHUNK_BYTES: usize = 512 * 1024;
 
 const LINE: usize = 128;
 const COUNTERS: usize = 4;
+/// Offset of the announcement line (after the counters).
+pub const ANNOUNCE_OFFSET: usize = COUNTERS * LINE;
+/// Bytes of an announcement's record (an op fingerprint).
+pub const ANNOUNCE_BYTES: usize = 48;
 /// Offset of the two slots.
-pub const SLOTS_OFFSET: usize = COUNTERS * LINE;
+pub const SLOTS_OFFSET: usize = ANNOUNCE_OFFSET + LINE;
 /// Bytes of the header that follows the 8-byte stamp.
 pub const SLOT_HEADER: usize = 56;
 const SLOT_PAYLOAD: usize = 8 + SLOT_HEADER;
@@ -160,6 +165,55 @@ impl ShmDirect {
         }
         self.stamp(self.rank, parity).store(stamp, Ordering::Release);
         self.wake_sleepers();
+    }
+
+    /// The words of the announcement line: the tag, then the record.
+    fn announce_words(&self, rank: usize) -> &[AtomicU64; 1 + ANNOUNCE_BYTES / 8] {
+        // SAFETY: the announcement line lies inside the workspace (layout constants), is
+        // 128-aligned, and `AtomicU64` is valid for any bits.
+        unsafe { self.bases[rank].add(ANNOUNCE_OFFSET).cast::<[AtomicU64; 1 + ANNOUNCE_BYTES / 8]>().as_ref() }
+    }
+
+    /// Publishes this rank's announcement: `record` under `tag` (nonzero), replacing the
+    /// previous one, and wakes the ranks that sleep. A seqlock: the tag is cleared while the
+    /// record is rewritten, so [`ShmDirect::announced`] never returns a torn record.
+    pub fn announce(&self, tag: u64, record: &[u8; ANNOUNCE_BYTES]) {
+        let w = self.announce_words(self.rank);
+        w[0].store(0, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        for (word, bytes) in w[1..].iter().zip(record.chunks_exact(8)) {
+            word.store(u64::from_le_bytes(bytes.try_into().expect("8 bytes")), Ordering::Relaxed);
+        }
+        w[0].store(tag, Ordering::Release);
+        self.wake_sleepers();
+    }
+
+    /// `rank`'s announced record if its tag is `tag` now (and was not being rewritten).
+    pub fn announced(&self, rank: usize, tag: u64) -> Option<[u8; ANNOUNCE_BYTES]> {
+        let w = self.announce_words(rank);
+        if tag == 0 || w[0].load(Ordering::Acquire) != tag {
+            return None;
+        }
+        let mut record = [0u8; ANNOUNCE_BYTES];
+        for (word, bytes) in w[1..].iter().zip(record.chunks_exact_mut(8)) {
+            bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        std::sync::atomic::fence(Ordering::Acquire);
+        (w[0].load(Ordering::Relaxed) == tag).then_some(record)
+    }
+
+    /// A snapshot of the header of `rank`'s slot `parity` whatever its state, read word by
+    /// word: it may be torn while the owner rewrites the slot, so callers only use it as a
+    /// hint that they confirm (a fingerprint with the op's sequence number).
+    pub fn slot_header_snapshot(&self, rank: usize, parity: usize) -> [u8; SLOT_HEADER] {
+        // SAFETY: the header follows the 8-byte stamp, so it is 8-aligned and inside the
+        // slot; `AtomicU64` is valid for any bits, and atomic loads do not race.
+        let words = unsafe { self.slot_base(rank, parity).add(8).cast::<[AtomicU64; SLOT_HEADER / 8]>().as_ref() };
+        let mut h = [0u8; SLOT_HEADER];
+        for (word, bytes) in words.iter().zip(h.chunks_exact_mut(8)) {
+            bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        h
     }
 
     /// The stamp of `rank`'s slot `parity` (`Acquire`).

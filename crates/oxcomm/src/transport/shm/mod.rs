@@ -33,7 +33,9 @@
 //!
 //! A link notices a peer that dropped its link (a flag in the ring), and a peer *process* that
 //! died (a `pidfd` polled by [`Link::check_peer`], falling back to `kill(pid, 0)`), and reports
-//! [`ErrorKind::PeerGone`] naming the peer once the bytes it sent are drained. Pids are
+//! [`ErrorKind::PeerGone`] naming the peer once the bytes it sent are drained, or at once
+//! to a wait that does not read the link ([`Link::check_alive`]: bytes a dead peer left
+//! unread in a ring do not hide its death from the direct collectives). Pids are
 //! compared within one pid namespace: ranks sharing `/dev/shm` across pid namespaces are not
 //! supported.
 //!
@@ -534,6 +536,16 @@ impl Link for ShmLink {
             }
         }
         Ok(())
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        if !self.process_gone && self.process.gone() {
+            self.process_gone = true;
+        }
+        match self.writer_gone() {
+            Some(why) => Err(self.gone(why)),
+            None => Ok(()),
+        }
     }
 
     fn close(&mut self, cause: Option<(usize, ErrorKind)>) {

@@ -112,6 +112,19 @@ pub(crate) fn decode(b: &[u8; HEADER_BYTES], expected_seq: u64) -> Result<FrameH
     Ok(FrameHeader { seq, len, abort: false })
 }
 
+/// Decodes the word of an abort frame (`culprit << 3 | code`) sent over a link of a world of
+/// `world` ranks: the culprit must be a rank of the world and the code one that
+/// `transport::cause_code` writes.
+pub(crate) fn decode_abort(word: u32, world: usize) -> Result<(usize, crate::error::ErrorKind)> {
+    let (culprit, code) = ((word >> 3) as usize, word & 7);
+    if culprit >= world || code > 4 {
+        return Err(Error::protocol(format!(
+            "abort frame names rank {culprit} with cause code {code} (world of {world}, codes 0 to 4)"
+        )));
+    }
+    Ok((culprit, crate::transport::cause_kind(code)))
+}
+
 /// Encodes a header with arbitrary fields (and a correct check word), for tests that need a
 /// peer breaking the protocol.
 #[doc(hidden)]

@@ -52,6 +52,9 @@ const PROOF: u8 = 3;
 const WELCOME: u8 = 4;
 const REJECT: u8 = 5;
 
+/// What an unauthenticated peer is told when its HELLO does not match this side.
+const UNMATCHED: &str = "not this job: the job id, world size or ranks of the HELLO do not match this rank's";
+
 const CONNECTOR_LABEL: &[u8] = b"oxcomm-tcp-v1/connector";
 const ACCEPTOR_LABEL: &[u8] = b"oxcomm-tcp-v1/acceptor";
 
@@ -188,7 +191,9 @@ pub(crate) fn acceptor(stream: &mut TcpStream, me: Identity<'_>, deadline: Insta
         None
     };
     if let Some(reason) = refusal {
-        let _ = write_msg(stream, REJECT, reason.as_bytes(), deadline);
+        // The peer has proved nothing yet: it learns that it was refused, not this side's job
+        // id, world size or rank (those stay in this side's error and log).
+        let _ = write_msg(stream, REJECT, UNMATCHED.as_bytes(), deadline);
         return Err(Error::new(ErrorKind::Rendezvous, format!("refused a connection: {reason}")));
     }
     let ours = nonce()?;
@@ -231,8 +236,16 @@ fn write_msg(stream: &mut TcpStream, code: u8, body: &[u8], deadline: Instant) -
 }
 
 fn read_msg(stream: &mut TcpStream, deadline: Instant) -> Result<(u8, Vec<u8>)> {
+    read_msg_with(&mut |buf: &mut [u8]| {
+        read_exact_by(stream, buf, Some(deadline)).map_err(|e| io_error("reading a handshake message", e))
+    })
+}
+
+/// Reads one handshake message through `read` (which fills its whole buffer or fails),
+/// checking magic, version and the body bound before the body is allocated.
+pub(crate) fn read_msg_with(read: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<(u8, Vec<u8>)> {
     let mut header = [0u8; HEADER_LEN];
-    read_exact_by(stream, &mut header, Some(deadline)).map_err(|e| io_error("reading a handshake message", e))?;
+    read(&mut header)?;
     if header[..4] != MAGIC {
         return Err(Error::protocol(format!(
             "bad handshake magic {:02x?} (expected {:02x?}): not an oxcomm TCP peer",
@@ -248,8 +261,13 @@ fn read_msg(stream: &mut TcpStream, deadline: Instant) -> Result<(u8, Vec<u8>)> 
         return Err(Error::protocol(format!("handshake message of {len} bytes (limit {MAX_BODY})")));
     }
     let mut body = vec![0u8; len];
-    read_exact_by(stream, &mut body, Some(deadline)).map_err(|e| io_error("reading a handshake message", e))?;
+    read(&mut body)?;
     Ok((header[5], body))
+}
+
+/// Decodes a HELLO body (for the fuzz targets): whether it is well formed.
+pub(crate) fn decode_hello(b: &[u8]) -> Result<()> {
+    Hello::decode(b).map(|_| ())
 }
 
 #[cfg(test)]
@@ -304,8 +322,10 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         let t = std::thread::spawn(move || acceptor(&mut a, id(b"k", 2), deadline));
         let err = connector(&mut c, id(b"k", 1), 3, deadline).unwrap_err();
+        assert!(err.message().contains("not this job"), "{err}");
+        assert!(!err.message().contains("rank 2"), "the refusal leaks the acceptor's rank: {err}");
+        let err = t.join().unwrap().unwrap_err();
         assert!(err.message().contains("asked for rank 3"), "{err}");
-        t.join().unwrap().unwrap_err();
 
         let (mut c, mut a) = pair();
         let t = std::thread::spawn(move || acceptor(&mut a, id(b"k", 3), deadline));

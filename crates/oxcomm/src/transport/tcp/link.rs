@@ -59,6 +59,8 @@ impl Shared {
 pub struct TcpLink {
     rank: usize,
     peer: usize,
+    /// World size: an abort frame naming a rank at or above it is a protocol error.
+    world: usize,
     shared: Arc<Shared>,
     /// Largest payload of an outgoing frame.
     frame_bytes: usize,
@@ -100,10 +102,11 @@ impl Drop for TcpLink {
 
 impl TcpLink {
     /// Wraps an authenticated, non-blocking socket.
-    pub(crate) fn new(rank: usize, peer: usize, shared: Arc<Shared>, frame_bytes: usize) -> TcpLink {
+    pub(crate) fn new(rank: usize, peer: usize, world: usize, shared: Arc<Shared>, frame_bytes: usize) -> TcpLink {
         TcpLink {
             rank,
             peer,
+            world,
             shared,
             frame_bytes: frame_bytes.clamp(1, frame::MAX_FRAME_BYTES),
             send_seq: 0,
@@ -236,11 +239,13 @@ impl TcpLink {
             let header = frame::decode(bytes, self.recv_seq)
                 .map_err(|e| Error::protocol(format!("from rank {}: {}", self.peer, e.message())))?;
             if header.abort {
-                let (culprit, code) = ((header.len >> 3) as usize, header.len & 7);
+                let (culprit, code) = frame::decode_abort(header.len, self.world).map_err(|e| {
+                    self.fail(Error::protocol(format!("from rank {}: {}", self.peer, e.message())).with_peer(self.peer))
+                })?;
                 let err = if culprit == self.peer {
                     self.gone("it aborted after failing")
                 } else {
-                    crate::transport::cascaded(self.peer, culprit, crate::transport::cause_kind(code))
+                    crate::transport::cascaded(self.peer, culprit, code)
                 };
                 return Err(self.fail(err));
             }

@@ -24,7 +24,10 @@
 //! ranks. A connection that fails it (wrong token, other job, garbage, silence past the
 //! handshake timeout) is dropped with a `warn` on target `oxcomm::tcp`; the listener keeps
 //! accepting until every expected peer has arrived or the deadline passes, so a stray client
-//! cannot disturb a job. After the handshake the stream carries data frames, each a 24-byte
+//! cannot disturb a job. At most 64 handshakes run at once; one more connection cuts off the
+//! oldest, and a connector whose handshake was cut off (or reset) retries until its deadline,
+//! so a flood of silent connections cannot lock a real peer out. A peer refused before it
+//! proved the token is told only "not this job", never this side's job id, world or rank. After the handshake the stream carries data frames, each a 24-byte
 //! header (magic `OXTF`, version, tag, sequence number, length ≤ [`MAX_FRAME_BYTES`], check
 //! word; see `frame.rs`) followed by a piece of payload. The receiver checks every header, so a
 //! desynchronised or hostile peer is reported as [`ErrorKind::Protocol`], never misread, and
@@ -87,13 +90,15 @@ pub use frame::{
 };
 pub use link::{TcpDoorbell, TcpLink};
 
+pub(crate) use frame::{decode as decode_frame_header, decode_abort};
 use handshake::Identity;
+pub(crate) use handshake::{decode_hello, read_msg_with};
 use link::Shared;
 
 /// Longest accepted job id, in bytes.
 pub const MAX_JOB_BYTES: usize = handshake::MAX_JOB_BYTES;
 
-/// Most handshakes one listener runs at once; further connections are dropped until some end.
+/// Most handshakes one listener runs at once; a connection beyond it cuts off the oldest.
 const MAX_PENDING_HANDSHAKES: usize = 64;
 
 /// How long the listener polls before looking at finished handshakes again.
@@ -332,16 +337,19 @@ impl TcpEndpoint {
             configure(&stream, &self.config).map_err(|e| e.with_peer(p).with_rank(self.rank))?;
             tracing::debug!(target: "oxcomm::tcp", rank = self.rank, peer = p,
                 local = ?stream.local_addr().ok(), remote = ?stream.peer_addr().ok(), "connected");
-            self.links[p] = Some(TcpLink::new(self.rank, p, Shared::new(stream), self.config.frame_bytes));
+            self.links[p] = Some(TcpLink::new(self.rank, p, self.world, Shared::new(stream), self.config.frame_bytes));
         }
         Ok(())
     }
 
-    /// Connects to rank `peer` at `addr` and runs the connector's handshake.
+    /// Connects to rank `peer` at `addr` and runs the connector's handshake. A connection
+    /// that the peer drops before the handshake ends (its listener cut it off under a flood of
+    /// strangers, or it reset) is retried with backoff until `deadline`; a refusal, a bad
+    /// proof or a protocol error is not.
     fn connect_one(&self, peer: usize, addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
         let mut backoff = Duration::from_millis(5);
         let mut tries = 0u32;
-        let mut stream = loop {
+        loop {
             tries += 1;
             let now = Instant::now();
             if now >= deadline {
@@ -350,20 +358,30 @@ impl TcpEndpoint {
                     format!("timed out connecting to rank {peer} at {addr} ({tries} tries)"),
                 ));
             }
-            match TcpStream::connect_timeout(&addr, (deadline - now).min(Duration::from_secs(5))) {
-                Ok(s) => break s,
+            let retry = |what: &dyn std::fmt::Display, backoff: &mut Duration| {
+                tracing::debug!(target: "oxcomm::tcp", rank = self.rank, peer, %addr, error = %what, tries, "retrying connect");
+                std::thread::sleep((*backoff).min(deadline.saturating_duration_since(Instant::now())));
+                *backoff = (*backoff * 2).min(Duration::from_millis(200));
+            };
+            let mut stream = match TcpStream::connect_timeout(&addr, (deadline - now).min(Duration::from_secs(5))) {
+                Ok(s) => s,
                 Err(e) if retry_connect(&e) => {
-                    tracing::debug!(target: "oxcomm::tcp", rank = self.rank, peer, %addr, error = %e, tries, "retrying connect");
-                    std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
-                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                    retry(&e, &mut backoff);
+                    continue;
                 }
                 Err(e) => return Err(Error::io(format!("connecting to rank {peer} at {addr}"), e)),
+            };
+            let _ = stream.set_nodelay(true);
+            match handshake::connector(&mut stream, self.identity(), peer, deadline) {
+                Ok(()) => return Ok(stream),
+                Err(e) if matches!(e.kind(), ErrorKind::PeerGone | ErrorKind::Io) && Instant::now() < deadline => {
+                    retry(&e, &mut backoff);
+                }
+                Err(e) => {
+                    return Err(Error::new(e.kind(), format!("handshake with rank {peer} at {addr}: {}", e.message())))
+                }
             }
-        };
-        let _ = stream.set_nodelay(true);
-        handshake::connector(&mut stream, self.identity(), peer, deadline)
-            .map_err(|e| Error::new(e.kind(), format!("handshake with rank {peer} at {addr}: {}", e.message())))?;
-        Ok(stream)
+        }
     }
 
     /// Accepts connections until every rank in `expected` has completed a handshake, `stop`
@@ -425,9 +443,18 @@ impl TcpEndpoint {
                     match self.listener.accept() {
                         Ok((stream, from)) => {
                             if pending.len() >= MAX_PENDING_HANDSHAKES {
+                                // Evict the oldest unauthenticated connection rather than
+                                // refuse the newest: a flood of silent connections cannot
+                                // hold the door shut against a real peer, whose handshake
+                                // takes milliseconds (and whose connector retries if it is
+                                // the one evicted).
+                                if let Some(oldest) = pending.keys().min().copied() {
+                                    if let Some(c) = pending.remove(&oldest) {
+                                        let _ = c.shutdown(std::net::Shutdown::Both);
+                                    }
+                                }
                                 tracing::warn!(target: "oxcomm::tcp", rank, %from,
-                                    "dropped a connection: too many handshakes in progress");
-                                continue;
+                                    "too many handshakes in progress: cut off the oldest");
                             }
                             let clone = match stream.set_nonblocking(false).and_then(|()| stream.try_clone()) {
                                 Ok(c) => c,

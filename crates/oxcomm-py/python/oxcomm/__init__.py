@@ -1,0 +1,273 @@
+"""oxcomm: collective communication for Python on CPU — all-reduce, all-gather,
+reduce-scatter, broadcast, all-to-all, point-to-point, groups, async ops, DeepSpeed's 1-bit
+all-reduce and ZeRO++'s quantized reduce-scatter — over shared memory between processes of
+one host and TCP between hosts. The engine is the Rust crate ``oxcomm``.
+
+Buffers are numpy arrays and torch CPU tensors, read and written in place (no copy). Every op
+releases the GIL while it runs; ``async_op=True`` returns a :class:`Work` at once and fills
+the buffers in place when the op completes.
+
+    import numpy as np, oxcomm
+    comm = oxcomm.init()                # under `oxcomm launch -n 4 -- python3 prog.py`
+    x = np.full(1024, comm.rank, dtype=np.float32)
+    comm.all_reduce(x)                  # sum over ranks, in place
+
+``import oxcomm.torch`` registers the torch.distributed backend ``"oxcomm"``;
+``oxcomm.deepspeed`` has DeepSpeed's 1-bit ``CompressedBackend`` and ZeRO++ helpers.
+"""
+
+import enum as _enum
+import pickle as _pickle
+
+from . import _native
+from ._buffers import buffer as _buf
+from ._buffers import copy_of as _copy_of
+from ._buffers import overlap as _overlap
+from ._errors import (  # noqa: F401 - re-exported
+    AbortedError,
+    InvalidArgumentError,
+    IoError,
+    MismatchError,
+    OxcommError,
+    PeerGoneError,
+    ProtocolError,
+    RendezvousError,
+    TimeoutError,
+    UnsupportedError,
+)
+
+Work = _native.Work
+
+
+class ReduceOp(_enum.Enum):
+    """How an all-reduce, reduce or reduce-scatter combines values."""
+
+    SUM = "sum"
+    AVG = "avg"
+    PROD = "prod"
+    MIN = "min"
+    MAX = "max"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+
+
+def _op(op):
+    if isinstance(op, ReduceOp):
+        return op.value
+    if isinstance(op, str):
+        return op
+    raise TypeError(f"op: expected an oxcomm.ReduceOp or its name, got {op!r}")
+
+
+def _input(inp, out, name):
+    """``inp``'s buffer; a copy of it when it shares memory with ``out`` (Rust may not alias them)."""
+    b = _buf(inp, name, write=False)
+    if _overlap(b, out):
+        b = _buf(_copy_of(inp), name, write=False)
+    return b
+
+
+class Communicator:
+    """One rank's handle on a group of ranks; see the module docs."""
+
+    __slots__ = ("_c", "__weakref__")
+
+    def __init__(self, native):
+        self._c = native
+
+    @staticmethod
+    def from_store(store, rank, world_size, *, timeout=300.0, transport=None, master_addr=None, pin_to_core=False):
+        """Joins a job through a key-value store with torch.distributed.Store's methods.
+
+        Rank 0 makes the job's secret and id and publishes them in the store, so the store
+        must be private to the job (torch's stores are). ``transport``: ``"auto"`` (shared
+        memory on a host, TCP across), ``"shm"`` or ``"tcp"``. ``master_addr``: an address of
+        the store's host, used to pick the interface for TCP links (default loopback).
+        """
+        native = _native.Communicator.from_store(
+            store,
+            rank,
+            world_size,
+            timeout=float(timeout),
+            transport=transport,
+            master_addr=master_addr,
+            pin_to_core=pin_to_core,
+        )
+        return Communicator(native)
+
+    rank = property(lambda self: self._c.rank, doc="This rank within the group.")
+    size = property(lambda self: self._c.size, doc="Number of ranks in the group.")
+    world_rank = property(lambda self: self._c.world_rank, doc="This rank in the world.")
+    world_size = property(lambda self: self._c.world_size, doc="Number of ranks in the world.")
+    transport = property(lambda self: self._c.transport, doc="threads, shm, tcp, shm+tcp or mpi.")
+    members = property(lambda self: self._c.members, doc="World rank of every group rank.")
+
+    def __repr__(self):
+        return repr(self._c)
+
+    # ------------------------------------------------------------------ collectives
+
+    def all_reduce(self, buf, op=ReduceOp.SUM, *, async_op=False):
+        """Reduces ``buf`` over the group in place."""
+        return self._c.all_reduce(_buf(buf, "buf"), _op(op), async_op)
+
+    def all_reduce_into(self, input, output, op=ReduceOp.SUM, *, async_op=False):  # noqa: A002
+        """Out-of-place all-reduce: ``output`` gets the reduction of every rank's ``input``."""
+        if input is output:
+            return self.all_reduce(output, op, async_op=async_op)
+        out = _buf(output, "output")
+        return self._c.all_reduce_into(_input(input, out, "input"), out, _op(op), async_op)
+
+    def reduce(self, buf, root, op=ReduceOp.SUM, *, async_op=False):
+        """Reduces ``buf`` into the root's ``buf``; other ranks' buffers are left unchanged."""
+        return self._c.reduce(_buf(buf, "buf"), root, _op(op), async_op)
+
+    def broadcast(self, buf, root, *, async_op=False):
+        """The root's ``buf`` on every rank."""
+        return self._c.broadcast(_buf(buf, "buf"), root, async_op)
+
+    def all_gather(self, input, output, *, async_op=False):  # noqa: A002
+        """``output`` (size × len(input)) gets every rank's ``input`` in rank order."""
+        out = _buf(output, "output")
+        return self._c.all_gather(_input(input, out, "input"), out, async_op)
+
+    def reduce_scatter(self, input, output, op=ReduceOp.SUM, *, async_op=False):  # noqa: A002
+        """``output`` gets this rank's block of the reduction of ``input`` (size × len(output))."""
+        out = _buf(output, "output")
+        return self._c.reduce_scatter(_input(input, out, "input"), out, _op(op), async_op)
+
+    def all_to_all(self, send, recv, *, async_op=False):
+        """Block j of ``send`` goes to rank j; block i of ``recv`` comes from rank i."""
+        out = _buf(recv, "recv")
+        return self._c.all_to_all(_input(send, out, "send"), out, async_op)
+
+    def all_to_all_v(self, send, send_counts, recv, recv_counts, *, async_op=False):
+        """Uneven all-to-all; counts in elements per rank."""
+        out = _buf(recv, "recv")
+        return self._c.all_to_all_v(
+            _input(send, out, "send"), [int(c) for c in send_counts], out, [int(c) for c in recv_counts], async_op
+        )
+
+    def gather(self, input, output, root, *, async_op=False):  # noqa: A002
+        """Every rank's ``input`` into the root's ``output`` (``None`` elsewhere)."""
+        out = None if output is None else _buf(output, "output")
+        inp = _buf(input, "input", write=False) if out is None else _input(input, out, "input")
+        return self._c.gather(inp, out, root, async_op)
+
+    def scatter(self, input, output, root, *, async_op=False):  # noqa: A002
+        """Block i of the root's ``input`` (``None`` elsewhere) into rank i's ``output``."""
+        out = _buf(output, "output")
+        inp = None if input is None else _input(input, out, "input")
+        return self._c.scatter(inp, out, root, async_op)
+
+    def barrier(self, *, async_op=False):
+        return self._c.barrier(async_op)
+
+    def monitored_barrier(self, timeout):
+        """A barrier whose error lists every rank that did not arrive within ``timeout`` seconds."""
+        seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        self._c.monitored_barrier(seconds)
+
+    def all_reduce_coalesced(self, bufs, op=ReduceOp.SUM, *, async_op=False):
+        """All-reduces every buffer of ``bufs`` (one dtype) as one op."""
+        return self._c.all_reduce_coalesced([_buf(b, f"bufs[{i}]") for i, b in enumerate(bufs)], _op(op), async_op)
+
+    def all_gather_coalesced(self, inputs, outputs, *, async_op=False):
+        """All-gathers each input into the matching output, as one op."""
+        outs = [_buf(o, f"outputs[{i}]") for i, o in enumerate(outputs)]
+        ins = [_buf(x, f"inputs[{i}]", write=False) for i, x in enumerate(inputs)]
+        ins = [
+            _buf(_copy_of(x), f"inputs[{i}]", write=False) if any(_overlap(b, o) for o in outs) else b
+            for i, (x, b) in enumerate(zip(inputs, ins))
+        ]
+        return self._c.all_gather_coalesced(ins, outs, async_op)
+
+    # ------------------------------------------------------------------ point to point
+
+    def send(self, buf, dst, tag=0):
+        self._c.send(_buf(buf, "buf", write=False), dst, tag)
+
+    def recv(self, buf, src, tag=0):
+        if src is None:
+            raise UnsupportedError("recv from any source is not supported: name the sender")
+        self._c.recv(_buf(buf, "buf"), src, tag)
+
+    def isend(self, buf, dst, tag=0):
+        """Starts sending a copy of ``buf``; pending isend/irecv start together."""
+        return self._c.isend(_buf(buf, "buf", write=False), dst, tag)
+
+    def irecv(self, buf, src, tag=0):
+        """Starts receiving into ``buf`` (written when the returned Work completes)."""
+        if src is None:
+            raise UnsupportedError("irecv from any source is not supported: name the sender")
+        return self._c.irecv(_buf(buf, "buf"), src, tag)
+
+    # ------------------------------------------------------------------ groups
+
+    def new_group(self, ranks):
+        """A sub-group of the listed ranks (collective over this group); ``None`` outside it."""
+        c = self._c.new_group([int(r) for r in ranks])
+        return None if c is None else Communicator(c)
+
+    def group(self, ranks):
+        """A sub-group over this communicator's links that only its members call; ``None`` outside."""
+        c = self._c.group([int(r) for r in ranks])
+        return None if c is None else Communicator(c)
+
+    def split(self, color, key=0):
+        """Splits by ``color`` (``None`` joins no group), ordered by ``key`` then rank."""
+        c = self._c.split(None if color is None else int(color), int(key))
+        return None if c is None else Communicator(c)
+
+    # ------------------------------------------------------------------ objects
+
+    def broadcast_object(self, obj, root):
+        """The root's ``obj`` (pickled) on every rank; other ranks' ``obj`` is ignored."""
+        data = _pickle.dumps(obj) if self.rank == root else b""
+        return _pickle.loads(self._c.broadcast_bytes(data, root))
+
+    def all_gather_object(self, obj):
+        """Every rank's ``obj`` (pickled), in rank order."""
+        return [_pickle.loads(b) for b in self._c.all_gather_bytes(_pickle.dumps(obj))]
+
+    # ------------------------------------------------------------------ the rest
+
+    def log_summary(self, show_straggler=False):
+        """DeepSpeed's comms-logger table (``OXCOMM_COMMS_LOGGER=1`` records the ops)."""
+        return self._c.log_summary(show_straggler)
+
+    def flight_record(self):
+        """This rank's last ops as JSON Lines (the flight recorder)."""
+        return self._c.flight_record()
+
+    def abort(self, reason="aborted by the application"):
+        """Aborts the communicator: links close, peers notice, later ops fail at once."""
+        self._c.abort(reason)
+
+
+def init():
+    """Joins the job the environment describes (``oxcomm launch``, torchrun with ``OXCOMM_TOKEN``, mpirun, srun)."""
+    return Communicator(_native.init())
+
+
+from . import coalesced, onebit  # noqa: E402 - they use Communicator
+
+__all__ = [
+    "Communicator",
+    "ReduceOp",
+    "Work",
+    "init",
+    "onebit",
+    "coalesced",
+    "OxcommError",
+    "TimeoutError",
+    "PeerGoneError",
+    "MismatchError",
+    "InvalidArgumentError",
+    "ProtocolError",
+    "AbortedError",
+    "UnsupportedError",
+    "RendezvousError",
+    "IoError",
+]

@@ -1,0 +1,83 @@
+"""numpy arrays and torch CPU tensors as oxcomm buffers, by address (zero-copy).
+
+``buffer(x, name, write)`` checks what oxcomm cannot see from Rust (device, dtype,
+contiguity, writability) and returns ``(address, element count, dtype name, x)``; the native
+module reads and writes that memory in place and holds ``x`` while an async op may use it.
+"""
+
+_TORCH_DTYPES = {
+    "torch.float32": "f32",
+    "torch.float64": "f64",
+    "torch.float16": "f16",
+    "torch.bfloat16": "bf16",
+    "torch.int8": "i8",
+    "torch.uint8": "u8",
+    "torch.int32": "i32",
+    "torch.int64": "i64",
+}
+_NUMPY_DTYPES = {
+    "float32": "f32",
+    "float64": "f64",
+    "float16": "f16",
+    "int8": "i8",
+    "uint8": "u8",
+    "int32": "i32",
+    "int64": "i64",
+}
+SUPPORTED = "float32, float64, float16, bfloat16 (torch), int8, uint8, int32, int64"
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def _is_numpy(x):
+    return type(x).__module__ == "numpy" and hasattr(x, "__array_interface__")
+
+
+def buffer(x, name, write=True):
+    """``(address, count, dtype, owner)`` of ``x``, or TypeError/ValueError naming ``name``."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise ValueError(f"{name}: a tensor on {x.device}; oxcomm works on CPU memory")
+        if x.layout.__repr__() != "torch.strided":
+            raise ValueError(f"{name}: a {x.layout} tensor; oxcomm works on dense (strided) tensors")
+        dtype = _TORCH_DTYPES.get(str(x.dtype))
+        if dtype is None:
+            raise TypeError(f"{name}: dtype {x.dtype} is not one oxcomm reduces ({SUPPORTED})")
+        if not x.is_contiguous():
+            raise ValueError(
+                f"{name}: the tensor is not contiguous (strides {tuple(x.stride())}); oxcomm reads and "
+                "writes the memory in place, pass tensor.contiguous() and copy the result back"
+            )
+        return (x.data_ptr(), x.numel(), dtype, x)
+    if _is_numpy(x):
+        dtype = _NUMPY_DTYPES.get(x.dtype.name)
+        if dtype is None:
+            raise TypeError(f"{name}: dtype {x.dtype} is not one oxcomm reduces ({SUPPORTED})")
+        if write and not x.flags.writeable:
+            raise ValueError(f"{name}: the array is read-only and this op writes it")
+        if not x.flags.c_contiguous:
+            raise ValueError(
+                f"{name}: the array is not C-contiguous; pass numpy.ascontiguousarray(x) and copy the result back"
+            )
+        if x.dtype.byteorder == ">":
+            raise TypeError(f"{name}: big-endian arrays are not supported")
+        return (x.__array_interface__["data"][0], x.size, dtype, x)
+    raise TypeError(f"{name}: expected a numpy array or a torch CPU tensor, got {type(x).__name__}")
+
+
+def overlap(a, b):
+    """Whether two buffers from :func:`buffer` share memory (the second one's owner may be copied)."""
+    if a[1] == 0 or b[1] == 0:
+        return False
+    size = _SIZES[a[2]]
+    return a[0] < b[0] + b[1] * _SIZES[b[2]] and b[0] < a[0] + a[1] * size
+
+
+_SIZES = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i8": 1, "u8": 1, "i32": 4, "i64": 8}
+
+
+def copy_of(x):
+    """A copy of an array or tensor (for an input that overlaps the output)."""
+    return x.clone() if _is_torch(x) else x.copy()

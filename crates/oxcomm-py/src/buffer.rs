@@ -1,0 +1,125 @@
+//! Caller memory as op buffers: a numpy array's or a torch CPU tensor's data, by address.
+//!
+//! The Python layer (`oxcomm/_buffers.py`) checks what Python can see — CPU device, a dtype
+//! oxcomm reduces, C-contiguous, writable where the op writes — and hands over
+//! `(address, element count, dtype name, owner)`. This module turns that into slices for the
+//! length of one op and keeps the owner alive as long as an async op may touch the memory.
+//! It knows nothing about ops.
+
+use oxcomm::DType;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+
+/// One buffer: where its elements start, how many there are, their type, and the Python
+/// object that owns the memory (held so it cannot be freed while an op uses it).
+#[derive(Debug)]
+pub struct Buf {
+    addr: usize,
+    len: usize,
+    pub dtype: DType,
+    _owner: Py<PyAny>,
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Buf {
+    type Error = PyErr;
+
+    fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let (addr, len, dtype, owner): (usize, usize, String, Py<PyAny>) = ob.extract()?;
+        let dtype = parse_dtype(&dtype)?;
+        if len > 0 && addr == 0 {
+            return Err(PyTypeError::new_err("a buffer of non-zero length at address 0"));
+        }
+        Ok(Buf { addr, len, dtype, _owner: owner })
+    }
+}
+
+/// The dtype named by the Python layer.
+pub fn parse_dtype(name: &str) -> PyResult<DType> {
+    Ok(match name {
+        "f32" => DType::F32,
+        "f64" => DType::F64,
+        "f16" => DType::F16,
+        "bf16" => DType::BF16,
+        "i8" => DType::I8,
+        "u8" => DType::U8,
+        "i32" => DType::I32,
+        "i64" => DType::I64,
+        other => return Err(PyTypeError::new_err(format!("oxcomm does not reduce dtype {other}"))),
+    })
+}
+
+impl Buf {
+    /// Element count.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The elements as `T`.
+    ///
+    /// # Safety
+    /// `T` must be the Rust type of `self.dtype`, and no other reference to the same memory may
+    /// be used while the slice lives (the Python layer checked the buffer is C-contiguous; two
+    /// arguments of one op that overlap are the caller's error, as in torch).
+    pub unsafe fn slice<T>(&self) -> &[T] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the owner (held by `self`) keeps `len` contiguous elements of `T` alive at
+        // `addr` (checked by the Python layer); the caller guarantees `T` and exclusivity.
+        unsafe { std::slice::from_raw_parts(self.addr as *const T, self.len) }
+    }
+
+    /// The elements as `T`, writable.
+    ///
+    /// # Safety
+    /// As [`Buf::slice`], and the memory is writable (the Python layer refused read-only arrays).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut<T>(&self) -> &mut [T] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as in `slice`; writable memory, checked by the Python layer.
+        unsafe { std::slice::from_raw_parts_mut(self.addr as *mut T, self.len) }
+    }
+}
+
+/// Runs `$body` with `$T` bound to the Rust element type of `$dtype`.
+#[macro_export]
+macro_rules! with_elem {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            oxcomm::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            oxcomm::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            oxcomm::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            oxcomm::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            oxcomm::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            oxcomm::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            oxcomm::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            oxcomm::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+        }
+    };
+}

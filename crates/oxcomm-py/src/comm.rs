@@ -1,0 +1,476 @@
+//! `oxcomm.Communicator` over [`oxcomm::Communicator`]: every collective, point-to-point,
+//! barriers, groups, coalesced and object collectives, on caller buffers ([`Buf`]).
+//!
+//! Sync ops run on the calling thread with the GIL released. `async_op=True` ops run through
+//! [`oxcomm::Communicator::run_async`] on the communicator's worker, in issue order with every
+//! other op of this rank, and return a [`PyWork`] that holds the buffers until the op is done.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oxcomm::rendezvous::{Store, TransportChoice};
+use oxcomm::{Communicator, ReduceOp};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::buffer::Buf;
+use crate::errors::IntoPy;
+use crate::store::PyStore;
+use crate::with_elem;
+use crate::work::{PyWork, RecvInto};
+
+/// A reduce op by name (`"sum"`, `"avg"`, … as `oxcomm.ReduceOp` passes them).
+pub fn parse_op(name: &str) -> PyResult<ReduceOp> {
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "sum" => ReduceOp::Sum,
+        "avg" => ReduceOp::Avg,
+        "prod" | "product" => ReduceOp::Prod,
+        "min" => ReduceOp::Min,
+        "max" => ReduceOp::Max,
+        "band" => ReduceOp::BAnd,
+        "bor" => ReduceOp::BOr,
+        "bxor" => ReduceOp::BXor,
+        other => return Err(PyValueError::new_err(format!("op: unknown reduce op {other:?}"))),
+    })
+}
+
+/// Checks that every buffer of an op has `dtype`, naming the argument that differs.
+fn same_dtype(first: &Buf, others: &[(&str, &Buf)]) -> PyResult<()> {
+    for (name, b) in others {
+        if b.dtype != first.dtype {
+            return Err(PyTypeError::new_err(format!("{name}: dtype {:?} differs from {:?}", b.dtype, first.dtype)));
+        }
+    }
+    Ok(())
+}
+
+/// One rank's handle on a group of ranks.
+#[pyclass(module = "oxcomm._native", name = "Communicator")]
+pub struct PyComm {
+    pub comm: Communicator,
+}
+
+impl PyComm {
+    /// Runs `f` now (GIL released) or, with `async_op`, on the worker behind a [`PyWork`].
+    fn launch(
+        &self,
+        py: Python<'_>,
+        async_op: bool,
+        f: impl FnOnce(&Communicator) -> oxcomm::Result<()> + Send + 'static,
+    ) -> PyResult<Option<PyWork>> {
+        if async_op {
+            let work = self.comm.run_async(f);
+            return Ok(Some(PyWork::new(Box::new(work), self.comm.clone())));
+        }
+        let comm = &self.comm;
+        py.detach(|| f(comm)).py()?;
+        Ok(None)
+    }
+}
+
+#[pymethods]
+impl PyComm {
+    /// Joins a job through a Python key-value store (a `torch.distributed.Store`): rank 0
+    /// makes the job's secret and id and publishes them there, every rank meets the others
+    /// through it and builds shared-memory links to the ranks on its host and TCP links to
+    /// the others. Nothing pins the calling thread unless `pin_to_core`.
+    #[staticmethod]
+    #[pyo3(signature = (store, rank, world_size, *, timeout = 300.0, transport = None, master_addr = None, pin_to_core = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_store(
+        py: Python<'_>,
+        store: Py<PyAny>,
+        rank: usize,
+        world_size: usize,
+        timeout: f64,
+        transport: Option<String>,
+        master_addr: Option<String>,
+        pin_to_core: bool,
+    ) -> PyResult<PyComm> {
+        if rank >= world_size {
+            return Err(PyValueError::new_err(format!("rank: {rank} out of range for world_size {world_size}")));
+        }
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(PyValueError::new_err(format!("timeout: {timeout} is not a positive number of seconds")));
+        }
+        let transport = match transport.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            None | Some("auto") => TransportChoice::Auto,
+            Some("shm") => TransportChoice::Shm,
+            Some("tcp") => TransportChoice::Tcp,
+            Some(other) => return Err(PyValueError::new_err(format!("transport: {other:?} is not auto, shm or tcp"))),
+        };
+        let addr = master_addr.unwrap_or_else(|| "127.0.0.1".to_string());
+        let store_addr = std::net::ToSocketAddrs::to_socket_addrs(&(addr.as_str(), 0))
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| PyValueError::new_err(format!("master_addr: cannot resolve {addr:?}")))?;
+        let store: Arc<dyn Store> = Arc::new(PyStore::new(store));
+        let comm = py
+            .detach(move || -> oxcomm::Result<Communicator> {
+                let deadline = std::time::Instant::now() + Duration::from_secs_f64(timeout);
+                let (token, job) = if rank == 0 {
+                    let token = oxcomm::rendezvous::generate_token();
+                    let job = format!("py{}", &oxcomm::rendezvous::generate_token()[..16]);
+                    store.set("oxcomm/py/token", token.as_bytes())?;
+                    store.set("oxcomm/py/job", job.as_bytes())?;
+                    (token.into_bytes(), job)
+                } else {
+                    let token = store.get("oxcomm/py/token", deadline)?;
+                    let job = String::from_utf8_lossy(&store.get("oxcomm/py/job", deadline)?).into_owned();
+                    (token, job)
+                };
+                let init = oxcomm::Init {
+                    rank,
+                    world_size,
+                    store_addr,
+                    store_served: true,
+                    token,
+                    job,
+                    transport,
+                    config: oxcomm::CommConfig { timeout: Duration::from_secs_f64(timeout), ..Default::default() },
+                    host_id: std::env::var(oxcomm::init::ENV_HOST_ID).ok(),
+                    socket_ifname: std::env::var("OXCOMM_SOCKET_IFNAME").ok(),
+                    socket_addr: std::env::var("OXCOMM_SOCKET_ADDR").ok().and_then(|a| a.parse().ok()),
+                    pin_to_core,
+                };
+                let comm = init.connect_with_store(store)?;
+                // Nobody leaves set-up until every rank is in (the store may go away after).
+                comm.barrier()?;
+                Ok(comm)
+            })
+            .py()?;
+        Ok(PyComm { comm })
+    }
+
+    /// This rank within the group.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Number of ranks in the group.
+    #[getter]
+    fn size(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// This rank in the world.
+    #[getter]
+    fn world_rank(&self) -> usize {
+        self.comm.world_rank()
+    }
+
+    /// Number of ranks in the world.
+    #[getter]
+    fn world_size(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    /// `"threads"`, `"shm"`, `"tcp"`, `"shm+tcp"` or `"mpi"`.
+    #[getter]
+    fn transport(&self) -> String {
+        self.comm.transport().to_string()
+    }
+
+    /// World rank of every group rank.
+    #[getter]
+    fn members(&self) -> Vec<usize> {
+        self.comm.members().to_vec()
+    }
+
+    #[pyo3(signature = (buf, op, async_op = false))]
+    fn all_reduce(&self, py: Python<'_>, buf: Buf, op: &str, async_op: bool) -> PyResult<Option<PyWork>> {
+        let op = parse_op(op)?;
+        // SAFETY (all `slice`/`slice_mut` below): `T` is the buffer's own dtype, chosen by
+        // `with_elem!`, and the buffer (with its owner) lives in the closure.
+        self.launch(
+            py,
+            async_op,
+            move |c| with_elem!(buf.dtype, T => c.all_reduce(unsafe { buf.slice_mut::<T>() }, op)),
+        )
+    }
+
+    #[pyo3(signature = (input, output, op, async_op = false))]
+    fn all_reduce_into(
+        &self,
+        py: Python<'_>,
+        input: Buf,
+        output: Buf,
+        op: &str,
+        async_op: bool,
+    ) -> PyResult<Option<PyWork>> {
+        let op = parse_op(op)?;
+        same_dtype(&input, &[("output", &output)])?;
+        self.launch(py, async_op, move |c| {
+            with_elem!(input.dtype, T => c.all_reduce_into(unsafe { input.slice::<T>() }, unsafe { output.slice_mut::<T>() }, op))
+        })
+    }
+
+    #[pyo3(signature = (buf, root, op, async_op = false))]
+    fn reduce(&self, py: Python<'_>, buf: Buf, root: usize, op: &str, async_op: bool) -> PyResult<Option<PyWork>> {
+        let op = parse_op(op)?;
+        self.launch(
+            py,
+            async_op,
+            move |c| with_elem!(buf.dtype, T => c.reduce(unsafe { buf.slice_mut::<T>() }, root, op)),
+        )
+    }
+
+    #[pyo3(signature = (buf, root, async_op = false))]
+    fn broadcast(&self, py: Python<'_>, buf: Buf, root: usize, async_op: bool) -> PyResult<Option<PyWork>> {
+        self.launch(
+            py,
+            async_op,
+            move |c| with_elem!(buf.dtype, T => c.broadcast(unsafe { buf.slice_mut::<T>() }, root)),
+        )
+    }
+
+    #[pyo3(signature = (input, output, async_op = false))]
+    fn all_gather(&self, py: Python<'_>, input: Buf, output: Buf, async_op: bool) -> PyResult<Option<PyWork>> {
+        same_dtype(&input, &[("output", &output)])?;
+        self.launch(py, async_op, move |c| {
+            with_elem!(input.dtype, T => c.all_gather(unsafe { input.slice::<T>() }, unsafe { output.slice_mut::<T>() }))
+        })
+    }
+
+    #[pyo3(signature = (input, output, op, async_op = false))]
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        input: Buf,
+        output: Buf,
+        op: &str,
+        async_op: bool,
+    ) -> PyResult<Option<PyWork>> {
+        let op = parse_op(op)?;
+        same_dtype(&input, &[("output", &output)])?;
+        self.launch(py, async_op, move |c| {
+            with_elem!(input.dtype, T => c.reduce_scatter(unsafe { input.slice::<T>() }, unsafe { output.slice_mut::<T>() }, op))
+        })
+    }
+
+    #[pyo3(signature = (send, recv, async_op = false))]
+    fn all_to_all(&self, py: Python<'_>, send: Buf, recv: Buf, async_op: bool) -> PyResult<Option<PyWork>> {
+        same_dtype(&send, &[("recv", &recv)])?;
+        self.launch(py, async_op, move |c| {
+            with_elem!(send.dtype, T => c.all_to_all(unsafe { send.slice::<T>() }, unsafe { recv.slice_mut::<T>() }))
+        })
+    }
+
+    #[pyo3(signature = (send, send_counts, recv, recv_counts, async_op = false))]
+    fn all_to_all_v(
+        &self,
+        py: Python<'_>,
+        send: Buf,
+        send_counts: Vec<usize>,
+        recv: Buf,
+        recv_counts: Vec<usize>,
+        async_op: bool,
+    ) -> PyResult<Option<PyWork>> {
+        same_dtype(&send, &[("recv", &recv)])?;
+        self.launch(py, async_op, move |c| {
+            with_elem!(send.dtype, T => c.all_to_all_v(
+                unsafe { send.slice::<T>() }, &send_counts, unsafe { recv.slice_mut::<T>() }, &recv_counts))
+        })
+    }
+
+    #[pyo3(signature = (input, output, root, async_op = false))]
+    fn gather(
+        &self,
+        py: Python<'_>,
+        input: Buf,
+        output: Option<Buf>,
+        root: usize,
+        async_op: bool,
+    ) -> PyResult<Option<PyWork>> {
+        if let Some(o) = &output {
+            same_dtype(&input, &[("output", o)])?;
+        }
+        self.launch(py, async_op, move |c| {
+            with_elem!(input.dtype, T => c.gather(
+                unsafe { input.slice::<T>() }, output.as_ref().map(|o| unsafe { o.slice_mut::<T>() }), root))
+        })
+    }
+
+    #[pyo3(signature = (input, output, root, async_op = false))]
+    fn scatter(
+        &self,
+        py: Python<'_>,
+        input: Option<Buf>,
+        output: Buf,
+        root: usize,
+        async_op: bool,
+    ) -> PyResult<Option<PyWork>> {
+        if let Some(i) = &input {
+            same_dtype(&output, &[("input", i)])?;
+        }
+        self.launch(py, async_op, move |c| {
+            with_elem!(output.dtype, T => c.scatter(
+                input.as_ref().map(|i| unsafe { i.slice::<T>() }), unsafe { output.slice_mut::<T>() }, root))
+        })
+    }
+
+    #[pyo3(signature = (buf, dst, tag = 0))]
+    fn send(&self, py: Python<'_>, buf: Buf, dst: usize, tag: u32) -> PyResult<()> {
+        let comm = &self.comm;
+        py.detach(|| with_elem!(buf.dtype, T => comm.send(unsafe { buf.slice::<T>() }, dst, tag))).py()
+    }
+
+    #[pyo3(signature = (buf, src, tag = 0))]
+    fn recv(&self, py: Python<'_>, buf: Buf, src: usize, tag: u32) -> PyResult<()> {
+        let comm = &self.comm;
+        py.detach(|| with_elem!(buf.dtype, T => comm.recv(unsafe { buf.slice_mut::<T>() }, src, tag))).py()
+    }
+
+    /// Starts sending a copy of `buf` (pending sends and receives start together).
+    #[pyo3(signature = (buf, dst, tag = 0))]
+    fn isend(&self, buf: Buf, dst: usize, tag: u32) -> PyWork {
+        with_elem!(buf.dtype, T => {
+            let work = self.comm.isend(unsafe { buf.slice::<T>() }.to_vec(), dst, tag);
+            PyWork::new(Box::new(work), self.comm.clone())
+        })
+    }
+
+    /// Starts receiving into `buf` (filled when the handle completes).
+    #[pyo3(signature = (buf, src, tag = 0))]
+    fn irecv(&self, buf: Buf, src: usize, tag: u32) -> PyWork {
+        with_elem!(buf.dtype, T => {
+            let work = self.comm.irecv(vec![T::default(); buf.len()], src, tag);
+            PyWork::new(Box::new(RecvInto::<T> { work, dst: buf }), self.comm.clone())
+        })
+    }
+
+    #[pyo3(signature = (async_op = false))]
+    fn barrier(&self, py: Python<'_>, async_op: bool) -> PyResult<Option<PyWork>> {
+        self.launch(py, async_op, |c| c.barrier())
+    }
+
+    /// A barrier whose error lists every rank that did not arrive within `timeout` seconds.
+    fn monitored_barrier(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(PyValueError::new_err(format!("timeout: {timeout} is not a positive number of seconds")));
+        }
+        let comm = &self.comm;
+        py.detach(|| comm.monitored_barrier(Duration::from_secs_f64(timeout))).py()
+    }
+
+    #[pyo3(signature = (bufs, op, async_op = false))]
+    fn all_reduce_coalesced(
+        &self,
+        py: Python<'_>,
+        bufs: Vec<Buf>,
+        op: &str,
+        async_op: bool,
+    ) -> PyResult<Option<PyWork>> {
+        let op = parse_op(op)?;
+        let Some(first) = bufs.first() else { return self.launch(py, async_op, |_| Ok(())) };
+        let named: Vec<(String, &Buf)> = bufs.iter().enumerate().map(|(i, b)| (format!("bufs[{i}]"), b)).collect();
+        same_dtype(first, &named.iter().map(|(n, b)| (n.as_str(), *b)).collect::<Vec<_>>())?;
+        self.launch(py, async_op, move |c| {
+            with_elem!(bufs[0].dtype, T => {
+                let mut slices: Vec<&mut [T]> = bufs.iter().map(|b| unsafe { b.slice_mut::<T>() }).collect();
+                c.all_reduce_coalesced(&mut slices, op)
+            })
+        })
+    }
+
+    #[pyo3(signature = (inputs, outputs, async_op = false))]
+    fn all_gather_coalesced(
+        &self,
+        py: Python<'_>,
+        inputs: Vec<Buf>,
+        outputs: Vec<Buf>,
+        async_op: bool,
+    ) -> PyResult<Option<PyWork>> {
+        if inputs.len() != outputs.len() {
+            return Err(PyValueError::new_err(format!(
+                "outputs: {} buffers for {} inputs",
+                outputs.len(),
+                inputs.len()
+            )));
+        }
+        let Some(first) = inputs.first() else { return self.launch(py, async_op, |_| Ok(())) };
+        let named: Vec<(String, &Buf)> = inputs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (format!("inputs[{i}]"), b))
+            .chain(outputs.iter().enumerate().map(|(i, b)| (format!("outputs[{i}]"), b)))
+            .collect();
+        same_dtype(first, &named.iter().map(|(n, b)| (n.as_str(), *b)).collect::<Vec<_>>())?;
+        self.launch(py, async_op, move |c| {
+            with_elem!(inputs[0].dtype, T => {
+                let ins: Vec<&[T]> = inputs.iter().map(|b| unsafe { b.slice::<T>() }).collect();
+                let mut outs: Vec<&mut [T]> = outputs.iter().map(|b| unsafe { b.slice_mut::<T>() }).collect();
+                c.all_gather_coalesced(&ins, &mut outs)
+            })
+        })
+    }
+
+    /// A sub-group of the listed group ranks (collective: every rank calls it with the same
+    /// list); `None` outside it.
+    fn new_group(&self, py: Python<'_>, ranks: Vec<usize>) -> PyResult<Option<PyComm>> {
+        let comm = &self.comm;
+        Ok(py.detach(|| comm.new_group(&ranks)).py()?.map(|comm| PyComm { comm }))
+    }
+
+    /// A sub-group over this communicator's links that only its members call (the same list,
+    /// groups of one list made in the same order on every member); `None` outside it.
+    fn group(&self, ranks: Vec<usize>) -> PyResult<Option<PyComm>> {
+        Ok(self.comm.members_group(&ranks).py()?.map(|comm| PyComm { comm }))
+    }
+
+    /// Splits by `color` (`None` joins no group), ordered by `key` then rank. Collective.
+    fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<PyComm>> {
+        let comm = &self.comm;
+        Ok(py.detach(|| comm.split(color, key)).py()?.map(|comm| PyComm { comm }))
+    }
+
+    /// The root's bytes on every rank (`data` is ignored elsewhere; `None` at the root fails
+    /// every rank).
+    fn broadcast_bytes<'py>(
+        &self,
+        py: Python<'py>,
+        data: Option<Vec<u8>>,
+        root: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let comm = &self.comm;
+        let out = py.detach(|| comm.broadcast_bytes(data, root)).py()?;
+        Ok(PyBytes::new(py, &out))
+    }
+
+    /// Every rank's bytes, in rank order.
+    fn all_gather_bytes<'py>(&self, py: Python<'py>, data: Vec<u8>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let comm = &self.comm;
+        let out = py.detach(|| comm.all_gather_bytes(&data)).py()?;
+        Ok(out.iter().map(|b| PyBytes::new(py, b)).collect())
+    }
+
+    /// DeepSpeed's comms-logger table (every rank must call it with `show_straggler`).
+    #[pyo3(signature = (show_straggler = false))]
+    fn log_summary(&self, py: Python<'_>, show_straggler: bool) -> PyResult<String> {
+        let comm = &self.comm;
+        py.detach(|| comm.log_summary(show_straggler)).py()
+    }
+
+    /// This rank's last ops as JSON Lines (the flight recorder).
+    fn flight_record(&self) -> String {
+        self.comm.flight_record()
+    }
+
+    /// Aborts the communicator: its links close (peers notice) and later ops fail at once.
+    fn abort(&self, reason: &str) {
+        self.comm.abort(reason)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<oxcomm.Communicator rank {} of {} (world rank {} of {}) over {}>",
+            self.comm.rank(),
+            self.comm.size(),
+            self.comm.world_rank(),
+            self.comm.world_size(),
+            self.comm.transport()
+        )
+    }
+}

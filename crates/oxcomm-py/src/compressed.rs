@@ -1,0 +1,187 @@
+//! `oxcomm._native` functions for the compressed collectives: DeepSpeed's 1-bit
+//! error-compensated all-reduce (with its error state as a class) and the coalesced and
+//! ZeRO++ quantized reduce-scatters. The algorithms are `oxcomm::compression`'s.
+
+use std::sync::Mutex;
+
+use oxcomm::compression::coalesced;
+use oxcomm::compression::onebit::{self, OneBitState};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::buffer::Buf;
+use crate::comm::PyComm;
+use crate::errors::IntoPy;
+use crate::with_elem;
+
+/// The 1-bit all-reduce's error feedback: the worker error (padded length) and the server
+/// error (one chunk), as DeepSpeed keeps them.
+#[pyclass(module = "oxcomm._native", name = "OneBitState")]
+pub struct PyOneBitState {
+    state: Mutex<OneBitState>,
+}
+
+fn f32_of<'b>(b: &'b Buf, name: &str) -> PyResult<&'b [f32]> {
+    if b.dtype != oxcomm::DType::F32 {
+        return Err(PyTypeError::new_err(format!("{name}: the 1-bit all-reduce runs on float32, not {:?}", b.dtype)));
+    }
+    // SAFETY: f32 checked above; the buffer's owner is held by `b`.
+    Ok(unsafe { b.slice::<f32>() })
+}
+
+#[pymethods]
+impl PyOneBitState {
+    /// Zero errors for buffers of up to `numel` elements on `world_size` ranks.
+    #[new]
+    fn new(numel: usize, world_size: usize) -> PyResult<Self> {
+        Ok(PyOneBitState { state: Mutex::new(OneBitState::new(numel, world_size).py()?) })
+    }
+
+    /// A state holding copies of the given errors (DeepSpeed's caller-owned error tensors).
+    #[staticmethod]
+    fn from_errors(worker_error: Buf, server_error: Buf, world_size: usize) -> PyResult<Self> {
+        let w = f32_of(&worker_error, "worker_error")?.to_vec();
+        let s = f32_of(&server_error, "server_error")?.to_vec();
+        Ok(PyOneBitState { state: Mutex::new(OneBitState::from_errors(w, s, world_size).py()?) })
+    }
+
+    /// Length the buffer is padded to (a multiple of 8 × world size).
+    #[getter]
+    fn padded_len(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).padded_len()
+    }
+
+    /// Length of one rank's chunk (the server error's length).
+    #[getter]
+    fn chunk_len(&self) -> usize {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).chunk_len()
+    }
+
+    /// Copies the errors into the given float32 buffers (of `padded_len` and `chunk_len`).
+    fn errors_into(&self, worker_out: Buf, server_out: Buf) -> PyResult<()> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for (name, out, src) in
+            [("worker_out", &worker_out, st.worker_error()), ("server_out", &server_out, st.server_error())]
+        {
+            f32_of(out, name)?;
+            if out.len() != src.len() {
+                return Err(PyValueError::new_err(format!(
+                    "{name}: {} elements, the state holds {}",
+                    out.len(),
+                    src.len()
+                )));
+            }
+            // SAFETY: float32 checked by `f32_of`, length checked above; owner held by `out`.
+            unsafe { out.slice_mut::<f32>() }.copy_from_slice(&src);
+        }
+        Ok(())
+    }
+
+    /// The worker error as float32 bytes.
+    fn worker_error<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        PyBytes::new(py, oxcomm::dtype::as_bytes(&st.worker_error()))
+    }
+
+    /// The server error as float32 bytes.
+    fn server_error<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        PyBytes::new(py, oxcomm::dtype::as_bytes(&st.server_error()))
+    }
+
+    /// Sets both errors to zero.
+    fn reset(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).reset()
+    }
+}
+
+/// The 1-bit error-compensated all-reduce of `buf` (float32, in place) with `state`.
+#[pyfunction]
+pub fn onebit_all_reduce(py: Python<'_>, comm: &PyComm, buf: Buf, state: &PyOneBitState) -> PyResult<()> {
+    f32_of(&buf, "buf")?;
+    let c = &comm.comm;
+    py.detach(|| {
+        let mut st = state.state.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: float32 checked above; the buffer's owner is held by `buf`.
+        onebit::all_reduce(c, unsafe { buf.slice_mut::<f32>() }, &mut st)
+    })
+    .py()
+}
+
+/// `reduce_scatter_coalesced`: this rank's partition of the mean of each tensor, as
+/// `(bytes, dtype)` pairs.
+#[pyfunction]
+pub fn reduce_scatter_coalesced<'py>(
+    py: Python<'py>,
+    comm: &PyComm,
+    tensors: Vec<Buf>,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    let Some(first) = tensors.first() else { return Ok(Vec::new()) };
+    let dtype = first.dtype;
+    if let Some((i, b)) = tensors.iter().enumerate().find(|(_, b)| b.dtype != dtype) {
+        return Err(PyTypeError::new_err(format!("tensors[{i}]: dtype {:?} differs from {dtype:?}", b.dtype)));
+    }
+    let c = &comm.comm;
+    let out: Vec<Vec<u8>> = py
+        .detach(|| {
+            with_elem!(dtype, T => {
+                // SAFETY: `T` is every buffer's dtype (checked above); owners held by `tensors`.
+                let views: Vec<&[T]> = tensors.iter().map(|b| unsafe { b.slice::<T>() }).collect();
+                coalesced::reduce_scatter_coalesced(c, &views)
+                    .map(|parts| parts.iter().map(|p| oxcomm::dtype::as_bytes(p).to_vec()).collect())
+            })
+        })
+        .py()?;
+    Ok(out.iter().map(|b| PyBytes::new(py, b)).collect())
+}
+
+/// ZeRO++'s quantized reduce-scatter (`all_to_all_quant_reduce`): this rank's partition of
+/// the mean of each tensor (float32, float16 or bfloat16; `shapes[i]` is tensor i's shape),
+/// with hosts of `ranks_per_host` ranks when given.
+#[pyfunction]
+#[pyo3(signature = (comm, tensors, shapes, ranks_per_host = None))]
+pub fn all_to_all_quant_reduce<'py>(
+    py: Python<'py>,
+    comm: &PyComm,
+    tensors: Vec<Buf>,
+    shapes: Vec<Vec<usize>>,
+    ranks_per_host: Option<usize>,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    if shapes.len() != tensors.len() {
+        return Err(PyValueError::new_err(format!("shapes: {} shapes for {} tensors", shapes.len(), tensors.len())));
+    }
+    let Some(first) = tensors.first() else { return Ok(Vec::new()) };
+    let dtype = first.dtype;
+    if let Some((i, b)) = tensors.iter().enumerate().find(|(_, b)| b.dtype != dtype) {
+        return Err(PyTypeError::new_err(format!("tensors[{i}]: dtype {:?} differs from {dtype:?}", b.dtype)));
+    }
+    let c = &comm.comm;
+    macro_rules! run {
+        ($T:ty) => {{
+            py.detach(|| -> oxcomm::Result<Vec<Vec<u8>>> {
+                let groups = ranks_per_host.map(|k| coalesced::HostGroups::uniform(c, k)).transpose()?;
+                let views = tensors
+                    .iter()
+                    .zip(&shapes)
+                    // SAFETY: `$T` is every buffer's dtype (checked above); owners held by `tensors`.
+                    .map(|(b, s)| coalesced::TensorView::new(unsafe { b.slice::<$T>() }, s))
+                    .collect::<oxcomm::Result<Vec<_>>>()?;
+                let parts = coalesced::all_to_all_quant_reduce(c, &views, groups.as_ref())?;
+                Ok(parts.iter().map(|p| oxcomm::dtype::as_bytes(p).to_vec()).collect())
+            })
+        }};
+    }
+    let out = match dtype {
+        oxcomm::DType::F32 => run!(f32),
+        oxcomm::DType::F16 => run!(half::f16),
+        oxcomm::DType::BF16 => run!(half::bf16),
+        other => {
+            return Err(PyTypeError::new_err(format!(
+                "tensors: the quantized reduce-scatter takes float32/16/bfloat16, not {other:?}"
+            )))
+        }
+    }
+    .py()?;
+    Ok(out.iter().map(|b| PyBytes::new(py, b)).collect())
+}

@@ -1,0 +1,49 @@
+//! The `oxcomm._native` Python extension: oxcomm's communicator, its async work handles, the
+//! compressed collectives and a store adapter, for the `oxcomm` Python package beside it
+//! (`python/oxcomm`), which turns numpy arrays and torch tensors into buffers and defines the
+//! exception classes.
+
+mod buffer;
+mod comm;
+mod compressed;
+mod errors;
+mod store;
+mod work;
+
+use pyo3::prelude::*;
+
+use crate::errors::IntoPy;
+
+/// Joins the job the environment describes (`oxcomm launch`, torchrun with `OXCOMM_TOKEN`,
+/// mpirun, srun), as `oxcomm::init()`. Does not pin the calling thread unless
+/// `OXCOMM_BIND=core` is set.
+#[pyfunction]
+fn init(py: Python<'_>) -> PyResult<comm::PyComm> {
+    let comm = py
+        .detach(|| {
+            let mut init = oxcomm::Init::from_env()?;
+            init.pin_to_core = std::env::var(oxcomm::init::ENV_BIND).is_ok_and(|v| v.trim() == "core");
+            init.connect()
+        })
+        .py()?;
+    Ok(comm::PyComm { comm })
+}
+
+/// A fresh job secret (hex), as `oxcomm launch` makes one.
+#[pyfunction]
+fn generate_token() -> String {
+    oxcomm::rendezvous::generate_token()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<comm::PyComm>()?;
+    m.add_class::<work::PyWork>()?;
+    m.add_class::<compressed::PyOneBitState>()?;
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(generate_token, m)?)?;
+    m.add_function(wrap_pyfunction!(compressed::onebit_all_reduce, m)?)?;
+    m.add_function(wrap_pyfunction!(compressed::reduce_scatter_coalesced, m)?)?;
+    m.add_function(wrap_pyfunction!(compressed::all_to_all_quant_reduce, m)?)?;
+    Ok(())
+}

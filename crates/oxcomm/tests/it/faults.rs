@@ -1,0 +1,354 @@
+//! Faults of issue 16 that need real processes or real shared memory: two ranks calling
+//! different ops at one sequence number (item 2), a dead peer that left unread bytes in a
+//! shared-memory ring (item 3). The test binary re-runs itself as the ranks
+//! (`faults::child_entry`, selected by `OXCOMM_TEST_FAULT`), each rank printing what it saw;
+//! the parent checks the errors, how long they took, and that `/dev/shm` is clean.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oxcomm::rendezvous::{self, Settings, StoreServer};
+use oxcomm::{Algorithm, ErrorKind, OpOptions, ReduceOp};
+
+const CHILD: &str = "OXCOMM_TEST_FAULT";
+
+/// The op deadline the ranks run with: far above every bound checked here, so a fault that
+/// is only caught by the deadline fails the test.
+const OP_TIMEOUT_S: &str = "30";
+
+struct Job {
+    children: Vec<Child>,
+    job_id: String,
+    _server: StoreServer,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn(n: usize, role: &str, env: &[(&str, &str)]) -> Job {
+    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let token = rendezvous::generate_token();
+    let token_bytes = Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
+    let server = StoreServer::bind("127.0.0.1:0".parse::<SocketAddr>().unwrap(), &token_bytes).unwrap();
+    let port = server.local_addr().port();
+    let job_id = format!("f{}x{}", std::process::id(), COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+    let exe = std::env::current_exe().unwrap();
+    let children = (0..n)
+        .map(|r| {
+            Command::new(&exe)
+                .args(["--exact", "faults::child_entry", "--nocapture", "--test-threads=1", "-q"])
+                .env(CHILD, role)
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("LOCAL_WORLD_SIZE", n.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("OXCOMM_TOKEN", &token)
+                .env("OXCOMM_STORE", "launcher")
+                .env("OXCOMM_JOB_ID", &job_id)
+                .env("OXCOMM_TIMEOUT", OP_TIMEOUT_S)
+                .envs(env.iter().copied())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    Job { children, job_id, _server: server }
+}
+
+/// Waits for every child (at most 20 s, well under [`OP_TIMEOUT_S`]); (exit code, output).
+fn wait_all(job: &mut Job) -> Vec<(Option<i32>, String)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut out = vec![None; job.children.len()];
+    while out.iter().any(|o| o.is_none()) {
+        for (r, c) in job.children.iter_mut().enumerate() {
+            if out[r].is_none() {
+                if let Some(status) = c.try_wait().unwrap() {
+                    out[r] = Some(status.code());
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "ranks still running after 20 s: {out:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    job.children
+        .iter_mut()
+        .zip(out)
+        .map(|(c, code)| {
+            let mut s = String::new();
+            c.stdout.take().unwrap().read_to_string(&mut s).unwrap();
+            c.stderr.take().unwrap().read_to_string(&mut s).unwrap();
+            (code.unwrap(), s)
+        })
+        .collect()
+}
+
+fn leftovers(job: &str) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(job))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Exit code of a rank whose op failed as expected (it printed `KIND <kind>` and
+/// `MS <elapsed>` and the error).
+const FAILED: i32 = 7;
+
+/// Runs `op` and reports its error (exit [`FAILED`]) or success (exit 0).
+fn report(op: impl FnOnce() -> oxcomm::Result<()>) -> ! {
+    let t = Instant::now();
+    let r = op();
+    let ms = t.elapsed().as_millis();
+    match r {
+        Ok(()) => {
+            println!("OK MS {ms}");
+            std::process::exit(0)
+        }
+        Err(e) => {
+            println!("KIND {:?}\nMS {ms}\nERROR {e}", e.kind());
+            std::process::exit(FAILED)
+        }
+    }
+}
+
+/// Entry point of the child ranks. It does nothing in a normal test run (no role set).
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(CHILD) else { return };
+    let comm = oxcomm::init().unwrap_or_else(|e| {
+        eprintln!("init failed: {e}");
+        std::process::exit(3)
+    });
+    let me = comm.rank();
+    // Warm up: both ranks are set up and past one op before the fault.
+    comm.barrier().unwrap();
+    match role.as_str() {
+        "barrier_vs_all_gather" => report(|| {
+            if me == 1 {
+                let mut out = vec![0f32; 4 * comm.size()];
+                comm.all_gather(&[1.0f32; 4], &mut out)
+            } else {
+                comm.barrier()
+            }
+        }),
+        "root_agrees" => report(|| {
+            // Rank 0, the agreement's root, over the links; the others on the direct path.
+            if me == 0 {
+                let mut out = vec![0f32; 4 * comm.size()];
+                comm.all_gather(&[1.0f32; 4], &mut out)
+            } else {
+                comm.barrier()
+            }
+        }),
+        "all_reduce_vs_reduce" => report(|| {
+            let mut buf = vec![1.0f32; 256];
+            if me == 1 {
+                comm.reduce(&mut buf, 0, ReduceOp::Sum)
+            } else {
+                comm.all_reduce(&mut buf, ReduceOp::Sum)
+            }
+        }),
+        "direct_vs_ring" => report(|| {
+            // The same op, but rank 1 forces the ring: the paths must still meet.
+            let mut buf = vec![1.0f32; 256];
+            let algorithm = (me == 1).then_some(Algorithm::Ring);
+            comm.all_reduce_with(&mut buf, ReduceOp::Sum, &OpOptions { algorithm, ..OpOptions::default() })
+        }),
+        "leftover_bytes" | "leftover_bytes_no_drop" | "leftover_bytes_then_all_gather" => {
+            if me == 1 {
+                // 64 bytes rank 0 never receives, then go away.
+                comm.send(&[7u8; 64], 0, 5).unwrap();
+                if role != "leftover_bytes" {
+                    // As if killed: no link is closed.
+                    std::mem::forget(comm);
+                } else {
+                    drop(comm);
+                }
+                std::process::exit(0);
+            }
+            // Let rank 1 be gone before the barrier (it may also die during it).
+            std::thread::sleep(Duration::from_millis(300));
+            if role == "leftover_bytes_then_all_gather" {
+                // An op that reads the link: the bytes are not rank 1's fingerprint.
+                let mut out = vec![0f32; 4 * comm.size()];
+                report(|| comm.all_gather(&[1.0f32; 4], &mut out))
+            }
+            report(|| comm.barrier())
+        }
+        "flight" => {
+            // One more op together, then one rank 1 never joins (it sleeps past the
+            // deadline, alive): rank 0 times out naming it and writes its flight record.
+            comm.all_reduce(&mut [1.0f32; 4], ReduceOp::Sum).unwrap();
+            if me == 1 {
+                std::thread::sleep(Duration::from_secs(3));
+                std::process::exit(0);
+            }
+            report(|| {
+                let mut out = vec![0u8; 4 * comm.size()];
+                comm.all_gather(&[1u8; 4], &mut out)
+            })
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// The `(kind, ms, output)` a failed rank printed.
+fn failure(r: usize, code: Option<i32>, out: &str) -> (String, u128) {
+    assert_eq!(code, Some(FAILED), "rank {r} did not fail as expected:\n{out}");
+    let field = |k: &str| out.lines().find_map(|l| l.strip_prefix(k)).map(str::to_string);
+    let kind = field("KIND ").unwrap_or_else(|| panic!("rank {r} printed no kind:\n{out}"));
+    let ms = field("MS ").and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("rank {r}: no time:\n{out}"));
+    (kind, ms)
+}
+
+/// Issue 16, item 9: a rank that times out on a hung peer writes its last ops to the file
+/// `OXCOMM_FLIGHT_RECORDER` names (`<prefix><rank>`), and its error shows them.
+#[test]
+fn issue16_flight_record_file_shows_where_a_rank_stopped() {
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "oxcomm-flight-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = format!("{}/trace_rank_", dir.display());
+    let mut job = spawn(2, "flight", &[("OXCOMM_FLIGHT_RECORDER", &prefix), ("OXCOMM_TIMEOUT", "1")]);
+    let results = wait_all(&mut job);
+    let file = std::fs::read_to_string(format!("{prefix}0"));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(results[1].0, Some(0), "rank 1:\n{}", results[1].1);
+    let out = &results[0].1;
+    let (kind, _) = failure(0, results[0].0, out);
+    assert_eq!(kind, format!("{:?}", ErrorKind::Timeout), "rank 0:\n{out}");
+    let error = out.lines().find(|l| l.starts_with("ERROR ")).unwrap();
+    // `init`'s barrier, the warm-up barrier, the all_reduce, the all_gather that hung.
+    let want = "last ops on rank 0: barrier #0 done, barrier #1 done, all_reduce #2 (f32 × 4, sum) done, \
+                all_gather #3 (u8 × 4) timed out (rank 1)";
+    assert!(error.contains(want), "{error}");
+    assert!(error.contains(&format!("{prefix}0")), "the error does not name the file: {error}");
+    let file = file.expect("rank 0 wrote no flight record");
+    let lines: Vec<&str> = file.lines().collect();
+    assert_eq!(lines.len(), 4, "{file}");
+    assert!(lines[0].contains("\"seq\":0,\"op\":\"barrier\"") && lines[0].contains("\"state\":\"done\""), "{file}");
+    assert!(lines[3].contains("\"seq\":3,\"op\":\"all_gather\"") && lines[3].contains("\"dtype\":\"u8\""), "{file}");
+    assert!(lines[3].contains("\"state\":\"failed\",\"error\":\"timed out\",\"peer\":1"), "{file}");
+    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+}
+
+/// Issue 16, item 9, on threads: the error of an op that times out lists the rank's last
+/// ops, and `flight_record` has them all.
+#[test]
+fn issue16_timeout_error_lists_the_last_ops() {
+    let config = oxcomm::CommConfig { timeout: Duration::from_millis(500), ..oxcomm::CommConfig::default() };
+    let out = oxcomm::threads::run_with(2, config, |comm| {
+        comm.all_reduce(&mut [1i32; 3], ReduceOp::Max).unwrap();
+        comm.barrier().unwrap();
+        if comm.rank() == 1 {
+            std::thread::sleep(Duration::from_millis(1500));
+            return None;
+        }
+        let e = comm.broadcast(&mut [0i64; 2], 1).unwrap_err();
+        Some((e, comm.flight_record()))
+    })
+    .unwrap();
+    let (e, record) = out[0].clone().unwrap();
+    assert_eq!((e.kind(), e.peer()), (ErrorKind::Timeout, Some(1)), "{e}");
+    let want = "last ops on rank 0: all_reduce #0 (i32 × 3, max) done, barrier #1 done, broadcast #2 (i64 × 2, root 1) timed out (rank 1)";
+    assert!(e.message().contains(want), "{e}");
+    assert_eq!(record.lines().count(), 3, "{record}");
+}
+
+/// Runs a 2- or 3-rank job where ranks call different ops; every rank must fail with
+/// `Mismatch` naming another rank and showing both ops, in under a second.
+fn mismatch_is_named_fast(n: usize, role: &str, env: &[(&str, &str)], ops: [&str; 2]) {
+    let mut job = spawn(n, role, env);
+    let results = wait_all(&mut job);
+    for (r, (code, out)) in results.iter().enumerate() {
+        let (kind, ms) = failure(r, *code, out);
+        assert_eq!(kind, format!("{:?}", ErrorKind::Mismatch), "rank {r}:\n{out}");
+        let error = out.lines().find(|l| l.starts_with("ERROR ")).unwrap();
+        for op in ops {
+            assert!(error.contains(op), "rank {r} does not show {op}:\n{out}");
+        }
+        let other = (0..n).filter(|p| *p != r).any(|p| error.contains(&format!("rank {p} called")));
+        assert!(other, "rank {r} does not name another rank as the one that called the other op:\n{out}");
+        assert!(ms < 1000, "rank {r} took {ms} ms:\n{out}");
+    }
+    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+}
+
+#[test]
+fn issue16_shm_barrier_against_all_gather_is_a_mismatch_at_once() {
+    mismatch_is_named_fast(2, "barrier_vs_all_gather", &[], ["barrier", "all_gather"]);
+}
+
+#[test]
+fn issue16_shm_three_ranks_direct_and_agreed_ops_meet() {
+    // Ranks 0 and 2 on the direct path, rank 1 over the links.
+    mismatch_is_named_fast(3, "barrier_vs_all_gather", &[], ["barrier", "all_gather"]);
+}
+
+#[test]
+fn issue16_shm_agreement_root_meets_ranks_on_the_direct_path() {
+    mismatch_is_named_fast(3, "root_agrees", &[], ["barrier", "all_gather"]);
+}
+
+#[test]
+fn issue16_shm_all_reduce_against_reduce_is_a_mismatch_at_once() {
+    mismatch_is_named_fast(2, "all_reduce_vs_reduce", &[], ["all_reduce", "reduce"]);
+}
+
+#[test]
+fn issue16_shm_same_op_on_direct_and_ring_paths_is_a_mismatch_at_once() {
+    mismatch_is_named_fast(2, "direct_vs_ring", &[], ["all_reduce", "different algorithms"]);
+}
+
+#[test]
+fn issue16_tcp_barrier_against_all_gather_is_a_mismatch_at_once() {
+    mismatch_is_named_fast(2, "barrier_vs_all_gather", &[("OXCOMM_TRANSPORT", "tcp")], ["barrier", "all_gather"]);
+}
+
+/// Rank 1 leaves 64 unread bytes in rank 0's ring and exits; rank 0's barrier must report it
+/// gone (not wait out the deadline).
+fn dead_peer_with_unread_bytes(role: &str) {
+    let mut job = spawn(2, role, &[]);
+    let results = wait_all(&mut job);
+    assert_eq!(results[1].0, Some(0), "rank 1:\n{}", results[1].1);
+    let (kind, ms) = failure(0, results[0].0, &results[0].1);
+    assert_eq!(kind, format!("{:?}", ErrorKind::PeerGone), "rank 0:\n{}", results[0].1);
+    assert!(results[0].1.contains("rank 1"), "rank 0 does not name rank 1:\n{}", results[0].1);
+    // The check runs every 50 ms; allow for a loaded machine.
+    assert!(ms < 1000, "rank 0 took {ms} ms:\n{}", results[0].1);
+    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+}
+
+#[test]
+fn issue16_shm_dead_peer_that_closed_with_unread_bytes_is_gone() {
+    dead_peer_with_unread_bytes("leftover_bytes");
+}
+
+#[test]
+fn issue16_shm_dead_peer_that_vanished_with_unread_bytes_is_gone() {
+    dead_peer_with_unread_bytes("leftover_bytes_no_drop");
+}
+
+#[test]
+fn issue16_shm_dead_peer_with_unread_bytes_is_gone_to_an_op_reading_its_link() {
+    dead_peer_with_unread_bytes("leftover_bytes_then_all_gather");
+}
