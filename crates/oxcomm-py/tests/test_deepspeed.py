@@ -120,7 +120,8 @@ def _padded(numel, n):
 
 
 def case_compressed_backend():
-    """CompressedBackend's output and errors against DeepSpeed's formulas, to 1e-6, over
+    """CompressedBackend's output and errors against DeepSpeed's formulas, to 1e-6 (relative
+    to the tensor's largest magnitude when that is above 1), over
     several error-feedback iterations, for padded, unpadded (in place) and 2-D buffers."""
     import torch
     import torch.distributed as dist
@@ -148,9 +149,11 @@ def case_compressed_backend():
             want = ds_reference_compressed_allreduce(x_ds, we_ds, se_ds, gloo, n)
             assert got.shape == want.shape == x.shape, (got.shape, want.shape)
             for name, a, b in (("output", got, want), ("worker_error", we_ox, we_ds), ("server_error", se_ox, se_ds)):
-                d = (a - b).abs().max().item()
+                # 1e-6 of the tensor's largest magnitude: the scales are norms that oxcomm sums in
+                # f64 and DeepSpeed in f32, so values near 8 may differ by their last f32 bit.
+                d = (a - b).abs().max().item() / max(1.0, b.abs().max().item())
                 worst = max(worst, d)
-                assert d <= 1e-6, f"{name} shape {shape} iteration {it}: max |oxcomm - DeepSpeed| = {d}"
+                assert d <= 1e-6, f"{name} shape {shape} iteration {it}: max |oxcomm - DeepSpeed| / max|DeepSpeed| = {d}"
             # DeepSpeed's in-place rule: a contiguous buffer of exactly N elements holds the result
             if numel == big_n:
                 assert torch.equal(x_ox, got), "unpadded buffer not updated in place"
