@@ -1,0 +1,345 @@
+"""The native Communicator from Python: every op on numpy arrays and torch CPU tensors of every
+dtype, world sizes 1–4, empty and odd lengths, exact values; bad input; a mismatch, a killed
+rank and an interrupted wait. Ranks are processes spawned by ``_torch_ranks.run`` (a parent-owned
+TCPStore on port 0, a deadline, children killed on failure); each joins with
+``oxcomm.Communicator.from_store``."""
+
+import os
+
+import pytest
+
+import _torch_ranks
+
+# dtype name -> (numpy dtype or None, torch dtype name)
+DTYPES = {
+    "f32": ("float32", "float32"),
+    "f64": ("float64", "float64"),
+    "f16": ("float16", "float16"),
+    "bf16": (None, "bfloat16"),
+    "i8": ("int8", "int8"),
+    "u8": ("uint8", "uint8"),
+    "i32": ("int32", "int32"),
+    "i64": ("int64", "int64"),
+}
+
+
+def _join(timeout=60.0):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import oxcomm
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False, timedelta(seconds=60)
+    )
+    prefix = dist.PrefixStore(os.environ.get("OXCOMM_TEST_PREFIX", "native"), store)
+    return oxcomm.Communicator.from_store(prefix, rank, world, timeout=timeout)
+
+
+def _makers():
+    import numpy as np
+    import torch
+
+    out = []
+    for name, (np_dt, t_dt) in DTYPES.items():
+        if np_dt is not None:
+            out.append((f"numpy-{name}", lambda v, dt=np_dt: np.asarray(v).astype(dt), lambda x: np.asarray(x).tolist()))
+        out.append(
+            (
+                f"torch-{name}",
+                lambda v, dt=t_dt: torch.tensor(v, dtype=getattr(torch, dt)),
+                lambda x: x.to(torch.float64).tolist(),
+            )
+        )
+    return out
+
+
+def case_every_op():
+    """Every op, every dtype, lengths 0, 1 and 5, exact small integers."""
+    import oxcomm
+
+    c = _join()
+    r, n = c.rank, c.size
+    checked = 0
+    for label, make, back in _makers():
+        for length in (0, 1, 5):
+            base = [(i % 3) + 1 for i in range(length)]
+            mine = [v + r for v in base]
+
+            def want(f):
+                return [float(f(i)) for i in range(length)]
+
+            x = make(mine)
+            c.all_reduce(x, oxcomm.ReduceOp.SUM)
+            assert back(x) == want(lambda i: n * base[i] + n * (n - 1) // 2), (label, "sum")
+            for op, f in ((oxcomm.ReduceOp.MAX, lambda i: base[i] + n - 1), (oxcomm.ReduceOp.MIN, lambda i: base[i])):
+                x = make(mine)
+                c.all_reduce(x, op)
+                assert back(x) == want(f), (label, op)
+            if label.split("-")[1] in ("i8", "u8", "i32", "i64"):
+                x = make([1 << r for _ in range(length)])
+                c.all_reduce(x, oxcomm.ReduceOp.BOR)
+                assert back(x) == [float((1 << n) - 1)] * length, (label, "bor")
+            out = make([0] * length)
+            c.all_reduce_into(make(mine), out, oxcomm.ReduceOp.MAX)
+            assert back(out) == want(lambda i: base[i] + n - 1), (label, "into")
+            x = make(mine)
+            c.reduce(x, n - 1, oxcomm.ReduceOp.SUM)
+            assert back(x) == (want(lambda i: n * base[i] + n * (n - 1) // 2) if r == n - 1 else [float(v) for v in mine])
+            x = make(mine)
+            c.broadcast(x, 0)
+            assert back(x) == [float(v) for v in base], (label, "broadcast")
+            g = make([0] * (length * n))
+            c.all_gather(make(mine), g)
+            assert back(g) == [float(base[i] + k) for k in range(n) for i in range(length)], (label, "all_gather")
+            rs_in = make([base[i % max(length, 1)] + r for i in range(length * n)]) if length else make([])
+            rs_out = make([0] * length)
+            c.reduce_scatter(rs_in, rs_out, oxcomm.ReduceOp.SUM)
+            if length:
+                assert back(rs_out) == [float(n * base[(r * length + i) % length] + n * (n - 1) // 2) for i in range(length)]
+            a2a = make([10 * r + k for k in range(n) for _ in range(length)])
+            recv = make([0] * (length * n))
+            c.all_to_all(a2a, recv)
+            assert back(recv) == [float(10 * k + r) for k in range(n) for _ in range(length)], (label, "all_to_all")
+            counts_out = [k + 1 for k in range(n)]  # rank r sends k+1 elements to rank k
+            send = make([r for k in range(n) for _ in range(k + 1)])
+            recv = make([0] * ((r + 1) * n))
+            c.all_to_all_v(send, counts_out, recv, [r + 1] * n)
+            assert back(recv) == [float(k) for k in range(n) for _ in range(r + 1)], (label, "all_to_all_v")
+            gout = make([0] * (length * n)) if r == 0 else None
+            c.gather(make(mine), gout, 0)
+            if r == 0:
+                assert back(gout) == [float(base[i] + k) for k in range(n) for i in range(length)], (label, "gather")
+            sin = make([k for k in range(n) for _ in range(length)]) if r == 0 else None
+            sout = make([0] * length)
+            c.scatter(sin, sout, 0)
+            assert back(sout) == [float(r)] * length, (label, "scatter")
+            bufs = [make(mine), make(mine[:1])]
+            c.all_reduce_coalesced(bufs, oxcomm.ReduceOp.SUM)
+            assert back(bufs[1]) == want(lambda i: n * base[i] + n * (n - 1) // 2)[:1], (label, "coalesced")
+            w = c.all_reduce(make(mine), async_op=True)
+            w.wait()
+            assert w.is_completed()
+            x = make(mine)
+            w = c.broadcast(x, n - 1, async_op=True)
+            w.get_future().result(timeout=30)
+            assert back(x) == [float(v + n - 1) for v in base], (label, "async broadcast")
+            if n > 1:
+                peer = (r + 1) % n
+                src = (r - 1) % n
+                got = make([0] * length)
+                works = [c.isend(make(mine), peer, tag=3), c.irecv(got, src, tag=3)]
+                for w in works:
+                    w.wait()
+                assert back(got) == [float(v + src) for v in base], (label, "isend/irecv")
+                if r == 0:
+                    c.send(make(mine), 1)
+                elif r == 1:
+                    got = make([0] * length)
+                    c.recv(got, 0)
+                    assert back(got) == [float(v) for v in base], (label, "send/recv")
+            checked += 1
+    c.barrier()
+    c.barrier(async_op=True).wait()
+    c.monitored_barrier(30)
+    assert c.all_gather_object({"rank": r}) == [{"rank": k} for k in range(n)]
+    assert c.broadcast_object(("hello", r) if r == 0 else None, 0) == ("hello", 0)
+    evens = c.new_group(list(range(0, n, 2)))
+    assert (evens is None) == (r % 2 == 1)
+    half = c.split(r % 2, key=-r)
+    members = [k for k in range(n) if k % 2 == r % 2]
+    assert half.size == len(members) and half.rank == sorted(members, reverse=True).index(r)
+    mine_only = c.group([r])
+    import numpy as np
+
+    x = np.ones(3, dtype=np.float32)
+    mine_only.all_reduce(x)
+    assert x.tolist() == [1.0] * 3
+    return {"checked": checked, "transport": c.transport}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_op_every_dtype(world):
+    res = _torch_ranks.run(world, "test_native:case_every_op", timeout=240)
+    assert all(r["checked"] == 3 * (2 * len(DTYPES) - 1) for r in res), res
+
+
+def case_compressed():
+    import numpy as np
+    import torch
+
+    import oxcomm
+
+    c = _join()
+    n = c.size
+    # One sign and one magnitude per rank: the signs and scales lose nothing, so the 1-bit
+    # all-reduce gives the exact mean and leaves zero error (padding zeros would shrink the scale).
+    x = np.full(1024, c.rank + 1.0, dtype=np.float32)  # a multiple of 8 × size: no padding
+    state = oxcomm.onebit.State(x.size, c)
+    oxcomm.onebit.all_reduce(c, x, state)
+    assert np.allclose(x, (n + 1) / 2, rtol=1e-6), x[:4]
+    assert np.abs(state.worker_error()).max() < 1e-5 and np.abs(state.server_error()).max() < 1e-5
+    parts = oxcomm.coalesced.reduce_scatter_coalesced(c, [torch.full((10,), float(c.rank)), torch.ones(3)])
+    assert torch.allclose(parts[0], torch.full_like(parts[0], (n - 1) / 2))
+    q = oxcomm.coalesced.all_to_all_quant_reduce(c, [torch.full((4, 8 * n), 1.0 + c.rank)])
+    # int4 codes: within the documented bound (2/W) · Σ_ranks amax_r / 8 of the mean.
+    bound = 2 / n * sum((1.0 + k) / 8 for k in range(n))
+    assert q[0].numel() > 0 and (q[0] - (1 + (n - 1) / 2)).abs().max() <= bound, q[0]
+    return True
+
+
+def test_compressed_collectives():
+    assert _torch_ranks.run(2, "test_native:case_compressed", timeout=120) == [True, True]
+
+
+def case_bad_input():
+    import numpy as np
+    import torch
+
+    import oxcomm
+
+    c = _join()
+    errors = []
+    for bad, kind in (
+        (np.zeros(3, dtype=np.bool_), TypeError),
+        (torch.zeros(3, dtype=torch.int16), TypeError),
+        (torch.zeros(3, device="meta"), ValueError),
+        (np.zeros((4, 4), dtype=np.float32)[:, 1], ValueError),
+        ("not a buffer", TypeError),
+    ):
+        with pytest.raises(kind) as e:
+            c.all_reduce(bad)
+        assert "buf" in str(e.value), e.value
+        errors.append(type(e.value).__name__)
+    ro = np.zeros(3, dtype=np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        c.broadcast(ro, 0)
+    with pytest.raises(TypeError, match="output"):
+        c.all_gather(np.zeros(1, np.float32), np.zeros(c.size, np.float64))
+    # nothing was sent: the next op works
+    x = np.ones(2, dtype=np.float32)
+    c.all_reduce(x)
+    assert x.tolist() == [c.size] * 2
+    # different sizes across ranks: every rank fails, naming the other
+    with pytest.raises(oxcomm.MismatchError) as e:
+        c.all_reduce(np.zeros(3 + c.rank, dtype=np.float32))
+    assert e.value.rank == c.rank and e.value.peer == 1 - c.rank and "all_reduce" in e.value.op, e.value
+    assert "f32 × 3" in str(e.value) and "f32 × 4" in str(e.value), e.value
+    return errors
+
+
+def test_bad_input_is_refused_before_anything_is_sent():
+    res = _torch_ranks.run(2, "test_native:case_bad_input", timeout=120)
+    assert res[0] == res[1]
+
+
+def case_killed_rank():
+    import signal
+    import time
+
+    import numpy as np
+
+    import oxcomm
+
+    c = _join(timeout=60)
+    c.barrier()
+    if c.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)
+    t = time.monotonic()
+    with pytest.raises(oxcomm.OxcommError) as e:
+        c.all_reduce(np.ones(1 << 16, dtype=np.float32))
+    took = time.monotonic() - t
+    assert e.value.peer == 1, e.value
+    assert took < 2.0, took
+    return round(took, 3)
+
+
+def test_a_killed_rank_is_named_within_2_s():
+    res = _torch_ranks.run(2, "test_native:case_killed_rank", timeout=120, may_die=(1,))
+    assert res[1] is None and res[0] < 2.0
+
+
+def case_interrupt():
+    import signal
+    import threading
+    import time
+
+    import numpy as np
+
+    import oxcomm
+
+    c = _join(timeout=60)
+    if c.rank == 1:
+        time.sleep(6)
+        return "slept"
+    out = {}
+    # A thread keeps running while the main thread waits (the GIL is released).
+    ticks = []
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.01)
+
+    threading.Thread(target=ticker, daemon=True).start()
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    t = time.monotonic()
+    try:
+        c.all_reduce(np.ones(4, dtype=np.float32))
+        raise AssertionError("the op returned")
+    except KeyboardInterrupt:
+        out["sync"] = time.monotonic() - t - 1.0
+    stop.set()
+    out["ticks"] = len(ticks)
+    with pytest.raises(oxcomm.AbortedError):
+        c.barrier()
+    # Work.wait on a second communicator
+    return out
+
+
+def test_ctrl_c_during_a_sync_op_raises_keyboard_interrupt_and_aborts():
+    res = _torch_ranks.run(2, "test_native:case_interrupt", timeout=120)
+    assert res[1] == "slept"
+    assert res[0]["sync"] < 1.0, res
+    assert res[0]["ticks"] > 20, res
+
+
+def case_interrupt_async():
+    import signal
+    import threading
+    import time
+
+    import numpy as np
+
+    import oxcomm
+
+    c = _join(timeout=60)
+    if c.rank == 1:
+        time.sleep(6)
+        return "slept"
+    w = c.all_reduce(np.ones(4, dtype=np.float32), async_op=True)
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    t = time.monotonic()
+    try:
+        w.wait()
+        raise AssertionError("the wait returned")
+    except KeyboardInterrupt:
+        took = time.monotonic() - t - 1.0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            c.barrier()
+        except oxcomm.AbortedError:
+            return took
+        time.sleep(0.05)
+    raise AssertionError("the communicator was not aborted")
+
+
+def test_ctrl_c_during_work_wait():
+    res = _torch_ranks.run(2, "test_native:case_interrupt_async", timeout=120)
+    assert res[1] == "slept" and res[0] < 1.0, res
