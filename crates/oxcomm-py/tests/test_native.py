@@ -1,6 +1,7 @@
 """The native Communicator from Python: every op on numpy arrays and torch CPU tensors of every
-dtype, world sizes 1–4, empty and odd lengths, exact values; bad input; a mismatch, a killed
-rank and an interrupted wait. Ranks are processes spawned by ``_torch_ranks.run`` (a parent-owned
+dtype, world sizes 1–4, empty and odd lengths, compared exactly with the same op run on gloo in
+the same job (and with the closed-form answer); bad input; a mismatch, a killed rank and an
+interrupted wait. Ranks are processes spawned by ``_torch_ranks.run`` (a parent-owned
 TCPStore on port 0, a deadline, children killed on failure); each joins with
 ``oxcomm.Communicator.from_store``."""
 
@@ -23,7 +24,9 @@ DTYPES = {
 }
 
 
-def _join(timeout=60.0):
+def _join(timeout=60.0, gloo=False):
+    """This rank's Communicator on the job's store; with ``gloo``, the default torch process
+    group is also initialised on gloo (another prefix of the same store) for reference runs."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -34,8 +37,98 @@ def _join(timeout=60.0):
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False, timedelta(seconds=60)
     )
+    if gloo:
+        dist.init_process_group("gloo", store=dist.PrefixStore("gloo-reference", store), rank=rank, world_size=world)
     prefix = dist.PrefixStore(os.environ.get("OXCOMM_TEST_PREFIX", "native"), store)
     return oxcomm.Communicator.from_store(prefix, rank, world, timeout=timeout)
+
+
+class _Gloo:
+    """The same ops on gloo (torch tensors of the label's dtype), results as float lists."""
+
+    def __init__(self, torch_dtype):
+        import torch
+
+        self.dt = getattr(torch, torch_dtype)
+
+    def t(self, values):
+        import torch
+
+        return torch.tensor(values, dtype=torch.float64).to(self.dt)
+
+    @staticmethod
+    def out(t):
+        import torch
+
+        return t.to(torch.float64).tolist()
+
+    def all_reduce(self, values, op):
+        import torch.distributed as dist
+
+        t = self.t(values)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        return self.out(t)
+
+    def reduce(self, values, dst):
+        import torch.distributed as dist
+
+        t = self.t(values)
+        dist.reduce(t, dst=dst)
+        return self.out(t)
+
+    def broadcast(self, values, src):
+        import torch.distributed as dist
+
+        t = self.t(values)
+        dist.broadcast(t, src=src)
+        return self.out(t)
+
+    def all_gather(self, values, n):
+        import torch.distributed as dist
+
+        parts = [self.t([0] * len(values)) for _ in range(n)]
+        dist.all_gather(parts, self.t(values))
+        return [v for p in parts for v in self.out(p)]
+
+    def reduce_scatter(self, values, n):
+        import torch.distributed as dist
+
+        k = len(values) // n
+        out = self.t([0] * k)
+        dist.reduce_scatter(out, [self.t(values[i * k : (i + 1) * k]) for i in range(n)])
+        return self.out(out)
+
+    def all_to_all_v(self, values, send_counts, recv_counts):
+        import torch.distributed as dist
+
+        out = self.t([0] * sum(recv_counts))
+        dist.all_to_all_single(out, self.t(values), list(recv_counts), list(send_counts))
+        return self.out(out)
+
+    def gather(self, values, n, dst):
+        import torch.distributed as dist
+
+        parts = [self.t([0] * len(values)) for _ in range(n)] if dist.get_rank() == dst else None
+        dist.gather(self.t(values), parts, dst=dst)
+        return [v for p in parts for v in self.out(p)] if parts is not None else None
+
+    def scatter(self, values, n, length, src):
+        import torch.distributed as dist
+
+        out = self.t([0] * length)
+        parts = [self.t(values[i * length : (i + 1) * length]) for i in range(n)] if values is not None else None
+        dist.scatter(out, parts, src=src)
+        return self.out(out)
+
+    def ring(self, values):
+        """Each rank sends ``values`` to the next rank; what arrives from the previous one."""
+        import torch.distributed as dist
+
+        r, n = dist.get_rank(), dist.get_world_size()
+        got = self.t([0] * len(values))
+        for w in (dist.isend(self.t(values), (r + 1) % n), dist.irecv(got, (r - 1) % n)):
+            w.wait()
+        return self.out(got)
 
 
 def _makers():
@@ -45,87 +138,122 @@ def _makers():
     out = []
     for name, (np_dt, t_dt) in DTYPES.items():
         if np_dt is not None:
-            out.append((f"numpy-{name}", lambda v, dt=np_dt: np.asarray(v).astype(dt), lambda x: np.asarray(x).tolist()))
+            out.append(
+                (f"numpy-{name}", lambda v, dt=np_dt: np.asarray(v).astype(dt), lambda x: np.asarray(x).tolist(), t_dt)
+            )
         out.append(
             (
                 f"torch-{name}",
                 lambda v, dt=t_dt: torch.tensor(v, dtype=getattr(torch, dt)),
                 lambda x: x.to(torch.float64).tolist(),
+                t_dt,
             )
         )
     return out
 
 
 def case_every_op():
-    """Every op, every dtype, lengths 0, 1 and 5, exact small integers."""
+    """Every op, every dtype, lengths 0, 1 and 5, small integers (exact in every dtype and any
+    summation order): each result equals gloo's for the same op and inputs, and the closed form."""
     import oxcomm
 
-    c = _join()
+    c = _join(gloo=True)
     r, n = c.rank, c.size
     checked = 0
-    for label, make, back in _makers():
+    for label, make, back, t_dt in _makers():
+        gloo = _Gloo(t_dt)
         for length in (0, 1, 5):
             base = [(i % 3) + 1 for i in range(length)]
             mine = [v + r for v in base]
 
+            def same(what, got, want_gloo, want_formula):
+                assert got == want_gloo, (label, length, what, "oxcomm", got, "gloo", want_gloo)
+                assert got == want_formula, (label, length, what, "oxcomm", got, "closed form", want_formula)
+
             def want(f):
                 return [float(f(i)) for i in range(length)]
 
-            x = make(mine)
-            c.all_reduce(x, oxcomm.ReduceOp.SUM)
-            assert back(x) == want(lambda i: n * base[i] + n * (n - 1) // 2), (label, "sum")
-            for op, f in ((oxcomm.ReduceOp.MAX, lambda i: base[i] + n - 1), (oxcomm.ReduceOp.MIN, lambda i: base[i])):
+            total = want(lambda i: n * base[i] + n * (n - 1) // 2)
+            for op, name, f in (
+                (oxcomm.ReduceOp.SUM, "SUM", None),
+                (oxcomm.ReduceOp.MAX, "MAX", lambda i: base[i] + n - 1),
+                (oxcomm.ReduceOp.MIN, "MIN", lambda i: base[i]),
+            ):
                 x = make(mine)
                 c.all_reduce(x, op)
-                assert back(x) == want(f), (label, op)
+                same(f"all_reduce {name}", back(x), gloo.all_reduce(mine, name), total if f is None else want(f))
             if label.split("-")[1] in ("i8", "u8", "i32", "i64"):
-                x = make([1 << r for _ in range(length)])
+                bits = [1 << r for _ in range(length)]
+                x = make(bits)
                 c.all_reduce(x, oxcomm.ReduceOp.BOR)
-                assert back(x) == [float((1 << n) - 1)] * length, (label, "bor")
+                same("all_reduce BOR", back(x), gloo.all_reduce(bits, "BOR"), [float((1 << n) - 1)] * length)
             out = make([0] * length)
             c.all_reduce_into(make(mine), out, oxcomm.ReduceOp.MAX)
-            assert back(out) == want(lambda i: base[i] + n - 1), (label, "into")
+            same("all_reduce_into MAX", back(out), gloo.all_reduce(mine, "MAX"), want(lambda i: base[i] + n - 1))
             x = make(mine)
             c.reduce(x, n - 1, oxcomm.ReduceOp.SUM)
-            assert back(x) == (want(lambda i: n * base[i] + n * (n - 1) // 2) if r == n - 1 else [float(v) for v in mine])
+            if r == n - 1:
+                same("reduce", back(x), gloo.reduce(mine, n - 1), total)
+            else:  # a non-root's buffer: oxcomm leaves it as it was (gloo may use it as scratch)
+                gloo.reduce(mine, n - 1)
+                assert back(x) == [float(v) for v in mine], (label, "reduce non-root")
             x = make(mine)
             c.broadcast(x, 0)
-            assert back(x) == [float(v) for v in base], (label, "broadcast")
+            same("broadcast", back(x), gloo.broadcast(mine, 0), [float(v) for v in base])
             g = make([0] * (length * n))
             c.all_gather(make(mine), g)
-            assert back(g) == [float(base[i] + k) for k in range(n) for i in range(length)], (label, "all_gather")
-            rs_in = make([base[i % max(length, 1)] + r for i in range(length * n)]) if length else make([])
+            gathered = [float(base[i] + k) for k in range(n) for i in range(length)]
+            same("all_gather", back(g), gloo.all_gather(mine, n), gathered)
+            rs_vals = [base[i % max(length, 1)] + r for i in range(length * n)] if length else []
             rs_out = make([0] * length)
-            c.reduce_scatter(rs_in, rs_out, oxcomm.ReduceOp.SUM)
-            if length:
-                assert back(rs_out) == [float(n * base[(r * length + i) % length] + n * (n - 1) // 2) for i in range(length)]
-            a2a = make([10 * r + k for k in range(n) for _ in range(length)])
+            c.reduce_scatter(make(rs_vals), rs_out, oxcomm.ReduceOp.SUM)
+            same(
+                "reduce_scatter",
+                back(rs_out),
+                gloo.reduce_scatter(rs_vals, n),
+                [float(n * base[(r * length + i) % length] + n * (n - 1) // 2) for i in range(length)],
+            )
+            a2a_vals = [10 * r + k for k in range(n) for _ in range(length)]
             recv = make([0] * (length * n))
-            c.all_to_all(a2a, recv)
-            assert back(recv) == [float(10 * k + r) for k in range(n) for _ in range(length)], (label, "all_to_all")
+            c.all_to_all(make(a2a_vals), recv)
+            same(
+                "all_to_all",
+                back(recv),
+                gloo.all_to_all_v(a2a_vals, [length] * n, [length] * n),
+                [float(10 * k + r) for k in range(n) for _ in range(length)],
+            )
             counts_out = [k + 1 for k in range(n)]  # rank r sends k+1 elements to rank k
-            send = make([r for k in range(n) for _ in range(k + 1)])
+            send_vals = [r for k in range(n) for _ in range(k + 1)]
             recv = make([0] * ((r + 1) * n))
-            c.all_to_all_v(send, counts_out, recv, [r + 1] * n)
-            assert back(recv) == [float(k) for k in range(n) for _ in range(r + 1)], (label, "all_to_all_v")
+            c.all_to_all_v(make(send_vals), counts_out, recv, [r + 1] * n)
+            same(
+                "all_to_all_v",
+                back(recv),
+                gloo.all_to_all_v(send_vals, counts_out, [r + 1] * n),
+                [float(k) for k in range(n) for _ in range(r + 1)],
+            )
             gout = make([0] * (length * n)) if r == 0 else None
             c.gather(make(mine), gout, 0)
+            want_gather = gloo.gather(mine, n, 0)
             if r == 0:
-                assert back(gout) == [float(base[i] + k) for k in range(n) for i in range(length)], (label, "gather")
-            sin = make([k for k in range(n) for _ in range(length)]) if r == 0 else None
+                same("gather", back(gout), want_gather, gathered)
+            scatter_vals = [k for k in range(n) for _ in range(length)] if r == 0 else None
             sout = make([0] * length)
-            c.scatter(sin, sout, 0)
-            assert back(sout) == [float(r)] * length, (label, "scatter")
+            c.scatter(make(scatter_vals) if r == 0 else None, sout, 0)
+            same("scatter", back(sout), gloo.scatter(scatter_vals, n, length, 0), [float(r)] * length)
             bufs = [make(mine), make(mine[:1])]
             c.all_reduce_coalesced(bufs, oxcomm.ReduceOp.SUM)
-            assert back(bufs[1]) == want(lambda i: n * base[i] + n * (n - 1) // 2)[:1], (label, "coalesced")
-            w = c.all_reduce(make(mine), async_op=True)
+            same("all_reduce_coalesced[0]", back(bufs[0]), gloo.all_reduce(mine, "SUM"), total)
+            same("all_reduce_coalesced[1]", back(bufs[1]), gloo.all_reduce(mine[:1], "SUM"), total[:1])
+            x = make(mine)
+            w = c.all_reduce(x, async_op=True)
             w.wait()
             assert w.is_completed()
+            same("async all_reduce", back(x), gloo.all_reduce(mine, "SUM"), total)
             x = make(mine)
             w = c.broadcast(x, n - 1, async_op=True)
             w.get_future().result(timeout=30)
-            assert back(x) == [float(v + n - 1) for v in base], (label, "async broadcast")
+            same("async broadcast", back(x), gloo.broadcast(mine, n - 1), [float(v + n - 1) for v in base])
             if n > 1:
                 peer = (r + 1) % n
                 src = (r - 1) % n
@@ -133,7 +261,7 @@ def case_every_op():
                 works = [c.isend(make(mine), peer, tag=3), c.irecv(got, src, tag=3)]
                 for w in works:
                     w.wait()
-                assert back(got) == [float(v + src) for v in base], (label, "isend/irecv")
+                same("isend/irecv", back(got), gloo.ring(mine), [float(v + src) for v in base])
                 if r == 0:
                     c.send(make(mine), 1)
                 elif r == 1:
