@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # 1-bit Adam over a slow link against exact Adam on gloo: 2 hosts (network namespaces, one rank
 # each) joined by a veth shaped by tc tbf to RATE (default 1gbit), training an MLP of about
-# 25 M parameters (WIDTH 2048 x LAYERS 6, batch 8). Prints the time per step of
+# 25 M parameters (WIDTH 2048 x LAYERS 6, GELU, batch 8). Every run trains WARMUP untimed steps
+# (1-bit Adam's exact warm-up: it freezes at step WARMUP - 2) then STEPS timed ones, from the same
+# seed, so the losses printed are comparable. Prints the time per step of
 #   1. oxcomm.torch.OnebitAdam on backend "oxcomm" (1-bit compressed momenta after the warm-up),
 #   2. exact data-parallel Adam (DDP + torch.optim.Adam) on "gloo",
 #   3. the same exact Adam on "oxcomm",
@@ -9,14 +11,14 @@
 # compressed_links.sh does). Needs root (ip netns, tc) and `pip install ./crates/oxcomm-py`.
 # A benchmark, not a test: CI does not run it.
 #
-#   sudo bash bench/py_onebit_links.sh          RATE=10gbit STEPS=3 WIDTH=512 bash bench/py_onebit_links.sh
+#   sudo bash bench/py_onebit_links.sh          RATE=10gbit STEPS=3 WARMUP=12 WIDTH=512 bash bench/py_onebit_links.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-1gbit}
 WIDTH=${WIDTH:-2048}
 LAYERS=${LAYERS:-6}
 STEPS=${STEPS:-10}
-WARMUP=${WARMUP:-4}
+WARMUP=${WARMUP:-32}
 DEADLINE=${DEADLINE:-1200}
 TARGET=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET/py_onebit_links}
@@ -34,7 +36,7 @@ run() { # name, optimizer, backend
     local name=$1 optimizer=$2 backend=$3
     port=$((port + 1))
     local args=(--optimizer "$optimizer" --backend "$backend" --width "$WIDTH" --layers "$LAYERS"
-        --steps "$STEPS" --warmup "$WARMUP" --freeze-step $((WARMUP > 2 ? WARMUP - 1 : 2)))
+        --steps "$STEPS" --warmup "$WARMUP" --freeze-step $((WARMUP > 4 ? WARMUP - 2 : 2)))
     local rdzv=(--nnodes 2 --nproc-per-node 1 --master-addr "$TWO_HOSTS_NET.1" --master-port "$port")
     ip netns exec "${TWO_HOSTS_NS}1" env OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=eth0 timeout "$DEADLINE" \
         python3 -m torch.distributed.run "${rdzv[@]}" --node-rank 1 bench/py_onebit_step.py "${args[@]}" \

@@ -1,9 +1,17 @@
 """One rank of bench/py_onebit_links.sh: training steps of an MLP with 1-bit Adam on oxcomm
 (`--optimizer onebit`: oxcomm.torch.OnebitAdam, exact warm-up until --freeze-step, then 1-bit
 compressed momenta) or with exact data-parallel Adam (`--optimizer adam`: DDP + torch.optim.Adam
-on --backend, gloo by default). Run under torchrun (one process per rank); rank 0 prints the
-median, mean and min time per step over the --steps timed steps that follow --warmup untimed
-ones (the warm-up covers 1-bit Adam's exact phase), each step's time the maximum over ranks.
+on --backend, gloo by default), both with betas (0.9, --beta2).
+
+The MLP uses GELU, not ReLU: ReLU units that never fire leave exact zeros in Adam's second
+moment, and 1-bit compression gives every element of a momentum the same magnitude, so those
+elements get an update of scale/eps and the model diverges (DeepSpeed's own formulas do the same:
+its answer is a user-given `exp_avg_mask`). beta2 0.99 and a warm-up of 30 steps give the frozen
+second moments time to settle; with beta2 0.999 and a few steps the 1-bit run diverges too.
+
+Run under torchrun (one process per rank); rank 0 prints the median, mean and min time per step
+over the --steps timed steps that follow --warmup untimed ones (the warm-up covers 1-bit Adam's
+exact phase), each step's time the maximum over ranks, and the last step's loss.
 
     torchrun --standalone --nproc-per-node 2 bench/py_onebit_step.py --optimizer onebit --steps 5
 """
@@ -24,8 +32,9 @@ def main():
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=4)
-    p.add_argument("--freeze-step", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=32)
+    p.add_argument("--freeze-step", type=int, default=30)
+    p.add_argument("--beta2", type=float, default=0.99)
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
 
@@ -41,14 +50,16 @@ def main():
     torch.manual_seed(0)
     layers = []
     for _ in range(args.layers):
-        layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
+        layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
     model = torch.nn.Sequential(*layers[:-1])
     if args.optimizer == "onebit":
         net = model
-        opt = oxcomm.torch.OnebitAdam(model.parameters(), lr=1e-4, freeze_step=args.freeze_step)
+        opt = oxcomm.torch.OnebitAdam(
+            model.parameters(), lr=1e-4, freeze_step=args.freeze_step, betas=(0.9, args.beta2)
+        )
     else:
         net = torch.nn.parallel.DistributedDataParallel(model)
-        opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+        opt = torch.optim.Adam(net.parameters(), lr=1e-4, betas=(0.9, args.beta2))
     gen = torch.Generator().manual_seed(rank)
     x = torch.randn(args.batch, args.width, generator=gen)
     y = torch.randn(args.batch, args.width, generator=gen)

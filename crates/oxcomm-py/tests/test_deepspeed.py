@@ -153,7 +153,9 @@ def case_compressed_backend():
                 # f64 and DeepSpeed in f32, so values near 8 may differ by their last f32 bit.
                 d = (a - b).abs().max().item() / max(1.0, b.abs().max().item())
                 worst = max(worst, d)
-                assert d <= 1e-6, f"{name} shape {shape} iteration {it}: max |oxcomm - DeepSpeed| / max|DeepSpeed| = {d}"
+                assert d <= 1e-6, (
+                    f"{name} shape {shape} iteration {it}: max |oxcomm - DeepSpeed| / max|DeepSpeed| = {d}"
+                )
             # DeepSpeed's in-place rule: a contiguous buffer of exactly N elements holds the result
             if numel == big_n:
                 assert torch.equal(x_ox, got), "unpadded buffer not updated in place"
@@ -297,6 +299,37 @@ def case_onebit_adam():
     return losses
 
 
+def case_onebit_adam_mask():
+    """DeepSpeed's ``exp_avg_mask``: a parameter half of whose gradient is always zero. Once
+    frozen, the masked half stays where it is; without the mask the 1-bit momentum (which cannot
+    be zero) moves it by about lr · scale / eps per step."""
+    import torch
+    import torch.distributed as dist
+
+    import oxcomm.torch as oxtorch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("oxcomm")
+    moved = {}
+    for masked in (False, True):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(64))
+        start = w.detach().clone()
+        mask = torch.cat([torch.ones(32), torch.zeros(32)])
+        group = {"params": [w], "exp_avg_mask": mask} if masked else {"params": [w]}
+        opt = oxtorch.OnebitAdam([group], lr=1e-3, freeze_step=3)
+        gen = torch.Generator().manual_seed(dist.get_rank())
+        for _ in range(6):
+            opt.zero_grad()
+            x = torch.randn(64, generator=gen) * mask  # the second half never gets a gradient
+            (w * x).sum().backward()
+            opt.step()
+        moved[masked] = (w.detach() - start)[32:].abs().max().item()
+    assert moved[True] == 0.0, moved
+    assert moved[False] > 1.0, moved
+    return moved
+
+
 # ------------------------------------------------------------------------------- in pytest
 
 
@@ -320,6 +353,10 @@ def test_coalesced_and_quantized_reduce_scatter():
 def test_onebit_adam_within_2_percent_of_adam():
     res = _torch_ranks.run(2, "test_deepspeed:case_onebit_adam", timeout=300)
     assert res[0] == res[1]
+
+
+def test_onebit_adam_exp_avg_mask_keeps_zero_gradients_still():
+    _torch_ranks.run(2, "test_deepspeed:case_onebit_adam_mask", timeout=180)
 
 
 def test_example_deepspeed_train():

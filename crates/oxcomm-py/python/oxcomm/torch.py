@@ -798,7 +798,11 @@ class OnebitAdam(torch.optim.Optimizer):
       oxcomm's 1-bit error-compensated all-reduce of ``m`` (one per parameter, with
       DeepSpeed's padding and per-rank error buffers), ``v`` frozen, same update.
 
-    As in DeepSpeed there is no bias correction. Who averages the warm-up gradients:
+    As in DeepSpeed there is no bias correction, and a parameter group may carry an
+    ``exp_avg_mask`` (a tensor broadcastable to its parameters) that multiplies the momentum
+    after each compressed step: 1-bit compression cannot represent an exact zero, so elements
+    whose gradient is always zero (unused embedding rows, units that never fire) would otherwise
+    get an update of ``scale / eps`` and diverge. Who averages the warm-up gradients:
 
     * a plain loop: this optimizer (``grads_averaged=False``, the default);
     * DDP: register :meth:`ddp_comm_hook` (``model.register_comm_hook(None, opt.ddp_comm_hook)``):
@@ -910,8 +914,12 @@ class OnebitAdam(torch.optim.Optimizer):
                 exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
                 if not self.frozen:
                     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                elif self.comm.size > 1:
-                    self._compressed(state, exp_avg)
+                else:
+                    if self.comm.size > 1:
+                        self._compressed(state, exp_avg)
+                    mask = group.get("exp_avg_mask")
+                    if mask is not None:
+                        exp_avg.mul_(mask)
                 update = exp_avg / (exp_avg_sq.sqrt() + group["eps"])
                 if group["weight_decay"] > 0.0:
                     update += group["weight_decay"] * p
