@@ -10,12 +10,15 @@ all_reduce` with the same sizes and iteration counts (built with cargo unless OX
 binary; --no-rust skips it). Both backends see the same tensors, in the same process group
 world: the default group is oxcomm, the gloo group is `new_group(backend="gloo")`.
 
-Method (as oxcomm bench): per size, a barrier, -w warm-up calls, a barrier, then -n calls back
+Method (as oxcomm bench): per size, a barrier, -w warm-up calls, a barrier, then n calls back
 to back, timed as a whole; time = total / n, the maximum over ranks. Sizes below 64 KiB run
---small-iters calls after --small-warmup. busbw = size / time · 2(n−1)/n (GB/s, 1e9 B/s).
-Rank 0 prints one row per size: the time and busbw of gloo, of oxcomm through torch and of
-oxcomm in Rust, then gloo/oxcomm latency, oxcomm/gloo busbw and torch/Rust time. A benchmark,
-not a test: the machine's load moves its figures.
+--small-iters calls after --small-warmup; from 64 KiB, n is enough calls to move
+--bytes-per-run (at least -n, at most 1000). The Rust figure is `oxcomm bench` at each size with
+the same n and warm-up. The torch run and the Rust run alternate --repeats times and each
+column is the median over repeats, so the machine's drift reaches both alike.
+busbw = size / time · 2(n−1)/n (GB/s, 1e9 B/s). One row per size: the time and busbw of gloo,
+of oxcomm through torch and of oxcomm in Rust, then gloo/oxcomm latency, oxcomm/gloo busbw
+and torch/Rust time. A benchmark, not a test: the machine's load moves its figures.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,7 +53,11 @@ def sizes(args):
 
 
 def iters_for(args, size):
-    return (args.small_iters, args.small_warmup) if size < 65536 else (args.iters, args.warmup)
+    """(timed calls, warm-up calls) at ``size``: from 64 KiB, enough calls to move --bytes-per-run
+    (a run of 20 calls of 1 MiB lasts ~2 ms, where one scheduler hiccup is a 10% error)."""
+    if size < 65536:
+        return args.small_iters, args.small_warmup
+    return max(args.iters, min(1000, args.bytes_per_run // size)), args.warmup
 
 
 # ------------------------------------------------------------------------------------- a rank
@@ -122,24 +130,19 @@ def _noop_group():
 
 
 def rust_figures(args):
-    """{size: time_us} from `oxcomm bench --op all_reduce` (in-place rows), same sizes and iterations."""
+    """{size: time_us} from `oxcomm bench --op all_reduce` (in-place rows), one invocation per
+    size with the same calls and warm-up as the torch run."""
     binary = os.environ.get("OXCOMM")
     if not binary:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "oxcomm-cli"], cwd=ROOT, check=True)
         target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
         binary = os.path.join(target, "release", "oxcomm")
     out = {}
-    ranges = []
-    small = [s for s in sizes(args) if s < 65536]
-    large = [s for s in sizes(args) if s >= 65536]
-    if small:
-        ranges.append((small[0], small[-1], args.small_iters, args.small_warmup))
-    if large:
-        ranges.append((large[0], large[-1], args.iters, args.warmup))
-    for lo, hi, iters, warmup in ranges:
+    for size in sizes(args):
+        iters, warmup = iters_for(args, size)
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             cmd = [binary, "bench", "--quiet", "--world-size", str(args.ranks), "--op", "all_reduce", "--dtype", "f32"]
-            cmd += ["--redop", "sum", "-b", str(lo), "-e", str(hi), "-f", "2", "-n", str(iters), "-w", str(warmup)]
+            cmd += ["--redop", "sum", "-b", str(size), "-e", str(size), "-n", str(iters), "-w", str(warmup)]
             subprocess.run(cmd + ["--json", f.name], check=True, timeout=args.deadline)
             with open(f.name) as rows:
                 lines = rows.read().splitlines()
@@ -151,6 +154,17 @@ def rust_figures(args):
     return out
 
 
+def torch_figures(args):
+    """The ranks' rows (see rank_main), from one spawn of --ranks processes."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from py_spawn import spawn
+
+        spawn(__file__, sys.argv[1:], args.ranks, args.deadline, {"PY_ALLREDUCE_OUT": f.name})
+        with open(f.name) as fh:
+            return json.load(fh)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-b", "--minbytes", type=parse_size, default=8)
@@ -159,6 +173,8 @@ def main():
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("--small-iters", type=int, default=2000)
     p.add_argument("--small-warmup", type=int, default=200)
+    p.add_argument("--bytes-per-run", type=parse_size, default=256 << 20, help="from 64 KiB: calls per timed run")
+    p.add_argument("--repeats", type=int, default=3, help="torch and Rust runs, alternating; medians are shown")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--deadline", type=float, default=1800.0, help="seconds before the ranks are killed")
     p.add_argument("--no-rust", action="store_true", help="skip oxcomm bench")
@@ -167,14 +183,23 @@ def main():
     if args.rank_worker:
         return rank_main(args)
 
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from py_spawn import spawn
-
-        spawn(__file__, sys.argv[1:], args.ranks, args.deadline, {"PY_ALLREDUCE_OUT": f.name})
-        with open(f.name) as fh:
-            rows = json.load(fh)
-    rust = {} if args.no_rust else rust_figures(args)
+    # torch, Rust, torch, Rust, ...: the machine's drift reaches both alike; medians per size.
+    runs, rust_runs = [], []
+    for _ in range(max(1, args.repeats)):
+        runs.append(torch_figures(args))
+        if not args.no_rust:
+            rust_runs.append(rust_figures(args))
+    rows = []
+    for i, first in enumerate(runs[0]):
+        row = {"size": first["size"], "wrong": sum(run[i]["wrong"] for run in runs)}
+        for key in ("gloo", "oxcomm", "floor"):
+            row[key] = statistics.median(run[i][key] for run in runs)
+        rows.append(row)
+    rust = {}
+    for size in (r["size"] for r in rows):
+        got = [run[size] for run in rust_runs if size in run]
+        if got:
+            rust[size] = statistics.median(got)
     n = args.ranks
     factor = 2 * (n - 1) / n
 
@@ -184,7 +209,10 @@ def main():
     print(
         f"# torch.distributed.all_reduce f32 sum, {n} ranks, host {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}"
     )
-    print("# time = mean of back-to-back calls (max over ranks); busbw in GB/s; rust = `oxcomm bench` in place")
+    print(
+        f"# time = mean of back-to-back calls (max over ranks), median of {max(1, args.repeats)} alternating "
+        "torch/Rust runs; busbw in GB/s; rust = `oxcomm bench` in place, same calls per size"
+    )
     print("# floor = dist.all_reduce on a Python backend that does nothing (torch's and a Python backend's own cost)")
     head = (
         "size(B)",

@@ -7,10 +7,14 @@ ranks, one process each.
 
 Per backend, from the same seed: DDP (default bucketing, default all-reduce) with SGD, --warmup
 untimed steps, then --steps timed steps of forward, backward (gradients all-reduced by DDP,
-overlapped with the backward pass) and optimizer step. A step's time is the maximum over ranks;
-rank 0 prints the median and mean per backend and the oxcomm/gloo ratio of the medians, then
-checks that both backends ended with the same parameters (up to summation order). The default
-group is oxcomm; gloo runs on `new_group(backend="gloo")`. A benchmark, not a test.
+overlapped with the backward pass) and optimizer step. Beside them runs the same model without
+DDP ("compute": forward, backward and SGD, no communication), the floor any backend's step has
+on this machine. The three take turns step by step (gloo, oxcomm, compute, gloo, ...), so the
+machine's drift reaches all of them alike. A step's time is the maximum over ranks; rank 0
+prints the median, mean and min per row, the oxcomm/gloo ratio of the medians and the
+compute/gloo ratio (the lowest oxcomm/gloo any backend could reach), then checks that both
+backends ended with the same parameters (up to summation order). The default group is oxcomm;
+gloo runs on `new_group(backend="gloo")`. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -41,16 +45,15 @@ def rank_main(args):
             layers += [torch.nn.Linear(args.width, args.width), torch.nn.ReLU()]
         return torch.nn.Sequential(*layers[:-1])
 
-    results = {}
-    finals = {}
-    for name, group in (("gloo", gloo), ("oxcomm", None)):
-        net = DDP(model(), process_group=group)
-        opt = torch.optim.SGD(net.parameters(), lr=1e-4)
+    runs = {}
+    for name, group in (("gloo", gloo), ("oxcomm", None), ("compute", None)):
+        net = model() if name == "compute" else DDP(model(), process_group=group)
         gen = torch.Generator().manual_seed(rank)
         x = torch.randn(args.batch, args.width, generator=gen)
         y = torch.randn(args.batch, args.width, generator=gen)
-        times = []
-        for step in range(args.warmup + args.steps):
+        runs[name] = (net, torch.optim.SGD(net.parameters(), lr=1e-4), x, y, [])
+    for step in range(args.warmup + args.steps):
+        for name, (net, opt, x, y, times) in runs.items():
             dist.barrier(group=gloo)
             start = time.perf_counter()
             opt.zero_grad(set_to_none=False)
@@ -60,10 +63,9 @@ def rank_main(args):
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=gloo)
             if step >= args.warmup:
                 times.append(t.item() * 1e3)
-        results[name] = times
-        finals[name] = torch.cat([p.detach().flatten() for p in net.parameters()])
-        params = sum(p.numel() for p in net.parameters())
-        del net, opt
+    results = {name: run[4] for name, run in runs.items()}
+    finals = {name: torch.cat([p.detach().flatten() for p in run[0].parameters()]) for name, run in runs.items()}
+    params = finals["gloo"].numel()
     if rank == 0:
         diff = (finals["oxcomm"] - finals["gloo"]).abs().max().item()
         print(
@@ -74,8 +76,11 @@ def rank_main(args):
         print("%8s %12s %12s %12s" % ("backend", "median(ms)", "mean(ms)", "min(ms)"))
         for name, times in results.items():
             print("%8s %12.2f %12.2f %12.2f" % (name, statistics.median(times), statistics.mean(times), min(times)))
-        ratio = statistics.median(results["oxcomm"]) / statistics.median(results["gloo"])
+        gloo_median = statistics.median(results["gloo"])
+        ratio = statistics.median(results["oxcomm"]) / gloo_median
+        floor = statistics.median(results["compute"]) / gloo_median
         print(f"oxcomm/gloo step time (medians): {ratio:.2f}; max |parameter difference| {diff:.3g}")
+        print(f"compute/gloo (the floor of any backend's ratio on this machine): {floor:.2f}")
     dist.destroy_process_group()
 
 

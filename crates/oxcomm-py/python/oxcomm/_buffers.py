@@ -35,8 +35,20 @@ def _is_numpy(x):
     return type(x).__module__ == "numpy" and hasattr(x, "__array_interface__")
 
 
+# The hot path (every op of a training step passes here): torch tensor classes and torch dtype
+# objects seen before, so a contiguous CPU tensor is checked with a few attribute reads instead of
+# string conversions. Filled by the full checks below; never holds anything they would refuse.
+_TORCH_CLASSES = set()
+_TORCH_DTYPE_OBJS = {}
+_STRIDED = []
+
+
 def buffer(x, name, write=True):
     """``(address, count, dtype, owner)`` of ``x``, or TypeError/ValueError naming ``name``."""
+    if x.__class__ in _TORCH_CLASSES:
+        dtype = _TORCH_DTYPE_OBJS.get(x.dtype)
+        if dtype is not None and x.is_cpu and x.layout is _STRIDED[0] and x.is_contiguous():
+            return (x.data_ptr(), x.numel(), dtype, x)
     if _is_torch(x):
         if x.device.type != "cpu":
             raise ValueError(f"{name}: a tensor on {x.device}; oxcomm works on CPU memory")
@@ -50,6 +62,10 @@ def buffer(x, name, write=True):
                 f"{name}: the tensor is not contiguous (strides {tuple(x.stride())}); oxcomm reads and "
                 "writes the memory in place, pass tensor.contiguous() and copy the result back"
             )
+        _TORCH_CLASSES.add(x.__class__)
+        _TORCH_DTYPE_OBJS[x.dtype] = dtype
+        if not _STRIDED:
+            _STRIDED.append(x.layout)
         return (x.data_ptr(), x.numel(), dtype, x)
     if _is_numpy(x):
         dtype = _NUMPY_DTYPES.get(x.dtype.name)
