@@ -14,8 +14,10 @@ Method (as oxcomm bench): per size, a barrier, -w warm-up calls, a barrier, then
 to back, timed as a whole; time = total / n, the maximum over ranks. Sizes below 64 KiB run
 --small-iters calls after --small-warmup; from 64 KiB, n is enough calls to move
 --bytes-per-run (at least -n, at most 1000). The Rust figure is `oxcomm bench` at each size with
-the same n and warm-up. The torch run and the Rust run alternate --repeats times and each
-column is the median over repeats, so the machine's drift reaches both alike.
+the same n and warm-up. Within a run, per size: gloo, then oxcomm through torch, oxcomm's own
+Python Communicator ("native") and the floor take turns --rounds times (median of each). The
+torch run and the Rust run alternate --repeats times and each column is the median over
+repeats, so the machine's drift reaches both alike.
 busbw = size / time · 2(n−1)/n (GB/s, 1e9 B/s). One row per size: the time and busbw of gloo,
 of oxcomm through torch and of oxcomm in Rust, then gloo/oxcomm latency, oxcomm/gloo busbw
 and torch/Rust time. A benchmark, not a test: the machine's load moves its figures.
@@ -67,30 +69,46 @@ def rank_main(args):
     import torch
     import torch.distributed as dist
 
-    import oxcomm.torch  # noqa: F401
+    import oxcomm.torch
 
     torch.set_num_threads(1)
     dist.init_process_group("oxcomm")
     gloo = dist.new_group(backend="gloo")
     floor = _noop_group()
+    native = oxcomm.torch.communicator(None)  # the binding without torch.distributed
     n = dist.get_world_size()
-    buf = torch.ones(max(sizes(args)) // 4, dtype=torch.float32)
     rows = []
     for size in sizes(args):
-        t = buf[: size // 4]
+        # A tensor per size, as oxcomm bench allocates per size: slices of one 256 MiB tensor
+        # made every 1 MiB all-reduce in the process ~30% slower on this VM (70 -> 95 us, even
+        # on a separate 1 MiB tensor), so the comparison would not be like for like.
+        t = torch.ones(size // 4, dtype=torch.float32)
         iters, warmup = iters_for(args, size)
         row = {"size": size}
-        for name, group in (("gloo", gloo), ("oxcomm", None), ("floor", floor)):
+        calls = {
+            "gloo": lambda: dist.all_reduce(t, group=gloo),
+            "oxcomm": lambda: dist.all_reduce(t),
+            "native": lambda: native.all_reduce(t),
+            "floor": lambda: dist.all_reduce(t, group=floor),
+        }
+        # gloo once, then oxcomm, native and floor taking turns --rounds times, the median of
+        # each: on this VM the run right after gloo's is up to a third slower, whichever op it is
+        # (measured with native first), and the median leaves that run out.
+        times = {name: [] for name in calls}
+        for name in ["gloo"] + ["oxcomm", "native", "floor"] * max(1, args.rounds):
+            call = calls[name]
             dist.barrier(group=gloo)
             for _ in range(warmup):
-                dist.all_reduce(t, group=group)
+                call()
             dist.barrier(group=gloo)
             start = time.perf_counter()
             for _ in range(iters):
-                dist.all_reduce(t, group=group)
+                call()
             us = torch.tensor([(time.perf_counter() - start) * 1e6 / iters], dtype=torch.float64)
             dist.all_reduce(us, op=dist.ReduceOp.MAX, group=gloo)
-            row[name] = us.item()
+            times[name].append(us.item())
+        for name, got in times.items():
+            row[name] = statistics.median(got)
         # check: small integers whose sum is exact
         t.copy_(torch.arange(t.numel(), dtype=torch.float32) % 7 + dist.get_rank())
         want = (torch.arange(t.numel(), dtype=torch.float32) % 7) * n + sum(range(n))
@@ -175,6 +193,7 @@ def main():
     p.add_argument("--small-warmup", type=int, default=200)
     p.add_argument("--bytes-per-run", type=parse_size, default=256 << 20, help="from 64 KiB: calls per timed run")
     p.add_argument("--repeats", type=int, default=3, help="torch and Rust runs, alternating; medians are shown")
+    p.add_argument("--rounds", type=int, default=3, help="per size and run: turns of oxcomm, native and floor")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--deadline", type=float, default=1800.0, help="seconds before the ranks are killed")
     p.add_argument("--no-rust", action="store_true", help="skip oxcomm bench")
@@ -192,7 +211,7 @@ def main():
     rows = []
     for i, first in enumerate(runs[0]):
         row = {"size": first["size"], "wrong": sum(run[i]["wrong"] for run in runs)}
-        for key in ("gloo", "oxcomm", "floor"):
+        for key in ("gloo", "oxcomm", "native", "floor"):
             row[key] = statistics.median(run[i][key] for run in runs)
         rows.append(row)
     rust = {}
@@ -214,6 +233,7 @@ def main():
         "torch/Rust runs; busbw in GB/s; rust = `oxcomm bench` in place, same calls per size"
     )
     print("# floor = dist.all_reduce on a Python backend that does nothing (torch's and a Python backend's own cost)")
+    print("# native = the same tensor through oxcomm's Python Communicator, without torch.distributed")
     head = (
         "size(B)",
         "gloo(us)",
@@ -226,14 +246,15 @@ def main():
         "ox/gloo bw",
         "torch/rust",
         "floor(us)",
+        "native(us)",
         "wrong",
     )
-    print("%12s %11s %7s %11s %7s %11s %7s %8s %10s %10s %9s %6s" % head)
+    print("%12s %11s %7s %11s %7s %11s %7s %8s %10s %10s %9s %10s %6s" % head)
     for r in rows:
         s, g, o = r["size"], r["gloo"], r["oxcomm"]
         ru = rust.get(s)
         print(
-            "%12d %11.2f %7.3f %11.2f %7.3f %11s %7s %8.1f %10.2f %10s %9.2f %6d"
+            "%12d %11.2f %7.3f %11.2f %7.3f %11s %7s %8.1f %10.2f %10s %9.2f %10.2f %6d"
             % (
                 s,
                 g,
@@ -246,6 +267,7 @@ def main():
                 bw(s, o) / bw(s, g) if g else 0,
                 f"{o / ru:.2f}" if ru else "-",
                 r["floor"],
+                r["native"],
                 r["wrong"],
             )
         )
