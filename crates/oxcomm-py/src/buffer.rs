@@ -54,6 +54,13 @@ impl Buf {
         self.len
     }
 
+    /// Whether the two buffers share a byte (then they may not both be handed to Rust as
+    /// slices of which one is mutable).
+    pub fn overlaps(&self, other: &Buf) -> bool {
+        let end = |b: &Buf| b.addr + b.len * b.dtype.size();
+        self.len > 0 && other.len > 0 && self.addr < end(other) && other.addr < end(self)
+    }
+
     /// The elements as `T`.
     ///
     /// # Safety

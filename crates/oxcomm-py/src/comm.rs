@@ -371,8 +371,18 @@ impl PyComm {
         let Some(first) = bufs.first() else { return self.launch(py, async_op, |_| Ok(())) };
         let named: Vec<(String, &Buf)> = bufs.iter().enumerate().map(|(i, b)| (format!("bufs[{i}]"), b)).collect();
         same_dtype(first, &named.iter().map(|(n, b)| (n.as_str(), *b)).collect::<Vec<_>>())?;
+        for (i, a) in bufs.iter().enumerate() {
+            if let Some(j) = bufs[i + 1..].iter().position(|b| a.overlaps(b)) {
+                return Err(PyValueError::new_err(format!(
+                    "bufs[{}]: shares memory with bufs[{i}]; each tensor of a coalesced all-reduce must be its own memory",
+                    i + 1 + j
+                )));
+            }
+        }
         self.launch(py, async_op, move |c| {
             with_elem!(bufs[0].dtype, T => {
+                // SAFETY: `T` is every buffer's dtype (checked above), the buffers are
+                // disjoint (checked above) and their owners live in the closure.
                 let mut slices: Vec<&mut [T]> = bufs.iter().map(|b| unsafe { b.slice_mut::<T>() }).collect();
                 c.all_reduce_coalesced(&mut slices, op)
             })

@@ -109,6 +109,68 @@ pub fn onebit_all_reduce(py: Python<'_>, comm: &PyComm, buf: Buf, state: &PyOneB
     .py()
 }
 
+/// DeepSpeed's 1-bit Adam on flat float32 parameters and gradients (`oxcomm::compression::
+/// onebit::Adam`): exact averaging until `freeze_step`, then 1-bit compressed momenta.
+#[pyclass(module = "oxcomm._native", name = "OneBitAdam")]
+pub struct PyOneBitAdam {
+    adam: Mutex<onebit::Adam>,
+}
+
+#[pymethods]
+impl PyOneBitAdam {
+    #[new]
+    #[pyo3(signature = (lr = 1e-3, freeze_step = 100_000, betas = (0.9, 0.999), eps = 1e-8, weight_decay = 0.0))]
+    fn new(lr: f32, freeze_step: u64, betas: (f32, f32), eps: f32, weight_decay: f32) -> Self {
+        let mut adam = onebit::Adam::new(lr, freeze_step);
+        adam.betas = betas;
+        adam.eps = eps;
+        adam.weight_decay = weight_decay;
+        PyOneBitAdam { adam: Mutex::new(adam) }
+    }
+
+    /// One optimizer call: `params` updated in place, `grads` averaged in place while warming
+    /// up (left as they are once frozen). Collective; hyperparameters are checked before
+    /// anything is sent.
+    fn step(&self, py: Python<'_>, comm: &PyComm, params: Buf, grads: Buf) -> PyResult<()> {
+        f32_of(&params, "params")?;
+        f32_of(&grads, "grads")?;
+        if params.overlaps(&grads) {
+            return Err(PyValueError::new_err("grads: shares memory with params"));
+        }
+        let c = &comm.comm;
+        crate::interrupt::run(py, c, || {
+            let mut adam = self.adam.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: both float32 (checked above) and disjoint (checked above); their owners
+            // are held by `params` and `grads` for the call.
+            adam.step(c, unsafe { params.slice_mut::<f32>() }, unsafe { grads.slice_mut::<f32>() })
+        })
+    }
+
+    /// Optimizer calls so far.
+    #[getter]
+    fn step_count(&self) -> u64 {
+        self.adam.lock().unwrap_or_else(|e| e.into_inner()).step_count()
+    }
+
+    /// Whether the variance is frozen and momenta go through the 1-bit all-reduce.
+    #[getter]
+    fn frozen(&self) -> bool {
+        self.adam.lock().unwrap_or_else(|e| e.into_inner()).is_compressing()
+    }
+
+    /// The momentum as float32 bytes (empty before the first call).
+    fn exp_avg<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let adam = self.adam.lock().unwrap_or_else(|e| e.into_inner());
+        PyBytes::new(py, oxcomm::dtype::as_bytes(adam.exp_avg()))
+    }
+
+    /// The variance as float32 bytes (empty before the first call).
+    fn exp_avg_sq<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let adam = self.adam.lock().unwrap_or_else(|e| e.into_inner());
+        PyBytes::new(py, oxcomm::dtype::as_bytes(adam.exp_avg_sq()))
+    }
+}
+
 /// `reduce_scatter_coalesced`: this rank's partition of the mean of each tensor, as
 /// `(bytes, dtype)` pairs.
 #[pyfunction]

@@ -41,6 +41,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyComm>()?;
     m.add_class::<work::PyWork>()?;
     m.add_class::<compressed::PyOneBitState>()?;
+    m.add_class::<compressed::PyOneBitAdam>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(generate_token, m)?)?;
     m.add_function(wrap_pyfunction!(compressed::onebit_all_reduce, m)?)?;

@@ -315,6 +315,28 @@ def case_compressed():
     # int4 codes: within the documented bound (2/W) · Σ_ranks amax_r / 8 of the mean.
     bound = 2 / n * sum((1.0 + k) / 8 for k in range(n))
     assert q[0].numel() > 0 and (q[0] - (1 + (n - 1) / 2)).abs().max() <= bound, q[0]
+    # oxcomm.onebit.Adam: while warming up, DeepSpeed's update with the averaged gradient (no
+    # bias correction; a float64 reference here); frozen after call `freeze_step`, then the
+    # momentum is compressed and every rank still holds the same parameters.
+    params = np.linspace(-1, 1, 64).astype(np.float32)
+    ref, m, v = params.astype(np.float64), np.zeros(64), np.zeros(64)
+    opt = oxcomm.onebit.Adam(lr=1e-2, freeze_step=4)
+    for k in range(1, 7):
+        grads = (np.arange(64) % 5 + c.rank + k).astype(np.float32)
+        mean = np.arange(64) % 5 + (n - 1) / 2 + k
+        opt.step(c, params, grads)
+        assert opt.steps == k and opt.frozen == (k >= 4), (k, opt.steps, opt.frozen)
+        if k <= 4:
+            assert np.allclose(grads, mean, rtol=1e-6), (k, grads[:4], mean[:4])
+        if 2 <= k <= 4:
+            m = 0.9 * m + 0.1 * mean
+            v = 0.999 * v + 0.001 * mean * mean
+            ref = ref - 1e-2 * m / (np.sqrt(v) + 1e-8)
+            assert np.allclose(params, ref, rtol=1e-5, atol=1e-6), (k, params[:4], ref[:4])
+    every = np.zeros(64 * n, dtype=np.float32)
+    c.all_gather(params, every)
+    assert all((every[r * 64 : (r + 1) * 64] == params).all() for r in range(n)), "ranks' parameters differ"
+    assert np.isfinite(params).all() and not np.allclose(params, ref), "the compressed calls changed nothing"
     return True
 
 
@@ -347,6 +369,9 @@ def case_bad_input():
         c.broadcast(ro, 0)
     with pytest.raises(TypeError, match="output"):
         c.all_gather(np.zeros(1, np.float32), np.zeros(c.size, np.float64))
+    shared = np.zeros(8, dtype=np.float32)
+    with pytest.raises(ValueError, match="shares memory"):
+        c.all_reduce_coalesced([shared[:5], np.ones(2, np.float32), shared[4:]])
     # nothing was sent: the next op works
     x = np.ones(2, dtype=np.float32)
     c.all_reduce(x)
