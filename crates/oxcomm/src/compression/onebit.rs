@@ -2,6 +2,10 @@
 //! 1-bit Adam (spec §2.5), built only on the public [`Communicator`] API, so they run on every
 //! transport.
 //!
+//! One file over the usual ~600 lines because it is one algorithm: the all-reduce's phases,
+//! the error-feedback state they update and the 1-bit Adam step that drives them read as one
+//! piece of math.
+//!
 //! This module owns the algorithm (scales, error feedback, which collective moves which
 //! bytes), the per-buffer state ([`OneBitState`]) and the optimizer ([`Adam`]). The bit
 //! format is [`pack`]'s; moving bytes, ordering ops and deadlines are the

@@ -1,5 +1,9 @@
 //! Sign bits: packing f32 signs into bytes and unpacking them to ±1 or ±scale.
 //!
+//! One file over the usual ~600 lines because it is one kernel family: the scalar reference,
+//! the fast kernels for both bit orders and the property tests that hold them bit for bit
+//! equal belong side by side.
+//!
 //! This is the wire format of the 1-bit error-compensated all-reduce (spec §2.2–2.3). Element
 //! `k` is *non-negative* (bit 1) unless `k < 0`: `+0`, `−0` and NaN all give bit 1, as the
 //! reference cupy path does (`sign(x) + 1 != 0`). Eight elements make one byte; where the bit of

@@ -1,5 +1,9 @@
 //! Per-group int8/int4 quantization in the format of DeepSpeed's quantizer kernels.
 //!
+//! One file over the usual ~600 lines because it is one kernel family: int8/int4, symmetric
+//! and asymmetric, quantize and dequantize share the group arithmetic and the wire format
+//! defined here, and each fast path is checked against the plain one beside it.
+//!
 //! This is the arithmetic and wire format of ZeRO++ qgZ (spec §3.4–3.6,
 //! `csrc/includes/quantization_utils.h`); it never communicates. A buffer of `n` elements is
 //! cut into contiguous groups of `group_size`; each group gets its own parameters.
