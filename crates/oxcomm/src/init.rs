@@ -56,7 +56,7 @@ pub fn init() -> Result<Communicator> {
     match std::env::var(ENV_BACKEND).unwrap_or_default().trim().to_ascii_lowercase().as_str() {
         "" | "native" => {}
         #[cfg(feature = "mpi")]
-        "mpi" => return crate::backend::mpi::init(),
+        "mpi" => return crate::mpi::init(),
         #[cfg(not(feature = "mpi"))]
         "mpi" => {
             return Err(Error::unsupported(format!(

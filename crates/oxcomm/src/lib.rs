@@ -64,6 +64,8 @@ pub mod fuzz;
 #[cfg(target_os = "linux")]
 pub mod init;
 pub mod logging;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod object;
 pub mod reduce;
 pub mod rendezvous;
@@ -71,9 +73,6 @@ pub mod threads;
 pub mod transport;
 mod unwind;
 pub mod wire;
-
-#[cfg(feature = "mpi")]
-pub use backend::mpi;
 
 pub use algorithms::Algorithm;
 pub use comm::{CommConfig, Communicator, OpOptions, Work};

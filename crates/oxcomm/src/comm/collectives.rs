@@ -1,39 +1,32 @@
 //! The collectives: every public op of [`Communicator`] that all ranks of the group call
 //! together, in its sync form. Each validates its arguments (nothing is sent for a bad one),
-//! builds its fingerprint, and runs the algorithm `algorithms::dispatch` picks.
+//! builds its fingerprint, asks the backend for a route and runs the op on the backend in its
+//! turn ([`crate::backend`]).
 
 use std::time::Duration;
 
 use super::{Communicator, OpOptions};
-use crate::algorithms::{self, dispatch, plan, Algorithm, ReduceBuffers};
+use crate::algorithms::{plan, ReduceBuffers};
+use crate::backend::{Backend, Route};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::reduce::{self, ReduceOp};
 use crate::wire::{Fingerprint, OpKind};
 
 impl Communicator {
-    pub(super) fn algorithm(
-        &self,
-        fp: &Fingerprint,
-        opts: &OpOptions,
-        bytes: usize,
-        count: usize,
-    ) -> Result<Algorithm> {
+    /// How the backend will run the op of `fp` on `bytes` (`count` elements): the forced
+    /// algorithm is `opts`', else the communicator's when it applies to the op. A forced
+    /// algorithm that does not apply is an error before anything is sent.
+    pub(super) fn route(&self, fp: &Fingerprint, opts: &OpOptions, bytes: usize, count: usize) -> Result<Route> {
         let forced = match (opts.algorithm, self.core.config.algorithm) {
             (Some(a), _) => Some(a),
             (None, Some(a)) if plan::candidates(fp.kind).contains(&a) => Some(a),
             _ => None,
         };
-        plan::choose(fp.kind, bytes, count, self.size(), forced, self.has_direct(), self.group.layout.is_some())
+        self.core
+            .backend
+            .route(fp.kind, bytes, count, &self.view(), forced)
             .map_err(|e| e.with_op(self.describe(fp)).with_rank(self.core.world_rank))
-    }
-
-    /// Whether this communicator can use the direct shared-memory path.
-    pub(super) fn has_direct(&self) -> bool {
-        #[cfg(target_os = "linux")]
-        return self.group.id == 0 && self.core.direct.is_some();
-        #[cfg(not(target_os = "linux"))]
-        false
     }
 
     /// Reduces `buf` across the group with `op`; every rank gets the result in `buf`.
@@ -103,18 +96,8 @@ impl Communicator {
             }
         }
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.all_reduce(self, fp, io.into_in_place(), op, opts);
-        }
-        let algo = self.algorithm(&fp, opts, count * std::mem::size_of::<T>(), count)?;
-        let n = self.size();
-        let layout = self.group.layout.as_ref();
-        self.collective(fp, opts, dispatch::agrees(algo), algo.name(), |ctx, fp| {
-            let buf = dispatch::all_reduce(ctx, algo, layout, fp, io, op.combiner())?;
-            reduce::finish_avg(buf, op, n);
-            Ok(())
-        })
+        let route = self.route(&fp, opts, count * std::mem::size_of::<T>(), count)?;
+        self.run_op(fp, opts, route, |b, env| b.all_reduce(env, route, io, op))
     }
 
     /// Reduces `buf` across the group into `root`'s `buf`; other ranks' buffers are unchanged.
@@ -131,19 +114,8 @@ impl Communicator {
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.reduce(self, fp, buf, root, op, opts);
-        }
-        self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
-        let (n, me) = (self.size(), self.rank());
-        self.collective(fp, opts, true, "tree", |ctx, _| {
-            algorithms::tree::reduce(ctx, buf, root, op.combiner())?;
-            if me == root {
-                reduce::finish_avg(buf, op, n);
-            }
-            Ok(())
-        })
+        let route = self.route(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
+        self.run_op(fp, opts, route, |b, env| b.reduce(env, route, buf, root, op))
     }
 
     /// Copies `root`'s `buf` into every rank's `buf`.
@@ -158,15 +130,8 @@ impl Communicator {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Broadcast), buf.len());
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.broadcast(self, fp, buf, root, opts);
-        }
-        let algo = self.algorithm(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
-        let layout = self.group.layout.as_ref();
-        self.collective(fp, opts, dispatch::agrees(algo), algo.name(), |ctx, fp| {
-            dispatch::broadcast(ctx, algo, layout, fp, buf, root)
-        })
+        let route = self.route(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
+        self.run_op(fp, opts, route, |b, env| b.broadcast(env, route, buf, root))
     }
 
     /// Gathers every rank's `input` into `output` (size × input.len(), rank order).
@@ -190,13 +155,8 @@ impl Communicator {
                 ),
             ));
         }
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.all_gather(self, fp, input, output, opts);
-        }
-        let algo = self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
-        let layout = self.group.layout.as_ref();
-        self.collective(fp, opts, true, algo.name(), |ctx, _| dispatch::all_gather(ctx, algo, layout, input, output))
+        let route = self.route(&fp, opts, std::mem::size_of_val(input), input.len())?;
+        self.run_op(fp, opts, route, |b, env| b.all_gather(env, route, input, output))
     }
 
     /// Reduces `input` (size × output.len()) across the group; rank r gets block r of the
@@ -229,18 +189,8 @@ impl Communicator {
                 ),
             ));
         }
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.reduce_scatter(self, fp, input, output, op, opts);
-        }
-        let algo = self.algorithm(&fp, opts, std::mem::size_of_val(input), input.len())?;
-        let n = self.size();
-        let layout = self.group.layout.as_ref();
-        self.collective(fp, opts, true, algo.name(), |ctx, _| {
-            dispatch::reduce_scatter(ctx, algo, layout, input, output, op.combiner())?;
-            reduce::finish_avg(output, op, n);
-            Ok(())
-        })
+        let route = self.route(&fp, opts, std::mem::size_of_val(input), input.len())?;
+        self.run_op(fp, opts, route, |b, env| b.reduce_scatter(env, route, input, output, op))
     }
 
     /// All-to-all with equal blocks: block p of `send` goes to rank p; block p of `recv`
@@ -265,16 +215,8 @@ impl Communicator {
                 ),
             ));
         }
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.all_to_all(self, fp, send, recv, opts);
-        }
-        self.algorithm(&fp, opts, std::mem::size_of_val(send), send.len())?;
-        let c = send.len() / n;
-        let ranges: Vec<_> = (0..n).map(|p| p * c..(p + 1) * c).collect();
-        self.collective(fp, opts, true, "pairwise", |ctx, _| {
-            algorithms::pairwise::all_to_all(ctx, send, &ranges, recv, &ranges, false)
-        })
+        let route = self.route(&fp, opts, std::mem::size_of_val(send), send.len())?;
+        self.run_op(fp, opts, route, |b, env| b.all_to_all(env, route, send, recv))
     }
 
     /// All-to-all with per-peer counts: `send_counts[p]` elements of `send` (contiguous, in
@@ -302,35 +244,19 @@ impl Communicator {
                 );
             }
         }
-        let ranges = |counts: &[usize]| {
-            let mut at = 0;
-            counts
-                .iter()
-                .map(|c| {
-                    at += c;
-                    at - c..at
-                })
-                .collect::<Vec<_>>()
-        };
-        let (sr, rr) = (ranges(send_counts), ranges(recv_counts));
-        if sr[self.rank()].len() != rr[self.rank()].len() {
+        let me = self.rank();
+        if send_counts[me] != recv_counts[me] {
             return Err(self.arg_error(
                 &fp,
                 format!(
                     "send_counts[{me}] = {} but recv_counts[{me}] = {} (this rank's own block)",
-                    sr[self.rank()].len(),
-                    rr[self.rank()].len(),
-                    me = self.rank()
+                    send_counts[me], recv_counts[me]
                 ),
             ));
         }
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.all_to_all_v(self, fp, send, send_counts, recv, recv_counts);
-        }
-        self.collective(fp, &OpOptions::default(), true, "pairwise", |ctx, _| {
-            algorithms::pairwise::all_to_all(ctx, send, &sr, recv, &rr, true)
-        })
+        let opts = OpOptions::default();
+        let route = self.route(&fp, &opts, std::mem::size_of_val(send), send.len())?;
+        self.run_op(fp, &opts, route, |b, env| b.all_to_all_v(env, route, send, send_counts, recv, recv_counts))
     }
 
     /// Gathers every rank's `input` into `output` on `root` (size × input.len()); other
@@ -342,13 +268,9 @@ impl Communicator {
         self.check_root(root, &fp)?;
         let want = input.len() * self.size();
         let output = self.root_buffer(&fp, root, output, |o| o.len(), want, "output")?;
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.gather(self, fp, input, output, root);
-        }
-        self.collective(fp, &OpOptions::default(), true, "flat", |ctx, _| {
-            algorithms::star::gather(ctx, input, output, root)
-        })
+        let opts = OpOptions::default();
+        let route = self.route(&fp, &opts, std::mem::size_of_val(input), input.len())?;
+        self.run_op(fp, &opts, route, |b, env| b.gather(env, route, input, output, root))
     }
 
     /// Scatters block p of `root`'s `input` (size × output.len()) to rank p's `output`; other
@@ -360,13 +282,9 @@ impl Communicator {
         self.check_root(root, &fp)?;
         let want = output.len() * self.size();
         let input = self.root_buffer(&fp, root, input, |i| i.len(), want, "input")?;
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.scatter(self, fp, input, output, root);
-        }
-        self.collective(fp, &OpOptions::default(), true, "flat", |ctx, _| {
-            algorithms::star::scatter(ctx, input, output, root)
-        })
+        let opts = OpOptions::default();
+        let route = self.route(&fp, &opts, std::mem::size_of_val(output), output.len())?;
+        self.run_op(fp, &opts, route, |b, env| b.scatter(env, route, input, output, root))
     }
 
     /// Blocks until every rank of the group has called `barrier`.
@@ -379,12 +297,8 @@ impl Communicator {
     #[track_caller]
     pub fn barrier_with(&self, opts: &OpOptions) -> Result<()> {
         let fp = self.fingerprint(OpKind::Barrier);
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.barrier(self, fp, opts);
-        }
-        let algo = self.algorithm(&fp, opts, 0, 0)?;
-        self.collective(fp, opts, dispatch::agrees(algo), algo.name(), |ctx, fp| dispatch::barrier(ctx, algo, fp))
+        let route = self.route(&fp, opts, 0, 0)?;
+        self.run_op(fp, opts, route, |b, env| b.barrier(env, route))
     }
 
     /// A barrier that waits at most `timeout` and, on failure, names every rank that did not
@@ -393,11 +307,8 @@ impl Communicator {
     pub fn monitored_barrier(&self, timeout: Duration) -> Result<()> {
         let fp = self.fingerprint(OpKind::MonitoredBarrier);
         let opts = OpOptions { timeout: Some(timeout), ..OpOptions::default() };
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.monitored_barrier(self, fp, timeout);
-        }
-        self.collective(fp, &opts, true, "star", |_, _| Ok(()))
+        let route = self.route(&fp, &opts, 0, 0)?;
+        self.run_op(fp, &opts, route, |b, env| b.monitored_barrier(env, route, timeout))
     }
 
     /// All-reduces several buffers as one op (one agreement, one algorithm run).
@@ -409,26 +320,8 @@ impl Communicator {
         fp.extra = bufs.len() as u64;
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
         let opts = OpOptions::default();
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.all_reduce_coalesced(self, fp, bufs, op);
-        }
-        let algo = self.algorithm(&fp, &opts, total * T::DTYPE.size(), total)?;
-        let n = self.size();
-        self.collective(fp, &opts, true, algo.name(), |ctx, _| {
-            let mut flat: Vec<T> = Vec::with_capacity(total);
-            for b in bufs.iter() {
-                flat.extend_from_slice(b);
-            }
-            dispatch::all_reduce_in_place(ctx, algo, &mut flat, op.combiner())?;
-            reduce::finish_avg(&mut flat, op, n);
-            let mut at = 0;
-            for b in bufs.iter_mut() {
-                b.copy_from_slice(&flat[at..at + b.len()]);
-                at += b.len();
-            }
-            Ok(())
-        })
+        let route = self.route(&fp, &opts, total * T::DTYPE.size(), total)?;
+        self.run_op(fp, &opts, route, |b, env| b.all_reduce_coalesced(env, route, bufs, op))
     }
 
     /// All-gathers several buffers as one op: `outputs[i]` (size × `inputs[i].len()`) receives
@@ -449,26 +342,8 @@ impl Communicator {
                 );
             }
         }
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.all_gather_coalesced(self, fp, inputs, outputs);
-        }
-        self.collective(fp, &OpOptions::default(), true, "ring", |ctx, _| {
-            let mut flat: Vec<T> = Vec::with_capacity(total);
-            for b in inputs {
-                flat.extend_from_slice(b);
-            }
-            let mut all = vec![T::default(); total * n];
-            algorithms::ring::all_gather(ctx, &flat, &mut all)?;
-            for (p, block) in all.chunks(total.max(1)).enumerate().take(n) {
-                let mut at = 0;
-                for (i, out) in outputs.iter_mut().enumerate() {
-                    let c = inputs[i].len();
-                    out[p * c..(p + 1) * c].copy_from_slice(&block[at..at + c]);
-                    at += c;
-                }
-            }
-            Ok(())
-        })
+        let opts = OpOptions::default();
+        let route = self.route(&fp, &opts, total * T::DTYPE.size(), total)?;
+        self.run_op(fp, &opts, route, |b, env| b.all_gather_coalesced(env, route, inputs, outputs))
     }
 }

@@ -13,19 +13,19 @@ use std::time::{Duration, Instant};
 use super::p2p::P2pJob;
 use super::work::Work;
 use super::{CommConfig, Communicator, OpOptions};
-use crate::algorithms;
+use crate::backend::{AnyBackend, Backend, OpEnv, Route};
 use crate::dtype::DType;
-use crate::engine::{Ctx, LinkStats};
+use crate::engine::LinkStats;
 use crate::error::{Error, ErrorKind, Result};
 use crate::logging::{CommsLogger, OpRecord};
-use crate::transport::{Doorbell, Link};
 use crate::wire::Fingerprint;
 
 /// What this rank shares with all its communicators (the world and its groups).
 pub(crate) struct Core {
     pub(super) world_rank: usize,
     pub(super) world_size: usize,
-    pub(super) bell: Arc<dyn Doorbell>,
+    /// What runs the ops: oxcomm's links and algorithms, or MPI.
+    pub(super) backend: AnyBackend,
     pub(super) state: Mutex<State>,
     /// Ticket of the op whose turn it is; ops run strictly in ticket order.
     pub(super) turn: AtomicU64,
@@ -39,7 +39,6 @@ pub(crate) struct Core {
     pub(super) aborted: AtomicBool,
     pub(super) cause: Mutex<Option<Error>>,
     pub(super) config: CommConfig,
-    pub(super) transport: &'static str,
     pub(super) worker: Mutex<Option<mpsc::Sender<Job>>>,
     /// Point-to-point ops issued with `isend`/`irecv` and not yet started.
     pub(super) pending_p2p: Mutex<Vec<P2pJob>>,
@@ -53,26 +52,17 @@ pub(crate) struct Core {
     pub(super) logging_paused: AtomicBool,
     /// This rank's last ops, for errors and hung jobs (issue 16).
     pub(super) flight: crate::logging::flight::FlightRecorder,
-    /// Every rank's shared-memory workspace, when all ranks share this host.
-    #[cfg(target_os = "linux")]
-    pub(super) direct: Option<crate::transport::shm::direct::ShmDirect>,
-    /// The MPI backend: when set, every op runs through it instead of links and algorithms.
-    #[cfg(feature = "mpi")]
-    pub(super) mpi: Option<Arc<crate::backend::mpi::MpiBackend>>,
     /// Host index of every world rank (0, 1, … in order of first appearance; all 0 unless
     /// the transport said otherwise).
     pub(super) hosts: Vec<usize>,
 }
 
+/// What an op locks while it runs (besides what its backend locks).
 pub(super) struct State {
-    pub(super) links: Vec<Option<Box<dyn Link>>>,
     pub(super) stats: LinkStats,
-    pub(super) scratch: Vec<u64>,
     /// Messages sent to / received from each world rank (sequence numbers of send/recv).
     pub(super) p2p_sent: Vec<u64>,
     pub(super) p2p_received: Vec<u64>,
-    #[cfg(target_os = "linux")]
-    pub(super) direct_state: crate::algorithms::shm_direct::DirectState,
 }
 
 pub(super) type Job = Box<dyn FnOnce() + Send>;
@@ -107,102 +97,49 @@ thread_local! {
 const HELD: u64 = u64::MAX;
 
 impl Communicator {
-    /// Runs one op of a backend: the same turn, sequence number and abort-on-error rule as
-    /// [`Communicator::collective`], with `body` doing all the communicating (its own
-    /// fingerprint check included) and counting its bytes.
-    #[cfg(feature = "mpi")]
-    pub(crate) fn run_backend<R>(
-        &self,
-        mut fp: Fingerprint,
-        opts: &OpOptions,
-        body: impl FnOnce(&Fingerprint, &mut LinkStats) -> Result<R>,
-    ) -> Result<R> {
-        self.core.check_alive(|| self.describe(&fp))?;
-        let ticket = self.core.draw_ticket();
-        let timeout = opts.timeout.unwrap_or(self.core.config.timeout);
-        let _turn = self.core.await_turn(ticket, timeout, || self.describe(&fp))?;
-        fp.seq = self.group.seq.fetch_add(1, Ordering::SeqCst);
-        self.core.check_alive(|| fp.to_string())?;
-        let mut state = self.core.lock_state();
-        let result = body(&fp, &mut state.stats);
-        drop(state);
-        result.map_err(|e| {
-            let e = e.with_op(fp.to_string()).with_rank(self.core.world_rank);
-            self.core.fail(e.clone());
-            e
-        })
-    }
-
-    /// Runs one collective: turn, sequence number, agreement (unless `agree` is false), body.
+    /// Runs one op on the backend: turn, sequence number, flight recorder, `body` (which
+    /// hands the op to the backend), log record, and the abort-on-first-error rule.
     #[track_caller]
-    pub(super) fn collective<R>(
+    pub(super) fn run_op<R>(
         &self,
         mut fp: Fingerprint,
         opts: &OpOptions,
-        agree: bool,
-        algorithm: &'static str,
-        body: impl FnOnce(&mut Ctx<'_>, &Fingerprint) -> Result<R>,
+        route: Route,
+        body: impl FnOnce(&AnyBackend, &mut OpEnv<'_>) -> Result<R>,
     ) -> Result<R> {
         self.core.check_alive(|| self.describe(&fp))?;
         let ticket = self.core.draw_ticket();
         let caller = std::panic::Location::caller();
-        self.run_ticket(ticket, &mut fp, opts, agree, (algorithm, caller), body)
-    }
-
-    pub(super) fn run_ticket<R>(
-        &self,
-        ticket: u64,
-        fp: &mut Fingerprint,
-        opts: &OpOptions,
-        agree: bool,
-        (algorithm, caller): (&'static str, &'static std::panic::Location<'static>),
-        body: impl FnOnce(&mut Ctx<'_>, &Fingerprint) -> Result<R>,
-    ) -> Result<R> {
-        let timeout = opts.timeout.unwrap_or(self.core.config.timeout);
-        let _turn = self.core.await_turn(ticket, timeout, || self.describe(fp))?;
+        let fp = &mut fp;
+        let core = &*self.core;
+        let timeout = opts.timeout.unwrap_or(core.config.timeout);
+        let _turn = core.await_turn(ticket, timeout, || self.describe(fp))?;
         fp.seq = self.group.seq.fetch_add(1, Ordering::SeqCst);
-        let logged = self.core.logging(fp.kind.name());
-        let started = if logged { self.core.logger.now_ns() } else { 0 };
-        self.core.check_alive(|| fp.to_string())?;
-        let flight = self.core.flight.start(fp, algorithm, None);
-        let mut state = self.core.lock_state();
-        #[cfg(target_os = "linux")]
-        let State { links, stats, scratch, direct_state, .. } = &mut *state;
-        #[cfg(not(target_os = "linux"))]
-        let State { links, stats, scratch, .. } = &mut *state;
-        let mut ctx = Ctx::new(
-            self.group.rank,
-            &self.group.members,
-            links,
-            &*self.core.bell,
+        let logged = core.logging(fp.kind.name());
+        let started = if logged { core.logger.now_ns() } else { 0 };
+        core.check_alive(|| fp.to_string())?;
+        let flight = core.flight.start(fp, route.name, None);
+        let mut state = core.lock_state();
+        let mut env = OpEnv {
+            fp,
+            group: self.view(),
             timeout,
-            opts.max_segment_bytes.unwrap_or(self.core.config.max_segment_bytes),
-            stats,
-            scratch,
-        );
-        ctx.cancel = Some(&self.core.aborted);
-        #[cfg(target_os = "linux")]
-        if self.group.id == 0 {
-            ctx.direct =
-                self.core.direct.as_ref().map(|shm| crate::algorithms::shm_direct::Direct { shm, state: direct_state });
-        }
-        let result = crate::unwind::catch(self.core.world_rank, || {
-            if agree {
-                algorithms::star::agree(&mut ctx, fp)?;
-            }
-            body(&mut ctx, fp)
-        });
+            max_segment_bytes: opts.max_segment_bytes.unwrap_or(core.config.max_segment_bytes),
+            stats: &mut state.stats,
+            cancel: &core.aborted,
+        };
+        let result = crate::unwind::catch(core.world_rank, || body(&core.backend, &mut env));
         drop(state);
         if logged && result.is_ok() {
-            self.core.record(fp, self.size(), algorithm, started, caller);
+            core.record(fp, self.size(), route.name, started, caller);
         }
         if result.is_ok() {
-            self.core.flight.finish(flight, Ok(()));
+            core.flight.finish(flight, Ok(()));
         }
         result.map_err(|e| {
-            let e = e.with_op(fp.to_string()).with_rank(self.core.world_rank);
-            let e = self.core.flight.annotate(flight, e, self.core.world_rank);
-            self.core.fail(e.clone());
+            let e = e.with_op(fp.to_string()).with_rank(core.world_rank);
+            let e = core.flight.annotate(flight, e, core.world_rank);
+            core.fail(e.clone());
             e
         })
     }
@@ -255,29 +192,16 @@ impl Communicator {
 }
 
 impl Core {
-    /// A rank's core over ready links (no validation: see [`Communicator::from_links`]).
-    pub(super) fn new(
-        rank: usize,
-        links: Vec<Option<Box<dyn Link>>>,
-        bell: Arc<dyn Doorbell>,
-        config: CommConfig,
-        transport: &'static str,
-        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::direct::ShmDirect>,
-    ) -> Core {
-        let size = links.len();
-        bell.heartbeat();
+    /// A rank's core running its ops on `backend` (world rank `rank` of `size`).
+    pub(super) fn new(rank: usize, size: usize, backend: AnyBackend, config: CommConfig) -> Core {
         Core {
             world_rank: rank,
             world_size: size,
-            bell,
+            backend,
             state: Mutex::new(State {
-                links,
                 stats: LinkStats::default(),
-                scratch: Vec::new(),
                 p2p_sent: vec![0; size],
                 p2p_received: vec![0; size],
-                #[cfg(target_os = "linux")]
-                direct_state: Default::default(),
             }),
             turn: AtomicU64::new(0),
             turn_lock: Mutex::new(()),
@@ -288,7 +212,6 @@ impl Core {
             aborted: AtomicBool::new(false),
             cause: Mutex::new(None),
             config: config.clone(),
-            transport,
             worker: Mutex::new(None),
             pending_p2p: Mutex::new(Vec::new()),
             member_groups: Mutex::new(std::collections::HashMap::new()),
@@ -296,10 +219,6 @@ impl Core {
             logger: CommsLogger::new(config.logger.clone()),
             logging_paused: AtomicBool::new(false),
             flight: Default::default(),
-            #[cfg(target_os = "linux")]
-            direct,
-            #[cfg(feature = "mpi")]
-            mpi: None,
             hosts: vec![0; size],
         }
     }
@@ -350,7 +269,7 @@ impl Core {
             group_size,
             seq,
             algorithm,
-            transport: self.transport,
+            transport: self.backend.transport(),
             start_ns,
             latency_ns: end.saturating_sub(start_ns),
             caller,
@@ -386,12 +305,7 @@ impl Core {
         }
         let culprit =
             self.cause.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|e| e.peer().map(|p| (p, e.kind())));
-        let mut state = self.lock_state();
-        for l in state.links.iter_mut() {
-            if let Some(mut link) = l.take() {
-                link.close(culprit);
-            }
-        }
+        self.backend.close(culprit);
     }
 
     pub(super) fn await_turn(

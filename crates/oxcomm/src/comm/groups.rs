@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Communicator, Group, OpOptions};
+use crate::backend::{Backend, NewGroup};
 use crate::error::Result;
 use crate::wire::OpKind;
 
@@ -34,31 +35,64 @@ impl Communicator {
         if ranks.is_empty() {
             return Err(self.arg_error(&fp, "a group needs at least one rank"));
         }
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.new_group(self, fp, ranks);
-        }
-        self.collective(fp, &OpOptions::default(), true, "star", |_, _| Ok(()))?;
-        Ok(self.subgroup(ranks, fp.extra))
+        let me = ranks.iter().position(|&r| r == self.rank());
+        let new = |seq: u64| NewGroup {
+            id: self.subgroup_id(ranks, fp.extra, seq),
+            color: me.map(|_| 0),
+            key: me.unwrap_or(0),
+        };
+        let opts = OpOptions::default();
+        let route = self.route(&fp, &opts, 0, 0)?;
+        let id = self.run_op(fp, &opts, route, |b, env| {
+            let new = new(env.fp.seq + 1);
+            b.new_group(env, route, new).map(|()| new.id)
+        })?;
+        Ok(self.subgroup(ranks, id))
     }
 
     /// Splits the group by `color` (ranks passing `None` join no group), ordering each new
     /// group by `key` then by current rank, as `MPI_Comm_split`. Collective.
     #[track_caller]
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
-        #[cfg(feature = "mpi")]
-        if let Some(b) = self.mpi() {
-            return b.split(self, self.fingerprint(OpKind::NewGroup), color, key);
-        }
         let mine = [color.map_or(-1, i64::from), key];
         let mut all = vec![0i64; 2 * self.size()];
         self.all_gather(&mine, &mut all)?;
-        let Some(color) = color else { return Ok(None) };
-        let mut members: Vec<(i64, usize)> =
-            all.chunks(2).enumerate().filter(|(_, ck)| ck[0] == i64::from(color)).map(|(r, ck)| (ck[1], r)).collect();
-        members.sort();
-        let ranks: Vec<usize> = members.into_iter().map(|(_, r)| r).collect();
-        Ok(self.subgroup(&ranks, 0x5eed_0000_0000 ^ u64::from(color)))
+        let ranks: Vec<usize> = match color {
+            None => Vec::new(),
+            Some(color) => {
+                let mut members: Vec<(i64, usize)> = all
+                    .chunks(2)
+                    .enumerate()
+                    .filter(|(_, ck)| ck[0] == i64::from(color))
+                    .map(|(r, ck)| (ck[1], r))
+                    .collect();
+                members.sort();
+                members.into_iter().map(|(_, r)| r).collect()
+            }
+        };
+        let salt = 0x5eed_0000_0000 ^ u64::from(color.unwrap_or(0));
+        let mut seq = self.group.seq.load(Ordering::SeqCst);
+        if self.core.backend.group_needs_op() {
+            // The backend makes its side of every new group in one op: each rank passes the
+            // index of its color among the colors present, and its rank in its new group.
+            let mut colors: Vec<i64> = all.chunks(2).map(|ck| ck[0]).filter(|&c| c >= 0).collect();
+            colors.sort();
+            colors.dedup();
+            let index = color.map(|c| colors.iter().position(|&k| k == i64::from(c)).unwrap_or(0));
+            let key = ranks.iter().position(|&r| r == self.rank()).unwrap_or(0);
+            let fp = self.fingerprint(OpKind::NewGroup);
+            let opts = OpOptions::default();
+            let route = self.route(&fp, &opts, 0, 0)?;
+            seq = self.run_op(fp, &opts, route, |b, env| {
+                let seq = env.fp.seq + 1;
+                b.new_group(env, route, NewGroup { id: self.subgroup_id(&ranks, salt, seq), color: index, key })
+                    .map(|()| seq)
+            })?;
+        }
+        if color.is_none() {
+            return Ok(None);
+        }
+        Ok(self.subgroup(&ranks, self.subgroup_id(&ranks, salt, seq)))
     }
 
     /// A sub-group of the listed group ranks over this communicator's links, made without
@@ -99,11 +133,7 @@ impl Communicator {
         if !seen[self.rank()] {
             return Ok(None);
         }
-        #[cfg(feature = "mpi")]
-        if self.mpi().is_some() {
-            return Err(crate::error::Error::unsupported("members_group on the MPI backend (use new_group or split)")
-                .with_rank(self.core.world_rank));
-        }
+        self.core.backend.members_groups().map_err(|e| e.with_rank(self.core.world_rank))?;
         let world: Vec<usize> = ranks.iter().map(|r| self.group.members[*r]).collect();
         let nth = {
             let mut made = self.core.member_groups.lock().unwrap_or_else(|e| e.into_inner());
@@ -118,11 +148,17 @@ impl Communicator {
         Ok(Some(Communicator { core: self.core.clone(), group: Arc::new(Group::new(id, world, me, &self.core.hosts)) }))
     }
 
-    pub(crate) fn subgroup(&self, ranks: &[usize], salt: u64) -> Option<Communicator> {
-        let me = ranks.iter().position(|r| *r == self.rank())?;
+    /// The id of the sub-group of `ranks` made by an op salted `salt`, when this group's
+    /// next sequence number is `seq`: the same on every member.
+    fn subgroup_id(&self, ranks: &[usize], salt: u64, seq: u64) -> u64 {
         let mut h = DefaultHasher::new();
-        (self.group.id, self.group.seq.load(Ordering::SeqCst), salt, ranks).hash(&mut h);
-        let id = h.finish() | 1;
+        (self.group.id, seq, salt, ranks).hash(&mut h);
+        h.finish() | 1
+    }
+
+    /// The sub-group of `ranks` with id `id` (`None` on ranks outside it).
+    fn subgroup(&self, ranks: &[usize], id: u64) -> Option<Communicator> {
+        let me = ranks.iter().position(|r| *r == self.rank())?;
         let members = ranks.iter().map(|r| self.group.members[*r]).collect();
         Some(Communicator { core: self.core.clone(), group: Arc::new(Group::new(id, members, me, &self.core.hosts)) })
     }

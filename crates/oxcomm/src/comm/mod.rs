@@ -27,6 +27,8 @@ use std::sync::Arc;
 
 use self::core::Core;
 use crate::algorithms::hierarchical::HostLayout;
+use crate::backend::native::NativeBackend;
+use crate::backend::{AnyBackend, Backend, GroupView};
 use crate::dtype::{DType, Element};
 use crate::engine::LinkStats;
 use crate::error::{Error, ErrorKind, Result};
@@ -35,8 +37,6 @@ use crate::transport::{Doorbell, Link};
 use crate::wire::{Fingerprint, OpKind};
 
 pub use config::{CommConfig, OpOptions, DEFAULT_MAX_SEGMENT_BYTES, DEFAULT_TIMEOUT, ENV_TIMEOUT};
-#[cfg(feature = "mpi")]
-pub(crate) use p2p::P2pJob;
 pub use work::Work;
 
 /// One rank's handle on a group of ranks. Cheap to clone; clones share everything.
@@ -70,7 +70,7 @@ impl std::fmt::Debug for Communicator {
             .field("rank", &self.rank())
             .field("size", &self.size())
             .field("world_rank", &self.core.world_rank)
-            .field("transport", &self.core.transport)
+            .field("transport", &self.core.backend.transport())
             .finish()
     }
 }
@@ -111,7 +111,7 @@ impl Communicator {
         Ok(Communicator::build(rank, links, bell, config, transport, direct))
     }
 
-    /// Assembles a communicator (no validation).
+    /// Assembles a communicator over links (no validation).
     fn build(
         rank: usize,
         links: Vec<Option<Box<dyn Link>>>,
@@ -122,10 +122,19 @@ impl Communicator {
         #[cfg(not(target_os = "linux"))] _direct: Option<()>,
     ) -> Communicator {
         let size = links.len();
-        #[cfg(target_os = "linux")]
-        let core = Arc::new(Core::new(rank, links, bell, config, transport, direct));
-        #[cfg(not(target_os = "linux"))]
-        let core = Arc::new(Core::new(rank, links, bell, config, transport));
+        let native = NativeBackend::new(
+            links,
+            bell,
+            transport,
+            #[cfg(target_os = "linux")]
+            direct,
+        );
+        Communicator::from_backend(rank, size, AnyBackend::Native(native), config)
+    }
+
+    /// A world communicator (rank `rank` of `size`) whose ops run on `backend`.
+    pub(crate) fn from_backend(rank: usize, size: usize, backend: AnyBackend, config: CommConfig) -> Communicator {
+        let core = Arc::new(Core::new(rank, size, backend, config));
         let group = Arc::new(Group::new(0, (0..size).collect(), rank, &core.hosts));
         Communicator { core, group }
     }
@@ -154,31 +163,14 @@ impl Communicator {
         Ok(self)
     }
 
-    /// A world communicator whose ops all run through the MPI backend (no links).
-    #[cfg(feature = "mpi")]
-    pub(crate) fn from_mpi(
-        rank: usize,
-        size: usize,
-        backend: Arc<crate::backend::mpi::MpiBackend>,
-        config: CommConfig,
-    ) -> Communicator {
-        let links = (0..size).map(|_| None).collect();
-        let bell = Arc::new(crate::transport::threads::ThreadDoorbell::default());
-        let mut comm = Communicator::build(rank, links, bell, config, "mpi", None);
-        Arc::get_mut(&mut comm.core).expect("a fresh communicator is not shared").mpi = Some(backend);
-        comm
-    }
-
-    /// The MPI backend, when this communicator runs over MPI.
-    #[cfg(feature = "mpi")]
-    pub(crate) fn mpi(&self) -> Option<&Arc<crate::backend::mpi::MpiBackend>> {
-        self.core.mpi.as_ref()
-    }
-
-    /// The group's id (0 for the world): the same on every member.
-    #[cfg(feature = "mpi")]
-    pub(crate) fn group_id(&self) -> u64 {
-        self.group.id
+    /// The group as a backend sees it.
+    pub(super) fn view(&self) -> GroupView<'_> {
+        GroupView {
+            id: self.group.id,
+            rank: self.group.rank,
+            members: &self.group.members,
+            layout: self.group.layout.as_ref(),
+        }
     }
 
     /// This rank within the communicator's group.
@@ -208,7 +200,7 @@ impl Communicator {
 
     /// The transport's name (`threads`, `shm`, `tcp`).
     pub fn transport(&self) -> &'static str {
-        self.core.transport
+        self.core.backend.transport()
     }
 
     /// The host of each group rank: hosts are numbered 0, 1, … in order of their first

@@ -8,12 +8,12 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::core::{Core, State};
+use super::core::Core;
 use super::work::{Slot, Work};
 use super::Communicator;
+use crate::backend::{Backend, GroupView, OpEnv, P2pMsg};
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
-use crate::engine::{Ctx, Xfer};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::wire::{Fingerprint, OpKind, FP_BYTES};
 
 impl Communicator {
@@ -24,7 +24,7 @@ impl Communicator {
         self.core.check_alive(|| fp.to_string())?;
         let ticket = self.core.draw_ticket();
         let mut job = P2pJob::send(self.group.members[dst], as_bytes(buf).to_vec(), fp, None);
-        self.core.run_p2p(ticket, std::slice::from_mut(&mut job))?;
+        self.core.run_p2p(ticket, std::slice::from_mut(&mut job.msg))?;
         Ok(())
     }
 
@@ -35,8 +35,8 @@ impl Communicator {
         self.core.check_alive(|| fp.to_string())?;
         let ticket = self.core.draw_ticket();
         let mut job = P2pJob::recv(self.group.members[src], vec![0u8; std::mem::size_of_val(buf)], fp, None);
-        self.core.run_p2p(ticket, std::slice::from_mut(&mut job))?;
-        as_bytes_mut(buf).copy_from_slice(&job.bytes);
+        self.core.run_p2p(ticket, std::slice::from_mut(&mut job.msg))?;
+        as_bytes_mut(buf).copy_from_slice(&job.msg.bytes);
         Ok(())
     }
 
@@ -99,12 +99,12 @@ impl Core {
         let ticket = self.next_ticket.fetch_add(1, Ordering::SeqCst);
         let core = self.clone();
         self.submit(Box::new(move || {
-            let mut jobs = jobs;
-            let result = core.run_p2p(ticket, &mut jobs);
-            for job in jobs {
-                if let Some(slot) = job.slot {
+            let (mut msgs, slots): (Vec<P2pMsg>, Vec<_>) = jobs.into_iter().map(|j| (j.msg, j.slot)).unzip();
+            let result = core.run_p2p(ticket, &mut msgs);
+            for (msg, slot) in msgs.into_iter().zip(slots) {
+                if let Some(slot) = slot {
                     slot.complete(match &result {
-                        Ok(()) => Ok(job.bytes),
+                        Ok(()) => Ok(msg.bytes),
                         Err(e) => Err(e.clone()),
                     });
                 }
@@ -112,72 +112,32 @@ impl Core {
         }));
     }
 
-    /// Runs point-to-point jobs together under `ticket`.
-    pub(super) fn run_p2p(&self, ticket: u64, jobs: &mut [P2pJob]) -> Result<()> {
+    /// Runs point-to-point messages together under `ticket`, on the backend.
+    pub(super) fn run_p2p(&self, ticket: u64, msgs: &mut [P2pMsg]) -> Result<()> {
         let timeout = self.config.timeout;
-        let first = jobs.first().map(|j| j.fp.to_string()).unwrap_or_default();
+        let first = msgs.first().map(|m| m.fp.to_string()).unwrap_or_default();
         let _turn = self.await_turn(ticket, timeout, || first.clone())?;
         self.check_alive(|| first.clone())?;
         let mut state = self.lock_state();
         // Stamp per-pair sequence numbers in issue order.
-        for job in jobs.iter_mut() {
-            let counter = if job.is_send { &mut state.p2p_sent[job.peer] } else { &mut state.p2p_received[job.peer] };
-            job.fp.seq = *counter;
+        for msg in msgs.iter_mut() {
+            let counter = if msg.is_send { &mut state.p2p_sent[msg.peer] } else { &mut state.p2p_received[msg.peer] };
+            msg.fp.seq = *counter;
             *counter += 1;
-            job.header = job.fp.encode();
-        }
-        #[cfg(feature = "mpi")]
-        if let Some(b) = &self.mpi {
-            let result = b.p2p(jobs, &mut state.stats);
-            drop(state);
-            return result.map_err(|e| {
-                let e = e.with_op(first.clone()).with_rank(self.world_rank);
-                self.fail(e.clone());
-                e
-            });
+            msg.header = msg.fp.encode();
         }
         let members: Vec<usize> = (0..self.world_size).collect();
-        let flight = jobs.first().map(|j| self.flight.start(&j.fp, "p2p", Some(j.peer)));
-        let State { links, stats, scratch, .. } = &mut *state;
-        let mut ctx = Ctx::new(
-            self.world_rank,
-            &members,
-            links,
-            &*self.bell,
+        let flight = msgs.first().map(|m| self.flight.start(&m.fp, "p2p", Some(m.peer)));
+        let fp = msgs.first().map_or_else(|| Fingerprint::new(OpKind::P2p, 0, 0), |m| m.fp);
+        let mut env = OpEnv {
+            fp: &fp,
+            group: GroupView { id: 0, rank: self.world_rank, members: &members, layout: None },
             timeout,
-            self.config.max_segment_bytes,
-            stats,
-            scratch,
-        );
-        ctx.cancel = Some(&self.aborted);
-        let result = crate::unwind::catch(self.world_rank, || {
-            // Phase 1: headers out, headers in.
-            let mut got = vec![[0u8; FP_BYTES]; jobs.len()];
-            {
-                let mut xfers: Vec<Xfer<'_>> = Vec::new();
-                for (job, g) in jobs.iter().zip(got.iter_mut()) {
-                    if job.is_send {
-                        xfers.push(Xfer::send(job.peer, &job.header));
-                    } else {
-                        xfers.push(Xfer::recv(job.peer, g));
-                    }
-                }
-                ctx.run(&mut xfers)?;
-            }
-            // Check what arrived before reading any payload.
-            for (job, g) in jobs.iter().zip(got.iter()) {
-                if !job.is_send {
-                    job.check_header(g)?;
-                }
-            }
-            // Phase 2: payloads both ways at once (headers are small enough to never block,
-            // payloads are not, so they must flow concurrently).
-            let mut xfers: Vec<Xfer<'_>> = jobs
-                .iter_mut()
-                .map(|j| if j.is_send { Xfer::send(j.peer, &j.bytes) } else { Xfer::recv(j.peer, &mut j.bytes) })
-                .collect();
-            ctx.run(&mut xfers)
-        });
+            max_segment_bytes: self.config.max_segment_bytes,
+            stats: &mut state.stats,
+            cancel: &self.aborted,
+        };
+        let result = crate::unwind::catch(self.world_rank, || self.backend.p2p(&mut env, msgs));
         drop(state);
         if let (Some(id), Ok(())) = (flight, &result) {
             self.flight.finish(id, Ok(()));
@@ -194,38 +154,18 @@ impl Core {
     }
 }
 
-/// A pending point-to-point op.
-pub(crate) struct P2pJob {
-    /// World rank of the peer.
-    pub(crate) peer: usize,
-    pub(crate) is_send: bool,
-    pub(crate) bytes: Vec<u8>,
-    pub(crate) fp: Fingerprint,
-    pub(crate) header: [u8; FP_BYTES],
-    pub(super) slot: Option<Arc<Slot<Vec<u8>>>>,
+/// A pending point-to-point op: its message and the slot of its [`Work`] handle.
+pub(super) struct P2pJob {
+    msg: P2pMsg,
+    slot: Option<Arc<Slot<Vec<u8>>>>,
 }
 
 impl P2pJob {
-    /// Checks the header that arrived for this receive against what it expects (dtype,
-    /// count, tag, per-pair sequence number), before any payload is read.
-    pub(crate) fn check_header(&self, got: &[u8]) -> Result<()> {
-        let theirs = Fingerprint::decode_from(got, self.peer)?;
-        if theirs != self.fp {
-            return Err(Error::new(
-                ErrorKind::Mismatch,
-                format!("rank {} sent {theirs}, this rank expected {}", self.peer, self.fp),
-            )
-            .with_op(self.fp.to_string())
-            .with_peer(self.peer));
-        }
-        Ok(())
+    fn send(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
+        P2pJob { msg: P2pMsg { peer, is_send: true, bytes, fp, header: [0; FP_BYTES] }, slot }
     }
 
-    pub(super) fn send(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
-        P2pJob { peer, is_send: true, bytes, fp, header: [0; FP_BYTES], slot }
-    }
-
-    pub(super) fn recv(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
-        P2pJob { peer, is_send: false, bytes, fp, header: [0; FP_BYTES], slot }
+    fn recv(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
+        P2pJob { msg: P2pMsg { peer, is_send: false, bytes, fp, header: [0; FP_BYTES] }, slot }
     }
 }
