@@ -5,7 +5,7 @@
 //! ([`super::workers`]).
 
 use anyhow::Context;
-use oxcomm::compression::coalesced::HostGroups;
+use oxcomm::compression::host_groups::HostGroups;
 use oxcomm::compression::onebit::OneBitState;
 use oxcomm::{Communicator, DType, OpOptions};
 

@@ -3,7 +3,8 @@
 //!
 //! The communicator validates and fingerprints an op, asks `plan` for an algorithm, and runs
 //! the function here for that op inside its turn. Algorithms that need more than the links
-//! get it explicitly: the host layout (hierarchical) and the direct shared-memory view.
+//! get it explicitly: the host layout (hierarchical) and the direct shared-memory view, which
+//! the backend that owns the workspaces hands in (`None` where there is none).
 
 use super::hierarchical::HostLayout;
 use super::{Algorithm, ReduceBuffers};
@@ -19,17 +20,19 @@ pub(crate) fn agrees(algo: Algorithm) -> bool {
     !matches!(algo, Algorithm::ShmDirect | Algorithm::Dissemination)
 }
 
-/// Runs `f` with the direct shared-memory view taken out of `ctx` (and puts it back).
+/// The direct shared-memory view an op was given, or the error of an op routed to the direct
+/// path without one.
 #[cfg(target_os = "linux")]
-fn with_direct<'c, R>(
-    ctx: &mut Ctx<'c>,
-    f: impl FnOnce(&mut Ctx<'c>, &mut super::shm_direct::Direct<'c>) -> Result<R>,
-) -> Result<R> {
-    let mut d = ctx.direct.take().ok_or_else(|| Error::invalid("the direct shared-memory path is not available"))?;
-    let r = f(ctx, &mut d);
-    ctx.direct = Some(d);
-    r
+fn direct<'d, 'v>(direct: Option<&'d mut Direct<'v>>) -> Result<&'d mut Direct<'v>> {
+    direct.ok_or_else(|| Error::invalid("the direct shared-memory path is not available"))
 }
+
+/// The direct view of an op where the platform has one (the shm transport, Linux).
+#[cfg(target_os = "linux")]
+pub(crate) type Direct<'v> = super::shm_direct::Direct<'v>;
+/// The direct view of an op where the platform has one (never, off Linux).
+#[cfg(not(target_os = "linux"))]
+pub(crate) type Direct<'v> = std::marker::PhantomData<&'v ()>;
 
 /// All-reduce with `algo` (`op` is the combiner: `Avg` is finished by the caller on the
 /// returned buffer, which holds the result).
@@ -40,12 +43,13 @@ pub(crate) fn all_reduce<'b, T: Element>(
     fp: &Fingerprint,
     io: ReduceBuffers<'b, T>,
     op: ReduceOp,
+    d: Option<&mut Direct<'_>>,
 ) -> Result<&'b mut [T]> {
     #[cfg(not(target_os = "linux"))]
-    let _ = fp;
+    let _ = (fp, d);
     match (algo, layout) {
         #[cfg(target_os = "linux")]
-        (Algorithm::ShmDirect, _) => with_direct(ctx, |ctx, d| super::shm_direct::all_reduce(ctx, d, fp, io, op)),
+        (Algorithm::ShmDirect, _) => super::shm_direct::all_reduce(ctx, direct(d)?, fp, io, op),
         (Algorithm::Hierarchical, Some(l)) => {
             let buf = io.into_in_place();
             super::hierarchical::all_reduce(ctx, l, buf, op)?;
@@ -81,12 +85,13 @@ pub(crate) fn broadcast<T: Element>(
     fp: &Fingerprint,
     buf: &mut [T],
     root: usize,
+    d: Option<&mut Direct<'_>>,
 ) -> Result<()> {
     #[cfg(not(target_os = "linux"))]
-    let _ = fp;
+    let _ = (fp, d);
     match (algo, layout) {
         #[cfg(target_os = "linux")]
-        (Algorithm::ShmDirect, _) => with_direct(ctx, |ctx, d| super::shm_direct::broadcast(ctx, d, fp, buf, root)),
+        (Algorithm::ShmDirect, _) => super::shm_direct::broadcast(ctx, direct(d)?, fp, buf, root),
         (Algorithm::Hierarchical, Some(l)) => super::hierarchical::broadcast(ctx, l, buf, root),
         _ => super::tree::broadcast(ctx, buf, root),
     }
@@ -123,11 +128,13 @@ pub(crate) fn reduce_scatter<T: Element>(
 
 /// Barrier with `algo`: dissemination, direct arrival, else the agreement phase alone (which
 /// the caller runs when [`agrees`] says so).
-pub(crate) fn barrier(ctx: &mut Ctx<'_>, algo: Algorithm, fp: &Fingerprint) -> Result<()> {
+pub(crate) fn barrier(ctx: &mut Ctx<'_>, algo: Algorithm, fp: &Fingerprint, d: Option<&mut Direct<'_>>) -> Result<()> {
+    #[cfg(not(target_os = "linux"))]
+    let _ = d;
     match algo {
         Algorithm::Dissemination => super::barrier::dissemination(ctx, fp),
         #[cfg(target_os = "linux")]
-        Algorithm::ShmDirect => with_direct(ctx, |ctx, d| super::shm_direct::barrier(ctx, d, fp)),
+        Algorithm::ShmDirect => super::shm_direct::barrier(ctx, direct(d)?, fp),
         _ => Ok(()),
     }
 }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::{Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route};
+use crate::algorithms::dispatch::Direct;
 use crate::algorithms::{self, dispatch, plan, Algorithm, ReduceBuffers};
 use crate::dtype::Element;
 use crate::engine::{Ctx, Xfer};
@@ -79,6 +80,17 @@ impl NativeBackend {
 
     /// Runs `f` on the engine's view of this op (the agreement phase first if `route` says so).
     fn run<R>(&self, env: &mut OpEnv<'_>, route: Route, f: impl FnOnce(&mut Ctx<'_>) -> Result<R>) -> Result<R> {
+        self.run_direct(env, route, |ctx, _| f(ctx))
+    }
+
+    /// [`NativeBackend::run`] for algorithms that may take the direct path: `f` also gets the
+    /// direct view (world group on the shm transport), which this backend owns.
+    fn run_direct<R>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        f: impl FnOnce(&mut Ctx<'_>, Option<&mut Direct<'_>>) -> Result<R>,
+    ) -> Result<R> {
         let mut state = self.lock();
         #[cfg(target_os = "linux")]
         let State { links, scratch, direct_state } = &mut *state;
@@ -96,14 +108,18 @@ impl NativeBackend {
         );
         ctx.cancel = Some(env.cancel);
         #[cfg(target_os = "linux")]
-        if env.group.id == 0 {
-            ctx.direct =
-                self.direct.as_ref().map(|shm| crate::algorithms::shm_direct::Direct { shm, state: direct_state });
+        let mut direct =
+            self.direct.as_ref().filter(|_| env.group.id == 0).map(|shm| Direct { shm, state: direct_state });
+        #[cfg(not(target_os = "linux"))]
+        let mut direct: Option<Direct<'_>> = None;
+        #[cfg(target_os = "linux")]
+        {
+            ctx.shm = direct.as_ref().map(|d| d.shm);
         }
         if route.agree {
             algorithms::star::agree(&mut ctx, env.fp)?;
         }
-        f(&mut ctx)
+        f(&mut ctx, direct.as_mut())
     }
 }
 
@@ -154,8 +170,8 @@ impl Backend for NativeBackend {
         op: ReduceOp,
     ) -> Result<()> {
         let (n, layout, fp) = (env.group.size(), env.group.layout, env.fp);
-        self.run(env, route, |ctx| {
-            let buf = dispatch::all_reduce(ctx, algo(route), layout, fp, io, op.combiner())?;
+        self.run_direct(env, route, |ctx, d| {
+            let buf = dispatch::all_reduce(ctx, algo(route), layout, fp, io, op.combiner(), d)?;
             reduce::finish_avg(buf, op, n);
             Ok(())
         })
@@ -181,7 +197,7 @@ impl Backend for NativeBackend {
 
     fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, buf: &mut [T], root: usize) -> Result<()> {
         let (layout, fp) = (env.group.layout, env.fp);
-        self.run(env, route, |ctx| dispatch::broadcast(ctx, algo(route), layout, fp, buf, root))
+        self.run_direct(env, route, |ctx, d| dispatch::broadcast(ctx, algo(route), layout, fp, buf, root, d))
     }
 
     fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, input: &[T], output: &mut [T]) -> Result<()> {
@@ -249,7 +265,7 @@ impl Backend for NativeBackend {
 
     fn barrier(&self, env: &mut OpEnv<'_>, route: Route) -> Result<()> {
         let fp = env.fp;
-        self.run(env, route, |ctx| dispatch::barrier(ctx, algo(route), fp))
+        self.run_direct(env, route, |ctx, d| dispatch::barrier(ctx, algo(route), fp, d))
     }
 
     fn monitored_barrier(&self, env: &mut OpEnv<'_>, route: Route, _timeout: Duration) -> Result<()> {

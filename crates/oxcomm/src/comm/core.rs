@@ -10,15 +10,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::p2p::P2pJob;
-use super::work::Work;
+use super::work::{Progress, Slot, Work};
 use super::{CommConfig, Communicator, OpOptions};
-use crate::backend::{AnyBackend, Backend, OpEnv, Route};
+use crate::backend::{AnyBackend, Backend, GroupView, OpEnv, P2pMsg, Route};
 use crate::dtype::DType;
 use crate::engine::LinkStats;
 use crate::error::{Error, ErrorKind, Result};
 use crate::logging::{CommsLogger, OpRecord};
-use crate::wire::Fingerprint;
+use crate::wire::{Fingerprint, OpKind, FP_BYTES};
 
 /// What this rank shares with all its communicators (the world and its groups).
 pub(crate) struct Core {
@@ -393,5 +392,103 @@ impl Core {
             *w = Some(tx);
         }
         let _ = w.as_ref().expect("worker started").send(job);
+    }
+}
+
+impl Core {
+    /// Starts every pending `isend`/`irecv` as one batch on the async worker.
+    pub(super) fn flush_p2p(self: &Arc<Self>) {
+        if !self.p2p_pending.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let jobs: Vec<P2pJob> = std::mem::take(&mut *self.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()));
+        if jobs.is_empty() {
+            return;
+        }
+        let ticket = self.next_ticket.fetch_add(1, Ordering::SeqCst);
+        let core = self.clone();
+        self.submit(Box::new(move || {
+            let (mut msgs, slots): (Vec<P2pMsg>, Vec<_>) = jobs.into_iter().map(|j| (j.msg, j.slot)).unzip();
+            let result = core.run_p2p(ticket, &mut msgs);
+            for (msg, slot) in msgs.into_iter().zip(slots) {
+                if let Some(slot) = slot {
+                    slot.complete(match &result {
+                        Ok(()) => Ok(msg.bytes),
+                        Err(e) => Err(e.clone()),
+                    });
+                }
+            }
+        }));
+    }
+
+    /// Runs point-to-point messages together under `ticket`, on the backend.
+    pub(super) fn run_p2p(&self, ticket: u64, msgs: &mut [P2pMsg]) -> Result<()> {
+        let timeout = self.config.timeout;
+        let first = msgs.first().map(|m| m.fp.to_string()).unwrap_or_default();
+        let _turn = self.await_turn(ticket, timeout, || first.clone())?;
+        self.check_alive(|| first.clone())?;
+        let mut state = self.lock_state();
+        // Stamp per-pair sequence numbers in issue order.
+        for msg in msgs.iter_mut() {
+            let counter = if msg.is_send { &mut state.p2p_sent[msg.peer] } else { &mut state.p2p_received[msg.peer] };
+            msg.fp.seq = *counter;
+            *counter += 1;
+            msg.header = msg.fp.encode();
+        }
+        let members: Vec<usize> = (0..self.world_size).collect();
+        let flight = msgs.first().map(|m| self.flight.start(&m.fp, "p2p", Some(m.peer)));
+        let fp = msgs.first().map_or_else(|| Fingerprint::new(OpKind::P2p, 0, 0), |m| m.fp);
+        let mut env = OpEnv {
+            fp: &fp,
+            group: GroupView { id: 0, rank: self.world_rank, members: &members, layout: None },
+            timeout,
+            max_segment_bytes: self.config.max_segment_bytes,
+            stats: &mut state.stats,
+            cancel: &self.aborted,
+        };
+        let result = crate::unwind::catch(self.world_rank, || self.backend.p2p(&mut env, msgs));
+        drop(state);
+        if let (Some(id), Ok(())) = (flight, &result) {
+            self.flight.finish(id, Ok(()));
+        }
+        result.map_err(|e| {
+            let e = e.with_op(first.clone()).with_rank(self.world_rank);
+            let e = match flight {
+                Some(id) => self.flight.annotate(id, e, self.world_rank),
+                None => e,
+            };
+            self.fail(e.clone());
+            e
+        })
+    }
+}
+
+/// A pending point-to-point op: its message and the slot of its [`Work`] handle.
+pub(super) struct P2pJob {
+    pub(super) msg: P2pMsg,
+    slot: Option<Arc<Slot<Vec<u8>>>>,
+}
+
+impl P2pJob {
+    pub(super) fn send(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
+        P2pJob { msg: P2pMsg { peer, is_send: true, bytes, fp, header: [0; FP_BYTES] }, slot }
+    }
+
+    pub(super) fn recv(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
+        P2pJob { msg: P2pMsg { peer, is_send: false, bytes, fp, header: [0; FP_BYTES] }, slot }
+    }
+}
+
+impl Progress for Core {
+    fn start_pending(self: Arc<Self>) {
+        self.flush_p2p();
+    }
+
+    fn op_timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
+    fn world_rank(&self) -> usize {
+        self.world_rank
     }
 }

@@ -7,8 +7,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::core::Core;
 use crate::error::{Error, ErrorKind, Result};
+
+/// What a handle needs from the rank whose op it waits for (the communicator's core).
+pub(super) trait Progress: Send + Sync {
+    /// Starts the pending `isend`/`irecv`s, so that waiting on one of them cannot wait for ever.
+    fn start_pending(self: Arc<Self>);
+    /// The ops' default deadline (the wait's outer bound is derived from it).
+    fn op_timeout(&self) -> Duration;
+    /// This rank in the world, for errors.
+    fn world_rank(&self) -> usize;
+}
 
 pub(super) struct Slot<R> {
     pub(super) result: Mutex<Option<Result<R>>>,
@@ -30,7 +39,7 @@ pub(super) type Mapper<R> = Box<dyn FnOnce(Vec<u8>) -> R + Send>;
 /// The handle of an async op. Dropping it does not cancel the op.
 pub struct Work<R> {
     inner: WorkInner<R>,
-    core: Arc<Core>,
+    core: Arc<dyn Progress>,
     taken: bool,
 }
 
@@ -40,12 +49,12 @@ pub(super) enum WorkInner<R> {
 }
 
 impl<R: Send + 'static> Work<R> {
-    pub(super) fn pending(core: Arc<Core>) -> (Work<R>, Arc<Slot<R>>) {
+    pub(super) fn pending(core: Arc<dyn Progress>) -> (Work<R>, Arc<Slot<R>>) {
         let slot = Arc::new(Slot { result: Mutex::new(None), cv: Condvar::new(), done: AtomicBool::new(false) });
         (Work { inner: WorkInner::Direct(slot.clone()), core, taken: false }, slot)
     }
 
-    pub(super) fn done(r: Result<R>, core: Arc<Core>) -> Work<R> {
+    pub(super) fn done(r: Result<R>, core: Arc<dyn Progress>) -> Work<R> {
         let (w, slot) = Work::pending(core);
         slot.complete(r);
         w
@@ -63,7 +72,7 @@ impl<R> Work<R> {
     /// Whether the op has finished (successfully or not). Polling also starts pending
     /// `isend`/`irecv`s.
     pub fn is_completed(&self) -> bool {
-        self.core.flush_p2p();
+        self.core.clone().start_pending();
         match &self.inner {
             WorkInner::Direct(s) => s.done.load(Ordering::SeqCst),
             WorkInner::Mapped(s, _) => s.done.load(Ordering::SeqCst),
@@ -73,11 +82,11 @@ impl<R> Work<R> {
     /// Waits for the op and returns its result. The op's own deadline bounds the wait.
     pub fn wait(mut self) -> Result<R> {
         // The op fails by its own deadline; this outer bound only guards against a bug.
-        let bound = self.core.config.timeout * 2 + Duration::from_secs(5);
+        let bound = self.core.op_timeout() * 2 + Duration::from_secs(5);
         match self.wait_timeout(bound)? {
             Some(r) => Ok(r),
             None => Err(Error::new(ErrorKind::Timeout, format!("async op did not finish within {bound:?}"))
-                .with_rank(self.core.world_rank)),
+                .with_rank(self.core.world_rank())),
         }
     }
 
@@ -87,7 +96,7 @@ impl<R> Work<R> {
         if self.taken {
             return Err(Error::invalid("the result of this work handle was already taken"));
         }
-        self.core.flush_p2p();
+        self.core.clone().start_pending();
         let deadline = Instant::now() + timeout;
         let out = match &mut self.inner {
             WorkInner::Direct(s) => take(s, deadline),

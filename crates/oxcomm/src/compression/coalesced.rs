@@ -13,8 +13,8 @@
 //! One ring reduce-scatter of `W · Σ c_t` elements: `W − 1` steps, `(W − 1) · Σ c_t` elements
 //! sent.
 //!
-//! The ZeRO++ qgZ quantized reduce-scatter, which falls back to this, is [`super::qgz`]; its
-//! items are re-exported here, where they used to live.
+//! The ZeRO++ qgZ quantized reduce-scatter, which falls back to this, is [`super::qgz`] (its
+//! host groups: [`super::host_groups`]).
 
 use std::ops::Range;
 
@@ -23,9 +23,6 @@ use crate::comm::Communicator;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::reduce::{self, ReduceOp};
-
-pub use super::host_groups::HostGroups;
-pub use super::qgz::{all_to_all_quant_reduce, all_to_all_quant_reduce_report, QuantReduceReport, TensorView};
 
 /// Reduce-scatters several tensors in one collective and returns this rank's partition of
 /// each tensor's **mean** over the group (spec §3.1).

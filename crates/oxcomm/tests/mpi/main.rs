@@ -17,7 +17,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use oxcomm::compression::coalesced::{all_to_all_quant_reduce, reduce_scatter_coalesced, HostGroups, TensorView};
+use oxcomm::compression::coalesced::reduce_scatter_coalesced;
+use oxcomm::compression::host_groups::HostGroups;
+use oxcomm::compression::qgz::{all_to_all_quant_reduce, TensorView};
 use oxcomm::reduce::{scalar, ReduceOp};
 use oxcomm::{threads, Communicator, DType, Element, ErrorKind};
 

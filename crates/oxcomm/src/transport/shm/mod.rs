@@ -58,6 +58,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 pub mod direct;
 mod futex;
+mod layout;
 mod ring;
 mod segment;
 
