@@ -75,9 +75,10 @@ mod unwind;
 pub mod wire;
 
 pub use algorithms::Algorithm;
-pub use comm::{CommConfig, Communicator, OpOptions, Work};
+pub use comm::{CommConfig, Communicator, OpOptions, OwnedBuf, Work};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 #[cfg(target_os = "linux")]
 pub use init::{init, Init};
 pub use reduce::ReduceOp;
+pub use transport::Transport;

@@ -97,7 +97,7 @@ pub fn communicators(n: usize, config: CommConfig) -> Result<Vec<Communicator>> 
             let links: Vec<Option<Box<dyn Link>>> =
                 ep.links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect();
             let bell: Arc<dyn Doorbell> = ep.doorbell;
-            Communicator::from_links(ep.rank, links, bell, config.clone(), "threads")
+            Communicator::from_links(ep.rank, links, bell, config.clone(), crate::transport::Transport::Threads)
         })
         .collect()
 }

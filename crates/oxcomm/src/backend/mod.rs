@@ -31,6 +31,7 @@ use crate::dtype::Element;
 use crate::engine::LinkStats;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::ReduceOp;
+use crate::transport::Transport;
 use crate::wire::{Fingerprint, OpKind, FP_BYTES};
 
 /// The group an op runs in, as a backend sees it.
@@ -129,7 +130,7 @@ pub(crate) struct NewGroup {
 /// An error aborts the communicator (the communicator then calls [`Backend::close`]).
 pub(crate) trait Backend {
     /// The transport ops move over.
-    fn transport(&self) -> &'static str;
+    fn transport(&self) -> Transport;
     /// Picks how `kind` runs in `group` for a buffer of `bytes` (`count` elements), honouring
     /// `forced` when it applies (an error when it does not).
     fn route(
@@ -266,7 +267,7 @@ macro_rules! forward {
 }
 
 impl Backend for AnyBackend {
-    fn transport(&self) -> &'static str {
+    fn transport(&self) -> Transport {
         forward!(self, b => b.transport())
     }
 

@@ -17,7 +17,7 @@ use crate::dtype::Element;
 use crate::engine::{Ctx, Xfer};
 use crate::error::{ErrorKind, Result};
 use crate::reduce::{self, ReduceOp};
-use crate::transport::{Doorbell, Link};
+use crate::transport::{Doorbell, Link, Transport};
 use crate::wire::{OpKind, FP_BYTES};
 
 /// What one op locks while it runs.
@@ -31,7 +31,7 @@ struct State {
 
 /// oxcomm's links and algorithms, as a [`Backend`].
 pub(crate) struct NativeBackend {
-    transport: &'static str,
+    transport: Transport,
     bell: Arc<dyn Doorbell>,
     state: Mutex<State>,
     /// Every rank's shared-memory workspace, when all ranks share this host.
@@ -45,7 +45,7 @@ impl NativeBackend {
     pub(crate) fn new(
         links: Vec<Option<Box<dyn Link>>>,
         bell: Arc<dyn Doorbell>,
-        transport: &'static str,
+        transport: Transport,
         #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::direct::ShmDirect>,
     ) -> NativeBackend {
         bell.heartbeat();
@@ -129,7 +129,7 @@ fn algo(route: Route) -> Algorithm {
 }
 
 impl Backend for NativeBackend {
-    fn transport(&self) -> &'static str {
+    fn transport(&self) -> Transport {
         self.transport
     }
 

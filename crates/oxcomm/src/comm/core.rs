@@ -268,7 +268,7 @@ impl Core {
             group_size,
             seq,
             algorithm,
-            transport: self.backend.transport(),
+            transport: self.backend.transport().as_str(),
             start_ns,
             latency_ns: end.saturating_sub(start_ns),
             caller,

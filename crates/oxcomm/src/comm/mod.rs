@@ -33,9 +33,10 @@ use crate::dtype::{DType, Element};
 use crate::engine::LinkStats;
 use crate::error::{Error, ErrorKind, Result};
 use crate::logging::CommsLogger;
-use crate::transport::{Doorbell, Link};
+use crate::transport::{Doorbell, Link, Transport};
 use crate::wire::{Fingerprint, OpKind};
 
+pub use async_ops::OwnedBuf;
 pub use config::{CommConfig, OpOptions, DEFAULT_MAX_SEGMENT_BYTES, DEFAULT_TIMEOUT, ENV_TIMEOUT};
 pub use work::Work;
 
@@ -84,7 +85,7 @@ impl Communicator {
         links: Vec<Option<Box<dyn Link>>>,
         bell: Arc<dyn Doorbell>,
         config: CommConfig,
-        transport: &'static str,
+        transport: Transport,
     ) -> Result<Communicator> {
         Communicator::from_parts(rank, links, bell, config, transport, None)
     }
@@ -95,7 +96,7 @@ impl Communicator {
         links: Vec<Option<Box<dyn Link>>>,
         bell: Arc<dyn Doorbell>,
         config: CommConfig,
-        transport: &'static str,
+        transport: Transport,
         #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::direct::ShmDirect>,
         #[cfg(not(target_os = "linux"))] _direct: Option<()>,
     ) -> Result<Communicator> {
@@ -117,7 +118,7 @@ impl Communicator {
         links: Vec<Option<Box<dyn Link>>>,
         bell: Arc<dyn Doorbell>,
         config: CommConfig,
-        transport: &'static str,
+        transport: Transport,
         #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::direct::ShmDirect>,
         #[cfg(not(target_os = "linux"))] _direct: Option<()>,
     ) -> Communicator {
@@ -198,8 +199,9 @@ impl Communicator {
         &self.group.members
     }
 
-    /// The transport's name (`threads`, `shm`, `tcp`).
-    pub fn transport(&self) -> &'static str {
+    /// How this communicator moves bytes ([`Transport::as_str`] names it: `threads`, `shm`,
+    /// `tcp`, `shm+tcp`, `mpi`).
+    pub fn transport(&self) -> Transport {
         self.core.backend.transport()
     }
 

@@ -7,6 +7,7 @@
 
 use std::sync::atomic::Ordering;
 
+use super::async_ops::OwnedBuf;
 use super::core::P2pJob;
 use super::work::Work;
 use super::Communicator;
@@ -38,16 +39,17 @@ impl Communicator {
         Ok(())
     }
 
-    /// Starts sending `buf` to `dst`; the handle returns the buffer when the send is done.
+    /// Starts sending `buf` (any [`OwnedBuf`]: `Vec<T>`, `Box<[T]>`, …) to `dst`; the handle
+    /// returns the buffer when the send is done.
     /// Pending `isend`/`irecv`s start together (so an exchange cannot deadlock) when a handle
     /// is waited on or polled, or when any other op is issued.
-    pub fn isend<T: Element>(&self, buf: Vec<T>, dst: usize, tag: u32) -> Work<Vec<T>> {
-        let fp = match self.p2p_fp::<T>(buf.len(), dst, tag) {
+    pub fn isend<T: Element, B: OwnedBuf<T>>(&self, buf: B, dst: usize, tag: u32) -> Work<B> {
+        let fp = match self.p2p_fp::<T>(buf.as_ref().len(), dst, tag) {
             Ok(fp) => fp,
             Err(e) => return Work::done(Err(e), self.core.clone()),
         };
         let (work, slot) = Work::<Vec<u8>>::pending(self.core.clone());
-        let job = P2pJob::send(self.group.members[dst], as_bytes(&buf).to_vec(), fp, Some(slot));
+        let job = P2pJob::send(self.group.members[dst], as_bytes(buf.as_ref()).to_vec(), fp, Some(slot));
         self.core.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()).push(job);
         self.core.p2p_pending.store(true, Ordering::SeqCst);
         work.map(move |_| buf)
@@ -55,18 +57,18 @@ impl Communicator {
 
     /// Starts receiving into `buf` from `src`; the handle returns the filled buffer. See
     /// [`Communicator::isend`] for when it starts.
-    pub fn irecv<T: Element>(&self, buf: Vec<T>, src: usize, tag: u32) -> Work<Vec<T>> {
-        let fp = match self.p2p_fp::<T>(buf.len(), src, tag) {
+    pub fn irecv<T: Element, B: OwnedBuf<T>>(&self, buf: B, src: usize, tag: u32) -> Work<B> {
+        let fp = match self.p2p_fp::<T>(buf.as_ref().len(), src, tag) {
             Ok(fp) => fp,
             Err(e) => return Work::done(Err(e), self.core.clone()),
         };
         let (work, slot) = Work::<Vec<u8>>::pending(self.core.clone());
-        let job = P2pJob::recv(self.group.members[src], vec![0u8; std::mem::size_of_val(&buf[..])], fp, Some(slot));
+        let job = P2pJob::recv(self.group.members[src], vec![0u8; std::mem::size_of_val(buf.as_ref())], fp, Some(slot));
         self.core.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()).push(job);
         self.core.p2p_pending.store(true, Ordering::SeqCst);
         let mut buf = buf;
         work.map(move |bytes| {
-            as_bytes_mut(&mut buf).copy_from_slice(&bytes);
+            as_bytes_mut(buf.as_mut()).copy_from_slice(&bytes);
             buf
         })
     }

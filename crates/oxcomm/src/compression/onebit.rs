@@ -346,7 +346,7 @@ fn all_reduce_inner(comm: &Communicator, buf: &mut [f32], state: &mut OneBitStat
     let signs = c / 8;
     let row = signs + SCALE_BYTES;
     let len = buf.len();
-    let wanted = state.overlap.unwrap_or_else(|| comm.transport().contains("tcp"));
+    let wanted = state.overlap.unwrap_or_else(|| comm.transport().uses_tcp());
     let OneBitState { worker, server, carry, scratch: s, .. } = state;
 
     let (me, pipelined) =

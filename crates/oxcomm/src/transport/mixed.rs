@@ -94,7 +94,7 @@ impl<L: Link> Link for Watched<L> {
         self.inner.peer_idle()
     }
 
-    fn kind(&self) -> &'static str {
+    fn kind(&self) -> super::Transport {
         self.inner.kind()
     }
 }

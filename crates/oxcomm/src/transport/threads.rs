@@ -196,8 +196,8 @@ impl Link for ThreadLink {
         super::idle_since(self.peer_bell.heartbeat.load(Ordering::Relaxed))
     }
 
-    fn kind(&self) -> &'static str {
-        "threads"
+    fn kind(&self) -> crate::transport::Transport {
+        crate::transport::Transport::Threads
     }
 }
 

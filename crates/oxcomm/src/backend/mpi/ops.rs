@@ -12,8 +12,8 @@ use crate::backend::{Backend, NewGroup, OpEnv, P2pMsg, Route};
 use crate::wire::OpKind;
 
 impl Backend for MpiBackend {
-    fn transport(&self) -> &'static str {
-        "mpi"
+    fn transport(&self) -> crate::transport::Transport {
+        crate::transport::Transport::Mpi
     }
 
     /// MPI picks its own algorithms and segments: the algorithm settings are ignored.

@@ -557,8 +557,8 @@ impl Link for ShmLink {
         crate::transport::idle_since(self.peer_seg.bell().heartbeat.load(Ordering::Relaxed))
     }
 
-    fn kind(&self) -> &'static str {
-        "shm"
+    fn kind(&self) -> crate::transport::Transport {
+        crate::transport::Transport::Shm
     }
 }
 
