@@ -22,6 +22,12 @@ pub struct PyOneBitState {
     state: Mutex<OneBitState>,
 }
 
+impl std::fmt::Debug for PyOneBitState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PyOneBitState").finish_non_exhaustive()
+    }
+}
+
 fn f32_of<'b>(b: &'b Buf, name: &str) -> PyResult<&'b [f32]> {
     if b.dtype != oxcomm::DType::F32 {
         return Err(PyTypeError::new_err(format!("{name}: the 1-bit all-reduce runs on float32, not {:?}", b.dtype)));

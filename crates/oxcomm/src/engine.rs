@@ -17,7 +17,7 @@ use crate::dtype::Element;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::{self, ReduceOp};
 #[cfg(target_os = "linux")]
-use crate::transport::shm::direct::ShmDirect;
+use crate::transport::shm::workspace::ShmDirect;
 use crate::transport::{Doorbell, Link};
 
 /// How often a waiting rank asks its stalled links whether their peer is still alive.

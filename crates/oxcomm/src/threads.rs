@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::comm::{CommConfig, Communicator};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::threads::mesh;
+use crate::transport::inproc::mesh;
 use crate::transport::{Doorbell, Link};
 
 /// Runs `f` on `n` thread ranks with the default [`CommConfig`]; returns each rank's result

@@ -44,7 +44,7 @@ use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::{Ctx, Watch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::{self, ReduceOp};
-use crate::transport::shm::direct::{Counter, ShmDirect, CHUNK_BYTES, SLOT_HEADER, SMALL_BYTES};
+use crate::transport::shm::workspace::{Counter, ShmDirect, CHUNK_BYTES, SLOT_HEADER, SMALL_BYTES};
 
 use crate::wire::{Fingerprint, FP_BYTES};
 
@@ -260,6 +260,7 @@ pub(crate) fn all_reduce<'b, T: Element>(
             // Reduced = g+1; the other ranks' slices `me` were published for chunk g and are
             // not rewritten before everyone published CopiedOut = g+1.
             let dst: &mut [T] = bytemuck::cast_slice_mut(unsafe { shm.chunk_mut(half, off, len) });
+            // SAFETY: as above, for the other ranks' published slices.
             let theirs = |r: usize| -> &[T] { bytemuck::cast_slice(unsafe { shm.chunk(r, half, off, len) }) };
             // In L1-sized pieces: reduce into the result's buffer (apart: after copying the
             // input's piece there), then copy the piece (still in L1) to my chunk buffer for

@@ -36,7 +36,7 @@ pub(crate) struct NativeBackend {
     state: Mutex<State>,
     /// Every rank's shared-memory workspace, when all ranks share this host.
     #[cfg(target_os = "linux")]
-    direct: Option<crate::transport::shm::direct::ShmDirect>,
+    direct: Option<crate::transport::shm::workspace::ShmDirect>,
 }
 
 impl NativeBackend {
@@ -46,7 +46,7 @@ impl NativeBackend {
         links: Vec<Option<Box<dyn Link>>>,
         bell: Arc<dyn Doorbell>,
         transport: Transport,
-        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::direct::ShmDirect>,
+        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::workspace::ShmDirect>,
     ) -> NativeBackend {
         bell.heartbeat();
         NativeBackend {

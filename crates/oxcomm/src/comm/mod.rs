@@ -97,7 +97,7 @@ impl Communicator {
         bell: Arc<dyn Doorbell>,
         config: CommConfig,
         transport: Transport,
-        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::direct::ShmDirect>,
+        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::workspace::ShmDirect>,
         #[cfg(not(target_os = "linux"))] _direct: Option<()>,
     ) -> Result<Communicator> {
         let size = links.len();
@@ -119,7 +119,7 @@ impl Communicator {
         bell: Arc<dyn Doorbell>,
         config: CommConfig,
         transport: Transport,
-        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::direct::ShmDirect>,
+        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::workspace::ShmDirect>,
         #[cfg(not(target_os = "linux"))] _direct: Option<()>,
     ) -> Communicator {
         let size = links.len();

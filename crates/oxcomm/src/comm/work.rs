@@ -43,6 +43,12 @@ pub struct Work<R> {
     taken: bool,
 }
 
+impl<R> std::fmt::Debug for Work<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work").field("rank", &self.core.world_rank()).field("taken", &self.taken).finish()
+    }
+}
+
 pub(super) enum WorkInner<R> {
     Direct(Arc<Slot<R>>),
     Mapped(Arc<Slot<Vec<u8>>>, Option<Mapper<R>>),

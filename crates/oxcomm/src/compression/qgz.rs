@@ -253,7 +253,7 @@ fn quant_reduce_inner<T: QuantFloat>(
     }
 
     // The quantized path, all such tensors in the same all-to-alls.
-    let quantized: Vec<(usize, Plan)> = routes
+    let quantized: Vec<(usize, QgzPlan)> = routes
         .iter()
         .enumerate()
         .filter_map(|(t, r)| match r {
@@ -262,7 +262,7 @@ fn quant_reduce_inner<T: QuantFloat>(
         })
         .collect();
     if !quantized.is_empty() {
-        let plans: Vec<Plan> = quantized.iter().map(|(_, p)| *p).collect();
+        let plans: Vec<QgzPlan> = quantized.iter().map(|(_, p)| *p).collect();
         let inputs: Vec<&[T]> = quantized.iter().map(|(t, _)| tensors[*t].data).collect();
         let results = quantized_reduce_scatter(&hosts, &plans, &inputs, &mut report)?;
         report.quantized = quantized.len();
@@ -277,12 +277,12 @@ fn quant_reduce_inner<T: QuantFloat>(
 #[derive(Debug, Clone, Copy)]
 enum Route {
     Fallback,
-    Quantized(Plan),
+    Quantized(QgzPlan),
 }
 
 /// Sizes of one tensor on the quantized path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Plan {
+struct QgzPlan {
     /// `P = N / W`: elements per partition.
     p: usize,
     /// `E = N / G`: elements per group.
@@ -291,7 +291,7 @@ struct Plan {
     gpp: usize,
 }
 
-impl Plan {
+impl QgzPlan {
     /// Bytes of codes of one partition.
     fn code_bytes(self) -> usize {
         quant::quantized_len(self.p, BITS)
@@ -330,7 +330,7 @@ fn route<T>(comm: &Communicator, x: &TensorView<'_, T>) -> Result<Route> {
     if e % 2 != 0 {
         return bad(format!("groups of E = N / G = {e} elements, odd, cannot be packed two int4 codes per byte"));
     }
-    Ok(Route::Quantized(Plan { p: n / w, e, gpp: g / w }))
+    Ok(Route::Quantized(QgzPlan { p: n / w, e, gpp: g / w }))
 }
 
 /// The host layout of one call.
@@ -419,7 +419,7 @@ fn sized(buf: &mut Vec<u8>, n: usize) -> &mut [u8] {
 /// Steps 1–5 of the quantized path for every quantized tensor.
 fn quantized_reduce_scatter<T: QuantFloat>(
     h: &Hosts<'_>,
-    plans: &[Plan],
+    plans: &[QgzPlan],
     inputs: &[&[T]],
     report: &mut QuantReduceReport,
 ) -> Result<Vec<Vec<T>>> {
@@ -432,7 +432,7 @@ fn quantized_reduce_scatter<T: QuantFloat>(
 /// [`quantized_reduce_scatter`] with its all-to-all buffers.
 fn quantized_reduce_scatter_in<T: QuantFloat>(
     h: &Hosts<'_>,
-    plans: &[Plan],
+    plans: &[QgzPlan],
     inputs: &[&[T]],
     report: &mut QuantReduceReport,
     bufs: &mut Scratch,
@@ -567,7 +567,7 @@ const MAX_STRIPES: usize = 8;
 /// hold the stripes one after another, each laid out as a whole call would be (chunk per
 /// host, a record per tensor: codes, then scales).
 struct Stripes<'p> {
-    plans: &'p [Plan],
+    plans: &'p [QgzPlan],
     count: usize,
     /// Bytes of stripe `s`'s chunk (one host's share), for each `s`.
     chunks: Vec<usize>,
@@ -577,7 +577,7 @@ struct Stripes<'p> {
 }
 
 impl<'p> Stripes<'p> {
-    fn new(plans: &'p [Plan], nodes: usize) -> Stripes<'p> {
+    fn new(plans: &'p [QgzPlan], nodes: usize) -> Stripes<'p> {
         let bytes: usize = plans.iter().map(|p| p.record_bytes(1)).sum::<usize>() * nodes;
         let count = (bytes / STRIPE_BYTES).clamp(1, MAX_STRIPES);
         let mut stripes = Stripes { plans, count, chunks: Vec::with_capacity(count), nodes, total: 0 };
@@ -590,14 +590,14 @@ impl<'p> Stripes<'p> {
     }
 
     /// Groups of each partition of `plan` in stripe `st`.
-    fn groups(&self, plan: &Plan, st: usize) -> Range<usize> {
+    fn groups(&self, plan: &QgzPlan, st: usize) -> Range<usize> {
         st * plan.gpp / self.count..(st + 1) * plan.gpp / self.count
     }
 
     /// Stripe `st` of `plan` as a plan of its own.
-    fn plan(&self, plan: &Plan, st: usize) -> Plan {
+    fn plan(&self, plan: &QgzPlan, st: usize) -> QgzPlan {
         let gpp = self.groups(plan, st).len();
-        Plan { p: gpp * plan.e, e: plan.e, gpp }
+        QgzPlan { p: gpp * plan.e, e: plan.e, gpp }
     }
 
     /// `buf` cut into the stripes' parts.
@@ -702,13 +702,13 @@ struct Records<'a> {
     codes: Vec<&'a [u8]>,
     /// Scales of `m` partitions per sender.
     scales: Vec<Vec<f32>>,
-    plan: Plan,
+    plan: QgzPlan,
 }
 
 impl<'a> Records<'a> {
     /// The records of `senders` ranks, each `m` partitions long, starting `at` bytes into
     /// each sender's `chunk` of `buf`.
-    fn read(buf: &'a [u8], chunk: usize, at: usize, plan: Plan, m: usize, senders: usize) -> Records<'a> {
+    fn read(buf: &'a [u8], chunk: usize, at: usize, plan: QgzPlan, m: usize, senders: usize) -> Records<'a> {
         let (mut codes, mut scales) = (Vec::with_capacity(senders), Vec::with_capacity(senders));
         for j in 0..senders {
             let (c, s) = buf[j * chunk + at..][..plan.record_bytes(m)].split_at(m * plan.code_bytes());
@@ -734,7 +734,7 @@ impl<'a> Records<'a> {
 /// then their scales as bytes. `scales` is scratch.
 fn quantize_record<'x, T: QuantFloat>(
     partitions: impl Iterator<Item = &'x [T]>,
-    plan: Plan,
+    plan: QgzPlan,
     rec: &mut [u8],
     scales: &mut Vec<f32>,
 ) -> Result<()> {
@@ -763,7 +763,7 @@ mod tests {
 
     #[test]
     fn record_sizes() {
-        let p = Plan { p: 4096, e: 64, gpp: 64 };
+        let p = QgzPlan { p: 4096, e: 64, gpp: 64 };
         assert_eq!(p.code_bytes(), 2048);
         assert_eq!(p.record_bytes(2), 2 * (2048 + 256));
     }

@@ -20,13 +20,13 @@ use std::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 
+pub mod inproc;
 #[cfg(target_os = "linux")]
 pub mod mixed;
 #[cfg(target_os = "linux")]
 pub mod shm;
 #[cfg(unix)]
 pub mod tcp;
-pub mod threads;
 
 /// A bidirectional ordered byte stream to one peer. See the [module docs](self).
 pub trait Link: Send {
@@ -91,7 +91,7 @@ pub trait Link: Send {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Transport {
-    /// Threads of one process ([`threads`]).
+    /// Threads of one process ([`inproc`]).
     Threads,
     /// Shared memory between processes on one host ([`shm`]).
     Shm,

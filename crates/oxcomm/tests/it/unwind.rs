@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxcomm::transport::threads::mesh;
+use oxcomm::transport::inproc::mesh;
 use oxcomm::transport::{Doorbell, Link};
 use oxcomm::{CommConfig, Communicator, ErrorKind, ReduceOp, Result};
 

@@ -4,7 +4,7 @@
 //!
 //! This module owns sockets, threads, the handshake and the request loop: `server.rs` the
 //! accepting and serving side, `client.rs` the connecting side, this file what both share. What each op means
-//! lives in the shared table (`memory.rs`); frame encoding in `wire.rs`. It knows nothing
+//! lives in the shared table (`memory.rs`); frame encoding in `store_wire.rs`. It knows nothing
 //! about collectives or transports.
 //!
 //! # Security
@@ -77,7 +77,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::memory::{fmt_duration, Limits, Table};
-use super::wire::{self, Header, NONCE_LEN};
+use super::store_wire::{self as wire, Header, NONCE_LEN};
 use super::{random_bytes, Store, MAX_KEY_LEN, MAX_VALUE_LEN, MAX_WAIT_KEYS};
 use crate::error::{Error, ErrorKind, Result};
 

@@ -140,6 +140,15 @@ pub struct ShmDoorbell {
     yield_for: Duration,
 }
 
+impl std::fmt::Debug for ShmDoorbell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmDoorbell")
+            .field("spin", &self.spin)
+            .field("yield_for", &self.yield_for)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ShmDoorbell {
     pub(crate) fn new(seg: Arc<Segment>, spin: Duration, yield_for: Duration) -> ShmDoorbell {
         ShmDoorbell { seg, spin, yield_for }

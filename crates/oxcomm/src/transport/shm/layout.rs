@@ -1,7 +1,7 @@
 //! The shared-memory layouts that more than one file of this transport reads: the doorbell
 //! words in a segment ([`Bell`], whose protocol is `futex.rs`) and the direct collectives'
-//! workspace (`direct.rs`), which `segment.rs` sizes and places. Only sizes, offsets and
-//! `#[repr(C)]` structs live here, so that `segment`, `direct` and `futex` import this file
+//! workspace (`workspace.rs`), which `segment.rs` sizes and places. Only sizes, offsets and
+//! `#[repr(C)]` structs live here, so that `segment`, `workspace` and `futex` import this file
 //! and not each other.
 //!
 //! # The direct workspace
