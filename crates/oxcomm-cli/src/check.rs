@@ -349,7 +349,7 @@ fn read_results(path: &Path) -> anyhow::Result<Vec<Outcome>> {
 #[cfg(target_os = "linux")]
 fn run_worker(args: &CheckArgs) -> anyhow::Result<i32> {
     let comm = oxcomm::init().context("cannot join the job")?;
-    let transport = args.transport.first().map(String::as_str).unwrap_or(comm.transport());
+    let transport = args.transport.first().map(String::as_str).unwrap_or(comm.transport().as_str());
     let checks = selected(transport, &args.op);
     let outcomes = run_checks(&comm, &checks, args.inject_failure.as_deref())?;
     if comm.rank() == 0 {

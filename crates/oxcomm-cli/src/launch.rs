@@ -164,7 +164,7 @@ fn parse_seconds(raw: &str) -> Result<Duration, String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Plan: what the flags mean
+// LaunchPlan: what the flags mean
 // ---------------------------------------------------------------------------------------------
 
 /// Where the ranks' store is and who serves it.
@@ -179,7 +179,7 @@ enum StorePlan {
 
 /// Everything [`execute`] needs, checked.
 #[derive(Debug, Clone)]
-struct Plan {
+struct LaunchPlan {
     nproc: usize,
     nnodes: usize,
     node_rank: usize,
@@ -193,10 +193,10 @@ struct Plan {
     grace: Duration,
 }
 
-impl Plan {
+impl LaunchPlan {
     /// Checks `args`; `get` reads the launcher's environment (only `OXCOMM_TOKEN`, for
     /// multi-node jobs).
-    fn new(args: &LaunchArgs, get: impl Fn(&str) -> Option<String>) -> anyhow::Result<Plan> {
+    fn new(args: &LaunchArgs, get: impl Fn(&str) -> Option<String>) -> anyhow::Result<LaunchPlan> {
         let nproc = args.nproc_per_node;
         if nproc == 0 {
             bail!("-n/--nproc-per-node must be at least 1");
@@ -243,7 +243,7 @@ impl Plan {
             };
             (store, token.trim().to_owned())
         };
-        Ok(Plan {
+        Ok(LaunchPlan {
             nproc,
             nnodes: args.nnodes,
             node_rank: args.node_rank,
@@ -286,7 +286,7 @@ pub fn job_id(token: &str) -> String {
 /// interrupted). Errors are about the launch itself (bad flags, program not found, store
 /// cannot bind).
 pub fn run(args: LaunchArgs) -> anyhow::Result<i32> {
-    let plan = Plan::new(&args, |name| std::env::var(name).ok())?;
+    let plan = LaunchPlan::new(&args, |name| std::env::var(name).ok())?;
     execute(&plan)
 }
 
@@ -308,7 +308,7 @@ pub fn launch_self(n: usize, args: Vec<String>, prefix: bool) -> anyhow::Result<
         no_prefix: !prefix,
         command,
     };
-    let plan = Plan::new(&args, |_| None)?;
+    let plan = LaunchPlan::new(&args, |_| None)?;
     execute(&plan)
 }
 
@@ -338,7 +338,7 @@ enum Stop {
     Signaled(i32),
 }
 
-fn execute(plan: &Plan) -> anyhow::Result<i32> {
+fn execute(plan: &LaunchPlan) -> anyhow::Result<i32> {
     let (tx, rx) = mpsc::channel();
     // Register before spawning, so no SIGCHLD or SIGINT is missed.
     let mut signals = Signals::new([SIGINT, SIGTERM, SIGCHLD]).context("cannot install signal handlers")?;
@@ -362,7 +362,7 @@ fn execute(plan: &Plan) -> anyhow::Result<i32> {
     result
 }
 
-fn serve_and_supervise(plan: &Plan, tx: &mpsc::Sender<Event>, rx: &mpsc::Receiver<Event>) -> anyhow::Result<i32> {
+fn serve_and_supervise(plan: &LaunchPlan, tx: &mpsc::Sender<Event>, rx: &mpsc::Receiver<Event>) -> anyhow::Result<i32> {
     // The server decodes the token exactly as the ranks will (hex → bytes).
     let token_bytes = Settings::from_lookup(|name| (name == OXCOMM_TOKEN).then(|| plan.token.clone()))
         .context("bad OXCOMM_TOKEN")?
@@ -418,7 +418,7 @@ fn serve_and_supervise(plan: &Plan, tx: &mpsc::Sender<Event>, rx: &mpsc::Receive
 
 /// Starts local rank `local_rank`; returns it and the number of output readers started.
 fn spawn_rank(
-    plan: &Plan,
+    plan: &LaunchPlan,
     local_rank: usize,
     master_addr: &str,
     master_port: u16,
@@ -494,7 +494,12 @@ fn die_with_launcher(_command: &mut Command) {}
 
 /// Waits for the ranks; returns the launcher's exit status and why it stopped the job early,
 /// if it did. Counts the output readers that finished meanwhile in `closed`.
-fn supervise(plan: &Plan, ranks: &mut [Rank], rx: &mpsc::Receiver<Event>, closed: &mut usize) -> (i32, Option<Stop>) {
+fn supervise(
+    plan: &LaunchPlan,
+    ranks: &mut [Rank],
+    rx: &mpsc::Receiver<Event>,
+    closed: &mut usize,
+) -> (i32, Option<Stop>) {
     let mut stop: Option<Stop> = None;
     let mut kill_at: Option<Instant> = None;
     loop {
@@ -567,7 +572,7 @@ fn supervise(plan: &Plan, ranks: &mut [Rank], rx: &mpsc::Receiver<Event>, closed
 /// [`EXIT_BARRIER_TIMEOUT`]). When node 0's ranks failed or it was interrupted, it closes the
 /// store at once, which tells the ranks elsewhere that the job is over.
 struct ExitBarrier<'a> {
-    plan: &'a Plan,
+    plan: &'a LaunchPlan,
     token: &'a [u8],
     master_addr: &'a str,
     master_port: u16,
@@ -888,8 +893,8 @@ mod tests {
     #[test]
     fn single_node_plan_serves_on_loopback_with_a_fresh_token() {
         let args = parse(&["-n", "4", "prog", "a"]).unwrap();
-        let a = Plan::new(&args, no_env).unwrap();
-        let b = Plan::new(&args, no_env).unwrap();
+        let a = LaunchPlan::new(&args, no_env).unwrap();
+        let b = LaunchPlan::new(&args, no_env).unwrap();
         assert_eq!(a.world_size, 4);
         assert_eq!(a.store, StorePlan::Serve { bind: "127.0.0.1:0".parse().unwrap(), advertise: None });
         assert_eq!(a.token.len(), 64);
@@ -898,7 +903,7 @@ mod tests {
         assert_eq!(a.program, "prog");
         assert_eq!(a.args, ["a"]);
         // OXCOMM_TOKEN of the launcher is ignored on one node: every job gets its own.
-        let c = Plan::new(&args, |_| Some("shared".into())).unwrap();
+        let c = LaunchPlan::new(&args, |_| Some("shared".into())).unwrap();
         assert_ne!(c.token, "shared");
     }
 
@@ -909,7 +914,7 @@ mod tests {
         {
             let mut all = flags.to_vec();
             all.push("prog");
-            assert!(Plan::new(&parse(&all).unwrap(), no_env).is_err(), "{flags:?}");
+            assert!(LaunchPlan::new(&parse(&all).unwrap(), no_env).is_err(), "{flags:?}");
         }
     }
 
@@ -923,14 +928,14 @@ mod tests {
             all.push("prog");
             parse(&all).unwrap()
         };
-        assert!(Plan::new(&with(&["--master-port", "7000"]), token).is_err());
-        assert!(Plan::new(&with(&["--master-addr", "10.0.0.1"]), token).is_err());
-        assert!(Plan::new(&with(&["--master-addr", "10.0.0.1", "--master-port", "0"]), token).is_err());
+        assert!(LaunchPlan::new(&with(&["--master-port", "7000"]), token).is_err());
+        assert!(LaunchPlan::new(&with(&["--master-addr", "10.0.0.1"]), token).is_err());
+        assert!(LaunchPlan::new(&with(&["--master-addr", "10.0.0.1", "--master-port", "0"]), token).is_err());
         let full = with(&["--master-addr", "10.0.0.1", "--master-port", "7000"]);
-        let err = Plan::new(&full, no_env).unwrap_err().to_string();
+        let err = LaunchPlan::new(&full, no_env).unwrap_err().to_string();
         assert!(err.contains("OXCOMM_TOKEN") && err.contains("every node"), "{err}");
 
-        let plan = Plan::new(&full, token).unwrap();
+        let plan = LaunchPlan::new(&full, token).unwrap();
         assert_eq!(plan.world_size, 6);
         assert_eq!(plan.node_rank, 1);
         assert_eq!(plan.store, StorePlan::Remote { addr: "10.0.0.1".into(), port: 7000 });
@@ -939,7 +944,7 @@ mod tests {
 
         let node0 =
             parse(&["-n", "2", "--nnodes", "3", "--master-addr", "127.0.0.1", "--master-port", "7000", "p"]).unwrap();
-        let plan = Plan::new(&node0, token).unwrap();
+        let plan = LaunchPlan::new(&node0, token).unwrap();
         assert_eq!(
             plan.store,
             StorePlan::Serve { bind: "127.0.0.1:7000".parse().unwrap(), advertise: Some("127.0.0.1".into()) }

@@ -51,6 +51,12 @@ pub struct PyComm {
     pub comm: Communicator,
 }
 
+impl std::fmt::Debug for PyComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PyComm").field("comm", &self.comm).finish()
+    }
+}
+
 impl PyComm {
     /// Runs `f` now (GIL released) or, with `async_op`, on the worker behind a [`PyWork`].
     fn launch(
@@ -187,6 +193,8 @@ impl PyComm {
         self.launch(
             py,
             async_op,
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+            // lives as long as the slice (see `Buf::slice`).
             move |c| with_elem!(buf.dtype, T => c.all_reduce(unsafe { buf.slice_mut::<T>() }, op)),
         )
     }
@@ -203,6 +211,8 @@ impl PyComm {
         let op = parse_op(op)?;
         same_dtype(&input, &[("output", &output)])?;
         self.launch(py, async_op, move |c| {
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+            // lives as long as the slice (see `Buf::slice`).
             with_elem!(input.dtype, T => c.all_reduce_into(unsafe { input.slice::<T>() }, unsafe { output.slice_mut::<T>() }, op))
         })
     }
@@ -213,6 +223,8 @@ impl PyComm {
         self.launch(
             py,
             async_op,
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+            // lives as long as the slice (see `Buf::slice`).
             move |c| with_elem!(buf.dtype, T => c.reduce(unsafe { buf.slice_mut::<T>() }, root, op)),
         )
     }
@@ -222,6 +234,8 @@ impl PyComm {
         self.launch(
             py,
             async_op,
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+            // lives as long as the slice (see `Buf::slice`).
             move |c| with_elem!(buf.dtype, T => c.broadcast(unsafe { buf.slice_mut::<T>() }, root)),
         )
     }
@@ -230,6 +244,8 @@ impl PyComm {
     fn all_gather(&self, py: Python<'_>, input: Buf, output: Buf, async_op: bool) -> PyResult<Option<PyWork>> {
         same_dtype(&input, &[("output", &output)])?;
         self.launch(py, async_op, move |c| {
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+            // lives as long as the slice (see `Buf::slice`).
             with_elem!(input.dtype, T => c.all_gather(unsafe { input.slice::<T>() }, unsafe { output.slice_mut::<T>() }))
         })
     }
@@ -246,6 +262,8 @@ impl PyComm {
         let op = parse_op(op)?;
         same_dtype(&input, &[("output", &output)])?;
         self.launch(py, async_op, move |c| {
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+            // lives as long as the slice (see `Buf::slice`).
             with_elem!(input.dtype, T => c.reduce_scatter(unsafe { input.slice::<T>() }, unsafe { output.slice_mut::<T>() }, op))
         })
     }
@@ -254,6 +272,8 @@ impl PyComm {
     fn all_to_all(&self, py: Python<'_>, send: Buf, recv: Buf, async_op: bool) -> PyResult<Option<PyWork>> {
         same_dtype(&send, &[("recv", &recv)])?;
         self.launch(py, async_op, move |c| {
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+            // lives as long as the slice (see `Buf::slice`).
             with_elem!(send.dtype, T => c.all_to_all(unsafe { send.slice::<T>() }, unsafe { recv.slice_mut::<T>() }))
         })
     }
@@ -271,6 +291,8 @@ impl PyComm {
         same_dtype(&send, &[("recv", &recv)])?;
         self.launch(py, async_op, move |c| {
             with_elem!(send.dtype, T => c.all_to_all_v(
+                // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+                // lives as long as the slice (see `Buf::slice`).
                 unsafe { send.slice::<T>() }, &send_counts, unsafe { recv.slice_mut::<T>() }, &recv_counts))
         })
     }
@@ -289,6 +311,8 @@ impl PyComm {
         }
         self.launch(py, async_op, move |c| {
             with_elem!(input.dtype, T => c.gather(
+                // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+                // lives as long as the slice (see `Buf::slice`).
                 unsafe { input.slice::<T>() }, output.as_ref().map(|o| unsafe { o.slice_mut::<T>() }), root))
         })
     }
@@ -307,6 +331,8 @@ impl PyComm {
         }
         self.launch(py, async_op, move |c| {
             with_elem!(output.dtype, T => c.scatter(
+                // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+                // lives as long as the slice (see `Buf::slice`).
                 input.as_ref().map(|i| unsafe { i.slice::<T>() }), unsafe { output.slice_mut::<T>() }, root))
         })
     }
@@ -314,6 +340,8 @@ impl PyComm {
     #[pyo3(signature = (buf, dst, tag = 0))]
     fn send(&self, py: Python<'_>, buf: Buf, dst: usize, tag: u32) -> PyResult<()> {
         let comm = &self.comm;
+        // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+        // lives as long as the slice (see `Buf::slice`).
         crate::interrupt::run(py, comm, || with_elem!(buf.dtype, T => comm.send(unsafe { buf.slice::<T>() }, dst, tag)))
     }
 
@@ -323,6 +351,8 @@ impl PyComm {
         crate::interrupt::run(
             py,
             comm,
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+            // lives as long as the slice (see `Buf::slice`).
             || with_elem!(buf.dtype, T => comm.recv(unsafe { buf.slice_mut::<T>() }, src, tag)),
         )
     }
@@ -331,6 +361,8 @@ impl PyComm {
     #[pyo3(signature = (buf, dst, tag = 0))]
     fn isend(&self, buf: Buf, dst: usize, tag: u32) -> PyWork {
         with_elem!(buf.dtype, T => {
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+            // lives as long as the slice (see `Buf::slice`).
             let work = self.comm.isend(unsafe { buf.slice::<T>() }.to_vec(), dst, tag);
             PyWork::new(Box::new(work), self.comm.clone())
         })
@@ -414,7 +446,11 @@ impl PyComm {
         same_dtype(first, &named.iter().map(|(n, b)| (n.as_str(), *b)).collect::<Vec<_>>())?;
         self.launch(py, async_op, move |c| {
             with_elem!(inputs[0].dtype, T => {
+                // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+                // lives as long as the slice (see `Buf::slice`).
                 let ins: Vec<&[T]> = inputs.iter().map(|b| unsafe { b.slice::<T>() }).collect();
+                // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+                // lives as long as the slice (see `Buf::slice`).
                 let mut outs: Vec<&mut [T]> = outputs.iter().map(|b| unsafe { b.slice_mut::<T>() }).collect();
                 c.all_gather_coalesced(&ins, &mut outs)
             })

@@ -4,8 +4,8 @@
 
 use std::sync::Mutex;
 
-use oxcomm::compression::coalesced;
 use oxcomm::compression::onebit::{self, OneBitState};
+use oxcomm::compression::{coalesced, host_groups, qgz};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -20,6 +20,12 @@ use crate::with_elem;
 #[pyclass(module = "oxcomm._native", name = "OneBitState")]
 pub struct PyOneBitState {
     state: Mutex<OneBitState>,
+}
+
+impl std::fmt::Debug for PyOneBitState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PyOneBitState").finish_non_exhaustive()
+    }
 }
 
 fn f32_of<'b>(b: &'b Buf, name: &str) -> PyResult<&'b [f32]> {
@@ -222,14 +228,14 @@ pub fn all_to_all_quant_reduce<'py>(
     macro_rules! run {
         ($T:ty) => {{
             py.detach(|| -> oxcomm::Result<Vec<Vec<u8>>> {
-                let groups = ranks_per_host.map(|k| coalesced::HostGroups::uniform(c, k)).transpose()?;
+                let groups = ranks_per_host.map(|k| host_groups::HostGroups::uniform(c, k)).transpose()?;
                 let views = tensors
                     .iter()
                     .zip(&shapes)
                     // SAFETY: `$T` is every buffer's dtype (checked above); owners held by `tensors`.
-                    .map(|(b, s)| coalesced::TensorView::new(unsafe { b.slice::<$T>() }, s))
+                    .map(|(b, s)| qgz::TensorView::new(unsafe { b.slice::<$T>() }, s))
                     .collect::<oxcomm::Result<Vec<_>>>()?;
-                let parts = coalesced::all_to_all_quant_reduce(c, &views, groups.as_ref())?;
+                let parts = qgz::all_to_all_quant_reduce(c, &views, groups.as_ref())?;
                 Ok(parts.iter().map(|p| oxcomm::dtype::as_bytes(p).to_vec()).collect())
             })
         }};

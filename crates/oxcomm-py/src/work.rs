@@ -69,6 +69,12 @@ pub struct PyWork {
     comm: Communicator,
 }
 
+impl std::fmt::Debug for PyWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PyWork").field("comm", &self.comm).finish_non_exhaustive()
+    }
+}
+
 impl PyWork {
     /// A handle on `pending`, an op of `comm`.
     pub fn new(pending: Box<dyn Pending>, comm: Communicator) -> PyWork {

@@ -15,7 +15,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use half::f16;
-use oxcomm::compression::coalesced::{all_to_all_quant_reduce_report, HostGroups, TensorView};
+use oxcomm::compression::host_groups::HostGroups;
+use oxcomm::compression::qgz::{all_to_all_quant_reduce_report, TensorView};
 use oxcomm::engine::LinkStats;
 use oxcomm::{threads, Communicator, ReduceOp};
 

@@ -156,7 +156,8 @@ fn all_reduce(config: &TcpConfig, count: usize, iters: usize) -> (f64, f64) {
             .map(|(r, (links, bell))| {
                 let comm_config = comm_config.clone();
                 s.spawn(move || {
-                    let c = Communicator::from_links(r, links, bell, comm_config, "tcp").expect("communicator");
+                    let c = Communicator::from_links(r, links, bell, comm_config, oxcomm::transport::Transport::Tcp)
+                        .expect("communicator");
                     let mut buf = vec![1.0f32; count];
                     let mut t = Vec::new();
                     for i in 0..iters + 2 {

@@ -27,22 +27,26 @@ pub(crate) fn copy(dst: &mut [u8], src: &[u8]) {
 /// `dst` is valid for `n` writes, `src` for `n` reads, and the two ranges do not overlap.
 #[inline]
 pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, n: usize) {
-    if n < LOOP_FROM {
-        std::ptr::copy_nonoverlapping(src, dst, n);
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2; the caller's contract, and `n ≥ LOOP_FROM ≥ 32`.
-            unsafe { x86::copy_avx2(dst, src, n) };
-        } else {
-            // SAFETY: SSE2 is part of x86-64; as above, with `n ≥ 16`.
-            unsafe { x86::copy_sse2(dst, src, n) };
+    // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+    // the CPU features it is compiled for, and valid pointers and lengths).
+    unsafe {
+        if n < LOOP_FROM {
+            std::ptr::copy_nonoverlapping(src, dst, n);
+            return;
         }
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2; the caller's contract, and `n ≥ LOOP_FROM ≥ 32`.
+                x86::copy_avx2(dst, src, n);
+            } else {
+                // SAFETY: SSE2 is part of x86-64; as above, with `n ≥ 16`.
+                x86::copy_sse2(dst, src, n);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        std::ptr::copy_nonoverlapping(src, dst, n);
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    std::ptr::copy_nonoverlapping(src, dst, n);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -85,13 +89,21 @@ mod x86 {
     /// overlap.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn copy_avx2(dst: *mut u8, src: *const u8, n: usize) {
-        vector_copy!(dst, src, n, 32, _mm256_loadu_si256, _mm256_store_si256, _mm256_storeu_si256);
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            vector_copy!(dst, src, n, 32, _mm256_loadu_si256, _mm256_store_si256, _mm256_storeu_si256);
+        }
     }
 
     /// # Safety
     /// `n ≥ 16`; `dst` valid for `n` writes, `src` for `n` reads, no overlap.
     pub(super) unsafe fn copy_sse2(dst: *mut u8, src: *const u8, n: usize) {
-        vector_copy!(dst, src, n, 16, _mm_loadu_si128, _mm_store_si128, _mm_storeu_si128);
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            vector_copy!(dst, src, n, 16, _mm_loadu_si128, _mm_store_si128, _mm_storeu_si128);
+        }
     }
 }
 

@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use crate::dtype::Element;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::{self, ReduceOp};
+#[cfg(target_os = "linux")]
+use crate::transport::shm::workspace::ShmDirect;
 use crate::transport::{Doorbell, Link};
 
 /// How often a waiting rank asks its stalled links whether their peer is still alive.
@@ -102,6 +104,17 @@ pub struct LinkStats {
     pub bytes_received: u64,
 }
 
+/// A check [`Ctx`] runs whenever the op would sleep: `check(shm, rank, &fp)` fails when a peer
+/// runs something this op will never meet (see [`Ctx::watch`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Watch {
+    /// The op being watched.
+    pub fp: crate::wire::Fingerprint,
+    /// The check, given the workspaces and this rank.
+    #[cfg(target_os = "linux")]
+    pub check: fn(&ShmDirect, usize, &crate::wire::Fingerprint) -> Result<()>,
+}
+
 /// What an algorithm sees of the communicator while it runs one op.
 pub(crate) struct Ctx<'c> {
     /// This rank within the group.
@@ -122,13 +135,14 @@ pub(crate) struct Ctx<'c> {
     pub max_segment: usize,
     stats: &'c mut LinkStats,
     scratch: &'c mut Vec<u64>,
-    /// The shared-memory workspaces, when the op may use the direct path (take it out while
-    /// using it, and put it back).
-    pub direct: Option<crate::algorithms::shm_direct::Direct<'c>>,
-    /// The fingerprint of a world-group op that talks over links while ranks may run direct
-    /// ops (set by [`crate::algorithms::shm_direct::beside_direct`]): whenever the rank would
-    /// sleep it checks that no peer runs a direct op at the same sequence number.
-    pub watch: Option<crate::wire::Fingerprint>,
+    /// The world group's shared-memory workspaces, when ranks may run direct ops beside this
+    /// one (set by the backend that owns them; `None` in sub-views). The engine only hands it
+    /// to [`Ctx::watch`]'s check; the direct algorithms get their view explicitly.
+    #[cfg(target_os = "linux")]
+    pub shm: Option<&'c ShmDirect>,
+    /// While set, whenever the rank would sleep it runs this check on [`Ctx::shm`] (set by
+    /// the algorithm of a world-group op that talks over links while peers may run direct ops).
+    pub watch: Option<Watch>,
     /// The communicator's abort flag: a wait that sees it set (checked with the peers, every
     /// [`PEER_CHECK_INTERVAL`]) gives up, so `abort()` from another thread (or Ctrl-C in the
     /// Python binding) ends an op that waits for a peer.
@@ -171,7 +185,8 @@ impl<'c> Ctx<'c> {
             max_segment: max_segment.max(64),
             stats,
             scratch,
-            direct: None,
+            #[cfg(target_os = "linux")]
+            shm: None,
             watch: None,
             cancel: None,
         }
@@ -195,7 +210,8 @@ impl<'c> Ctx<'c> {
             max_segment: self.max_segment,
             stats: &mut *self.stats,
             scratch: &mut *self.scratch,
-            direct: None,
+            #[cfg(target_os = "linux")]
+            shm: None,
             watch: None,
             cancel: self.cancel,
         }
@@ -352,8 +368,8 @@ impl<'c> Ctx<'c> {
     /// op at its sequence number (it would never send what this rank waits for).
     fn check_paths(&self) -> Result<()> {
         #[cfg(target_os = "linux")]
-        if let (Some(fp), Some(d)) = (&self.watch, &self.direct) {
-            return crate::algorithms::shm_direct::no_direct_peer(d.shm, self.rank, fp);
+        if let (Some(w), Some(shm)) = (&self.watch, self.shm) {
+            return (w.check)(shm, self.rank, &w.fp);
         }
         Ok(())
     }

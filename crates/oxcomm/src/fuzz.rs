@@ -13,7 +13,7 @@ use crate::algorithms::star;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::reduce::ReduceOp;
-use crate::rendezvous::{store, wire as store_wire};
+use crate::rendezvous::{store, store_wire};
 use crate::transport::tcp;
 use crate::wire::{Fingerprint, OpKind};
 

@@ -19,6 +19,7 @@ use crate::comm::{CommConfig, Communicator};
 use crate::error::{Error, ErrorKind, Result};
 use crate::rendezvous::env::{EnvInfo, Settings, TransportChoice};
 use crate::rendezvous::{PrefixStore, Store, StoreClient, StoreServer};
+use crate::transport::Transport;
 
 /// Environment variable: job id shared by all ranks (set by `oxcomm launch`); names shared
 /// memory segments and store keys. Default: derived from the token.
@@ -56,7 +57,7 @@ pub fn init() -> Result<Communicator> {
     match std::env::var(ENV_BACKEND).unwrap_or_default().trim().to_ascii_lowercase().as_str() {
         "" | "native" => {}
         #[cfg(feature = "mpi")]
-        "mpi" => return crate::backend::mpi::init(),
+        "mpi" => return crate::mpi::init(),
         #[cfg(not(feature = "mpi"))]
         "mpi" => {
             return Err(Error::unsupported(format!(
@@ -243,7 +244,8 @@ impl Init {
                 deadline,
             )
             .map_err(fail)?;
-            return Communicator::from_links(rank, links, bell, self.config.clone(), "tcp")?.with_hosts(&hosts);
+            return Communicator::from_links(rank, links, bell, self.config.clone(), Transport::Tcp)?
+                .with_hosts(&hosts);
         }
         if self.pin_to_core {
             let local_rank = (0..world).filter(|r| hosts[*r] == host.as_bytes() && *r < rank).count();
@@ -290,13 +292,13 @@ impl Init {
             None => {
                 let direct = ep.direct();
                 let (links, bell) = ep.into_parts();
-                Communicator::from_parts(rank, links, bell, self.config.clone(), "shm", direct)?
+                Communicator::from_parts(rank, links, bell, self.config.clone(), Transport::Shm, direct)?
             }
             Some((tcp_links, tcp_bell)) => {
                 let (shm_links, shm_bell) = ep.into_shm_parts();
                 let (links, bell) =
                     crate::transport::mixed::combine(rank, shm_links, shm_bell, tcp_links, tcp_bell).map_err(fail)?;
-                Communicator::from_links(rank, links, bell, self.config.clone(), "shm+tcp")?
+                Communicator::from_links(rank, links, bell, self.config.clone(), Transport::ShmTcp)?
             }
         };
         comm.with_hosts(&hosts)

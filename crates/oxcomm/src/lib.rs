@@ -64,6 +64,8 @@ pub mod fuzz;
 #[cfg(target_os = "linux")]
 pub mod init;
 pub mod logging;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 mod object;
 pub mod reduce;
 pub mod rendezvous;
@@ -72,13 +74,11 @@ pub mod transport;
 mod unwind;
 pub mod wire;
 
-#[cfg(feature = "mpi")]
-pub use backend::mpi;
-
 pub use algorithms::Algorithm;
-pub use comm::{CommConfig, Communicator, OpOptions, Work};
+pub use comm::{CommConfig, Communicator, OpOptions, OwnedBuf, Work};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 #[cfg(target_os = "linux")]
 pub use init::{init, Init};
 pub use reduce::ReduceOp;
+pub use transport::Transport;

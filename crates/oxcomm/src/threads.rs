@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::comm::{CommConfig, Communicator};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::threads::mesh;
+use crate::transport::inproc::mesh;
 use crate::transport::{Doorbell, Link};
 
 /// Runs `f` on `n` thread ranks with the default [`CommConfig`]; returns each rank's result
@@ -97,7 +97,7 @@ pub fn communicators(n: usize, config: CommConfig) -> Result<Vec<Communicator>> 
             let links: Vec<Option<Box<dyn Link>>> =
                 ep.links.into_iter().map(|l| l.map(|l| Box::new(l) as Box<dyn Link>)).collect();
             let bell: Arc<dyn Doorbell> = ep.doorbell;
-            Communicator::from_links(ep.rank, links, bell, config.clone(), "threads")
+            Communicator::from_links(ep.rank, links, bell, config.clone(), crate::transport::Transport::Threads)
         })
         .collect()
 }

@@ -44,7 +44,7 @@ use anyhow::{anyhow, bail};
 pub use args::BenchArgs;
 use args::{Backend, Transport};
 use cases::human;
-use plan::Plan;
+use plan::BenchPlan;
 
 /// Runs `oxcomm bench`: returns the exit status (0, or the launcher's status when a rank
 /// failed); an error when the flags are wrong, a rank fails in-process, or a value was wrong.
@@ -54,7 +54,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         crate::plot::compare(&args.compare, out)?;
         return Ok(0);
     }
-    let plan = Plan::new(&args, Backend::from_env()?)?;
+    let plan = BenchPlan::new(&args, Backend::from_env()?)?;
     if plan.in_job() {
         return workers::run_in_job(&plan);
     }
@@ -73,7 +73,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
 
 /// Refuses a run whose buffers cannot fit in this host's available memory (instead of being
 /// killed by the OOM killer half-way).
-fn check_memory(plan: &Plan, world: usize) -> anyhow::Result<()> {
+fn check_memory(plan: &BenchPlan, world: usize) -> anyhow::Result<()> {
     let need = plan.bytes_per_rank().saturating_mul(world as u64);
     if let Some(avail) = mem_available() {
         if need > avail {

@@ -1,7 +1,7 @@
-//! The second parsing stage of `oxcomm bench`: [`Plan`], what the flags mean together, checked
+//! The second parsing stage of `oxcomm bench`: [`BenchPlan`], what the flags mean together, checked
 //! (which ops run and which `--op all` leaves out for the dtype, the sizes of the sweep, the
 //! world size, the algorithm per op, where the ranks come from), and the flags a spawned
-//! worker gets to rebuild the same plan ([`Plan::worker_args`]). Every error here is one line
+//! worker gets to rebuild the same plan ([`BenchPlan::worker_args`]). Every error here is one line
 //! naming the flag; nothing runs.
 
 use std::path::PathBuf;
@@ -17,7 +17,7 @@ const MAX_WORLD: usize = 1024;
 
 /// Everything the bench needs, checked.
 #[derive(Debug, Clone)]
-pub(super) struct Plan {
+pub(super) struct BenchPlan {
     pub(super) ops: Vec<BenchOp>,
     /// `--op all` was given (a forced algorithm then applies only where it fits).
     pub(super) all_ops: bool,
@@ -37,7 +37,7 @@ pub(super) struct Plan {
     pub(super) iters: usize,
     pub(super) warmup: usize,
     pub(super) check: bool,
-    /// `None` only for a rank of a job ([`Plan::in_job`]) started without --world-size (the
+    /// `None` only for a rank of a job ([`BenchPlan::in_job`]) started without --world-size (the
     /// job decides).
     pub(super) world: Option<usize>,
     pub(super) transport: Transport,
@@ -52,10 +52,10 @@ pub(super) struct Plan {
     pub(super) backend: Backend,
 }
 
-impl Plan {
+impl BenchPlan {
     /// Checks the flags together. `backend` is what `OXCOMM_BACKEND` asks for
     /// ([`Backend::from_env`]).
-    pub(super) fn new(args: &BenchArgs, backend: Backend) -> anyhow::Result<Plan> {
+    pub(super) fn new(args: &BenchArgs, backend: Backend) -> anyhow::Result<BenchPlan> {
         let (mut ops, all_ops) = parse_ops(&args.op)?;
         let mut skipped = Vec::new();
         if all_ops {
@@ -144,7 +144,7 @@ impl Plan {
         if let Some(k) = args.ranks_per_host {
             check_ranks_per_host(k, world)?;
         }
-        Ok(Plan {
+        Ok(BenchPlan {
             ops,
             all_ops,
             skipped,
@@ -281,12 +281,12 @@ mod tests {
         args: BenchArgs,
     }
 
-    fn plan_on(backend: Backend, argv: &[&str]) -> anyhow::Result<Plan> {
+    fn plan_on(backend: Backend, argv: &[&str]) -> anyhow::Result<BenchPlan> {
         let cli = Cli::try_parse_from(std::iter::once("bench").chain(argv.iter().copied()))?;
-        Plan::new(&cli.args, backend)
+        BenchPlan::new(&cli.args, backend)
     }
 
-    fn plan(argv: &[&str]) -> anyhow::Result<Plan> {
+    fn plan(argv: &[&str]) -> anyhow::Result<BenchPlan> {
         plan_on(Backend::Native, argv)
     }
 

@@ -44,7 +44,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use super::cases::{human, BenchOp, Pattern};
-use super::plan::Plan;
+use super::plan::BenchPlan;
 
 /// One table line: one op and size, both modes. What rank 0 sends to the front end.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -126,7 +126,7 @@ impl Row<'_> {
 
 /// Prints the table and writes the files as lines arrive.
 pub(super) struct Report {
-    plan: Plan,
+    plan: BenchPlan,
     world: usize,
     transport: String,
     bar: ProgressBar,
@@ -148,7 +148,7 @@ impl Report {
     /// the files (the communicator's, or the flag's). `progress`: whether a bar may be drawn
     /// (still hidden with --quiet or when stderr is not a terminal).
     pub(super) fn create(
-        plan: &Plan,
+        plan: &BenchPlan,
         world: usize,
         transport: impl std::fmt::Display,
         progress: bool,

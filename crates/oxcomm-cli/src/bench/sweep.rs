@@ -5,19 +5,19 @@
 //! ([`super::workers`]).
 
 use anyhow::Context;
-use oxcomm::compression::coalesced::HostGroups;
+use oxcomm::compression::host_groups::HostGroups;
 use oxcomm::compression::onebit::OneBitState;
 use oxcomm::{Communicator, DType, OpOptions};
 
 use super::cases::{BenchElement, BenchOp, Buffers, Case, Pattern};
-use super::plan::Plan;
+use super::plan::BenchPlan;
 use super::report::{Line, Measured};
 
 /// What rank 0 does with each finished line.
 pub(super) type Sink<'a> = &'a (dyn Fn(&Line) -> anyhow::Result<()> + Sync);
 
 /// Runs every line on this rank; rank 0 hands each finished line to `sink`.
-pub(super) fn rank_main(comm: &Communicator, plan: &Plan, sink: Option<Sink<'_>>) -> anyhow::Result<()> {
+pub(super) fn rank_main(comm: &Communicator, plan: &BenchPlan, sink: Option<Sink<'_>>) -> anyhow::Result<()> {
     match plan.dtype {
         DType::F32 => rank_typed::<f32>(comm, plan, sink),
         DType::F64 => rank_typed::<f64>(comm, plan, sink),
@@ -30,7 +30,7 @@ pub(super) fn rank_main(comm: &Communicator, plan: &Plan, sink: Option<Sink<'_>>
     }
 }
 
-fn rank_typed<T: BenchElement>(comm: &Communicator, plan: &Plan, sink: Option<Sink<'_>>) -> anyhow::Result<()> {
+fn rank_typed<T: BenchElement>(comm: &Communicator, plan: &BenchPlan, sink: Option<Sink<'_>>) -> anyhow::Result<()> {
     let n = comm.size();
     let elem = std::mem::size_of::<T>();
     let max_elems = (plan.max_bytes / elem as u64) as usize;

@@ -27,12 +27,12 @@ use oxcomm::CommConfig;
 
 #[cfg(target_os = "linux")]
 use super::plan::check_ranks_per_host;
-use super::plan::Plan;
+use super::plan::BenchPlan;
 use super::report::{Line, Report};
 use super::sweep::rank_main;
 
 /// Runs the plan on `world` thread ranks of this process; prints the table here.
-pub(super) fn run_threads(plan: &Plan, world: usize) -> anyhow::Result<i32> {
+pub(super) fn run_threads(plan: &BenchPlan, world: usize) -> anyhow::Result<i32> {
     let report = Mutex::new(Report::create(plan, world, plan.transport.name(), true)?);
     let sink = |line: &Line| report.lock().unwrap_or_else(|e| e.into_inner()).line(line);
     let results = oxcomm::threads::run_with(world, CommConfig::default(), |comm| {
@@ -49,7 +49,7 @@ pub(super) fn run_threads(plan: &Plan, world: usize) -> anyhow::Result<i32> {
 /// Spawns `world` worker processes of this binary (`--worker`, over shared memory or, with
 /// `OXCOMM_TRANSPORT=tcp` inherited, TCP) and prints the lines their rank 0 sends back.
 #[cfg(target_os = "linux")]
-pub(super) fn run_shm(plan: &Plan, world: usize) -> anyhow::Result<i32> {
+pub(super) fn run_shm(plan: &BenchPlan, world: usize) -> anyhow::Result<i32> {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
@@ -76,7 +76,7 @@ pub(super) fn run_shm(plan: &Plan, world: usize) -> anyhow::Result<i32> {
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(super) fn run_shm(_plan: &Plan, _world: usize) -> anyhow::Result<i32> {
+pub(super) fn run_shm(_plan: &BenchPlan, _world: usize) -> anyhow::Result<i32> {
     bail!("--transport shm needs Linux; use --transport threads")
 }
 
@@ -84,7 +84,7 @@ pub(super) fn run_shm(_plan: &Plan, _world: usize) -> anyhow::Result<i32> {
 /// transports, or MPI with `OXCOMM_BACKEND=mpi`). Rank 0 sends its lines to the front end of
 /// `--report-to`, or else prints the table itself.
 #[cfg(target_os = "linux")]
-pub(super) fn run_in_job(plan: &Plan) -> anyhow::Result<i32> {
+pub(super) fn run_in_job(plan: &BenchPlan) -> anyhow::Result<i32> {
     let comm = oxcomm::init().context("cannot join the job")?;
     if let Some(n) = plan.world {
         if n != comm.size() {
@@ -124,7 +124,7 @@ pub(super) fn run_in_job(plan: &Plan) -> anyhow::Result<i32> {
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(super) fn run_in_job(_plan: &Plan) -> anyhow::Result<i32> {
+pub(super) fn run_in_job(_plan: &BenchPlan) -> anyhow::Result<i32> {
     bail!("--worker needs Linux (oxcomm::init)")
 }
 

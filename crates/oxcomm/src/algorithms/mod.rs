@@ -6,6 +6,7 @@
 //! the caller forces one through [`crate::OpOptions`].
 
 pub(crate) mod barrier;
+pub(crate) mod dispatch;
 pub(crate) mod doubling;
 pub mod hierarchical;
 pub(crate) mod pairwise;

@@ -108,6 +108,19 @@ pub fn dissemination_rounds(size: usize) -> u32 {
     }
 }
 
+/// The consecutive ranges of a buffer cut into blocks of `counts[p]` elements, in order (the
+/// blocks of an all-to-all-v).
+pub(crate) fn ranges(counts: &[usize]) -> Vec<Range<usize>> {
+    let mut at = 0;
+    counts
+        .iter()
+        .map(|c| {
+            at += c;
+            at - c..at
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -41,10 +41,10 @@ use super::schedule::chunk;
 use super::ReduceBuffers;
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
-use crate::engine::Ctx;
+use crate::engine::{Ctx, Watch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::{self, ReduceOp};
-use crate::transport::shm::direct::{Counter, ShmDirect, CHUNK_BYTES, SLOT_HEADER, SMALL_BYTES};
+use crate::transport::shm::workspace::{Counter, ShmDirect, CHUNK_BYTES, SLOT_HEADER, SMALL_BYTES};
 
 use crate::wire::{Fingerprint, FP_BYTES};
 
@@ -164,9 +164,9 @@ pub(crate) fn beside_direct<R>(
     fp: &Fingerprint,
     f: impl FnOnce(&mut Ctx<'_>) -> Result<R>,
 ) -> Result<R> {
-    let Some(shm) = ctx.direct.as_ref().map(|d| d.shm) else { return f(ctx) };
+    let Some(shm) = ctx.shm else { return f(ctx) };
     shm.announce(announce_tag(fp.seq), &fp.encode());
-    let before = ctx.watch.replace(*fp);
+    let before = ctx.watch.replace(Watch { fp: *fp, check: no_direct_peer });
     let r = f(ctx);
     ctx.watch = before;
     // A peer that saw the mismatch first may have closed its links: name the op it runs
@@ -260,6 +260,7 @@ pub(crate) fn all_reduce<'b, T: Element>(
             // Reduced = g+1; the other ranks' slices `me` were published for chunk g and are
             // not rewritten before everyone published CopiedOut = g+1.
             let dst: &mut [T] = bytemuck::cast_slice_mut(unsafe { shm.chunk_mut(half, off, len) });
+            // SAFETY: as above, for the other ranks' published slices.
             let theirs = |r: usize| -> &[T] { bytemuck::cast_slice(unsafe { shm.chunk(r, half, off, len) }) };
             // In L1-sized pieces: reduce into the result's buffer (apart: after copying the
             // input's piece there), then copy the piece (still in L1) to my chunk buffer for

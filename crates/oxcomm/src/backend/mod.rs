@@ -1,12 +1,410 @@
-//! Backends: ways to run a [`Communicator`](crate::Communicator)'s ops through a
-//! communication library other than oxcomm's own links and algorithms.
+//! Backends: what runs a [`Communicator`](crate::Communicator)'s ops once the communicator has
+//! validated them, fingerprinted them and given them their turn.
 //!
-//! A backend owns the mapping of each op onto the library's calls, its own fingerprint check
-//! and its byte counts. It does not own the op path itself: ordering of sync and async ops,
-//! sequence numbers, argument validation and the abort-on-first-error rule stay in
-//! [`crate::comm`], which hands each op to the backend after validating it.
+//! Every op takes the same path ([`crate::comm`]): validate the arguments → build the
+//! fingerprint → ask the backend for a `Route` (the algorithm, before anything is sent, so a
+//! forced algorithm that does not apply fails at once) → wait for the op's turn and stamp its
+//! sequence number → hand the op to the backend with an `OpEnv`. The backend owns how the op
+//! moves bytes, its own fingerprint check and its byte counts; it never calls back into the
+//! communicator. Ordering of sync and async ops, sequence numbers, the flight recorder, the
+//! comms logger and the abort-on-first-error rule stay in [`crate::comm`].
 //!
-//! The only backend is MPI (module `mpi`, cargo feature `mpi`, off by default).
+//! | backend | file | moves bytes with |
+//! | --- | --- | --- |
+//! | native | `native.rs` | oxcomm's links ([`crate::transport`]) and algorithms ([`crate::algorithms`]) |
+//! | MPI | `mpi/` (cargo feature `mpi`, off by default) | MPI collectives on an MPI communicator per group |
+//!
+//! The `Backend` trait is generic over the element type, so it is not object safe; the
+//! communicator holds an `AnyBackend`, a closed enum that forwards each method to its
+//! variant (static dispatch, one `match` per method in this file, none in the op surface).
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub(crate) mod native;
+
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use crate::algorithms::hierarchical::HostLayout;
+use crate::algorithms::{Algorithm, ReduceBuffers};
+use crate::dtype::Element;
+use crate::engine::LinkStats;
+use crate::error::{Error, ErrorKind, Result};
+use crate::reduce::ReduceOp;
+use crate::transport::Transport;
+use crate::wire::{Fingerprint, OpKind, FP_BYTES};
+
+/// The group an op runs in, as a backend sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupView<'a> {
+    /// The group's id (0 for the world): the same on every member.
+    pub id: u64,
+    /// This rank within the group.
+    pub rank: usize,
+    /// World rank of each group rank.
+    pub members: &'a [usize],
+    /// How the group spans hosts, when hierarchical algorithms apply.
+    pub layout: Option<&'a HostLayout>,
+}
+
+impl GroupView<'_> {
+    /// Number of ranks in the group.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+}
+
+/// How a backend will run one op, decided before the op's turn.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Route {
+    /// The native algorithm (`None` on a backend that picks its own).
+    pub algorithm: Option<Algorithm>,
+    /// Its name in the comms log and the flight recorder.
+    pub name: &'static str,
+    /// Whether the native agreement phase runs first.
+    pub agree: bool,
+}
+
+/// What a backend gets to run one op in its turn.
+pub(crate) struct OpEnv<'a> {
+    /// The op's fingerprint, with its sequence number stamped.
+    pub fp: &'a Fingerprint,
+    /// The group it runs in.
+    pub group: GroupView<'a>,
+    /// The op's deadline, counted from its first wait for a peer.
+    pub timeout: Duration,
+    /// Largest number of bytes one transfer moves.
+    pub max_segment_bytes: usize,
+    /// This rank's byte counters.
+    pub stats: &'a mut LinkStats,
+    /// The communicator's abort flag: a wait that sees it set gives up.
+    pub cancel: &'a AtomicBool,
+}
+
+/// One point-to-point message of a batch: a 48-byte header (the fingerprint) and a payload.
+pub(crate) struct P2pMsg {
+    /// World rank of the peer.
+    pub peer: usize,
+    /// Whether this rank sends (else it receives).
+    pub is_send: bool,
+    /// The payload: what is sent, or where the received one lands.
+    pub bytes: Vec<u8>,
+    /// What the message carries (dtype, count, tag, per-pair sequence number).
+    pub fp: Fingerprint,
+    /// `fp` encoded, as sent.
+    pub header: [u8; FP_BYTES],
+}
+
+impl P2pMsg {
+    /// Checks the header that arrived for this receive against what it expects (dtype,
+    /// count, tag, per-pair sequence number), before any payload is read.
+    pub fn check_header(&self, got: &[u8]) -> Result<()> {
+        let theirs = Fingerprint::decode_from(got, self.peer)?;
+        if theirs != self.fp {
+            return Err(Error::new(
+                ErrorKind::Mismatch,
+                format!("rank {} sent {theirs}, this rank expected {}", self.peer, self.fp),
+            )
+            .with_op(self.fp.to_string())
+            .with_peer(self.peer));
+        }
+        Ok(())
+    }
+}
+
+/// What creating a group asks of a backend (see [`Backend::new_group`]).
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))] // only MPI keeps state per group
+pub(crate) struct NewGroup {
+    /// The new group's id.
+    pub id: u64,
+    /// Index of this rank's group among the groups made by the same call (`None`: this rank
+    /// joins none).
+    pub color: Option<usize>,
+    /// This rank's rank in its new group.
+    pub key: usize,
+}
+
+/// The ops a backend runs. Arguments are valid when these are called (lengths, roots and
+/// counts checked by the communicator); each runs in its turn, with the fingerprint stamped.
+/// An error aborts the communicator (the communicator then calls [`Backend::close`]).
+pub(crate) trait Backend {
+    /// The transport ops move over.
+    fn transport(&self) -> Transport;
+    /// Picks how `kind` runs in `group` for a buffer of `bytes` (`count` elements), honouring
+    /// `forced` when it applies (an error when it does not).
+    fn route(
+        &self,
+        kind: OpKind,
+        bytes: usize,
+        count: usize,
+        group: &GroupView<'_>,
+        forced: Option<Algorithm>,
+    ) -> Result<Route>;
+    /// Closes every connection after the communicator aborted (`culprit`: the peer to blame
+    /// and why), so that peers notice at once.
+    fn close(&self, culprit: Option<(usize, ErrorKind)>);
+    /// Whether creating a group needs an op of its own on the parent group ([`Backend::new_group`]
+    /// after the members are known); otherwise agreeing on the members is enough.
+    fn group_needs_op(&self) -> bool;
+    /// Whether groups may be made by their members alone, without the other ranks
+    /// ([`crate::Communicator::members_group`]).
+    fn members_groups(&self) -> Result<()>;
+
+    /// All-reduce of `io` with `op` (finishing `Avg`).
+    fn all_reduce<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        io: ReduceBuffers<'_, T>,
+        op: ReduceOp,
+    ) -> Result<()>;
+    /// Reduce into `root`'s `buf`.
+    fn reduce<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        buf: &mut [T],
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<()>;
+    /// Broadcast of `root`'s `buf`.
+    fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, buf: &mut [T], root: usize) -> Result<()>;
+    /// All-gather of `input` into `output` (size × input).
+    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, input: &[T], output: &mut [T]) -> Result<()>;
+    /// Reduce-scatter of `input` (size × output) into `output` (finishing `Avg`).
+    fn reduce_scatter<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()>;
+    /// All-to-all with equal blocks.
+    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, send: &[T], recv: &mut [T]) -> Result<()>;
+    /// All-to-all with per-peer counts (each side's counts add up to its buffer's length).
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_all_v<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()>;
+    /// Gather into the root's `output` (`Some` exactly at the root).
+    fn gather<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        input: &[T],
+        output: Option<&mut [T]>,
+        root: usize,
+    ) -> Result<()>;
+    /// Scatter of the root's `input` (`Some` exactly at the root).
+    fn scatter<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        input: Option<&[T]>,
+        output: &mut [T],
+        root: usize,
+    ) -> Result<()>;
+    /// Barrier.
+    fn barrier(&self, env: &mut OpEnv<'_>, route: Route) -> Result<()>;
+    /// Barrier that gives up after `timeout`, naming the missing ranks where it can.
+    fn monitored_barrier(&self, env: &mut OpEnv<'_>, route: Route, timeout: Duration) -> Result<()>;
+    /// All-reduce of several buffers as one op.
+    fn all_reduce_coalesced<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        bufs: &mut [&mut [T]],
+        op: ReduceOp,
+    ) -> Result<()>;
+    /// All-gather of several buffers as one op.
+    fn all_gather_coalesced<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        inputs: &[&[T]],
+        outputs: &mut [&mut [T]],
+    ) -> Result<()>;
+    /// The group-creating op: agreement on the members, and the backend's own state for the
+    /// new group where it keeps any.
+    fn new_group(&self, env: &mut OpEnv<'_>, route: Route, new: NewGroup) -> Result<()>;
+    /// A batch of point-to-point messages (world ranks), headers before payloads; `env.group`
+    /// is the world.
+    fn p2p(&self, env: &mut OpEnv<'_>, msgs: &mut [P2pMsg]) -> Result<()>;
+}
+
+/// The backend a communicator holds: one of the closed set, dispatched statically.
+pub(crate) enum AnyBackend {
+    /// oxcomm's links and algorithms.
+    Native(native::NativeBackend),
+    /// MPI.
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiBackend),
+}
+
+impl std::fmt::Debug for AnyBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AnyBackend").field(&self.transport()).finish()
+    }
+}
+
+/// `$call` on whichever backend `$self` holds, bound to `$b`.
+macro_rules! forward {
+    ($self:ident, $b:ident => $call:expr) => {
+        match $self {
+            AnyBackend::Native($b) => $call,
+            #[cfg(feature = "mpi")]
+            AnyBackend::Mpi($b) => $call,
+        }
+    };
+}
+
+impl Backend for AnyBackend {
+    fn transport(&self) -> Transport {
+        forward!(self, b => b.transport())
+    }
+
+    fn route(
+        &self,
+        kind: OpKind,
+        bytes: usize,
+        count: usize,
+        group: &GroupView<'_>,
+        forced: Option<Algorithm>,
+    ) -> Result<Route> {
+        forward!(self, b => b.route(kind, bytes, count, group, forced))
+    }
+
+    fn close(&self, culprit: Option<(usize, ErrorKind)>) {
+        forward!(self, b => b.close(culprit))
+    }
+
+    fn group_needs_op(&self) -> bool {
+        forward!(self, b => b.group_needs_op())
+    }
+
+    fn members_groups(&self) -> Result<()> {
+        forward!(self, b => b.members_groups())
+    }
+
+    fn all_reduce<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        io: ReduceBuffers<'_, T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        forward!(self, b => b.all_reduce(env, route, io, op))
+    }
+
+    fn reduce<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        buf: &mut [T],
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        forward!(self, b => b.reduce(env, route, buf, root, op))
+    }
+
+    fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, buf: &mut [T], root: usize) -> Result<()> {
+        forward!(self, b => b.broadcast(env, route, buf, root))
+    }
+
+    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, input: &[T], output: &mut [T]) -> Result<()> {
+        forward!(self, b => b.all_gather(env, route, input, output))
+    }
+
+    fn reduce_scatter<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        forward!(self, b => b.reduce_scatter(env, route, input, output, op))
+    }
+
+    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, send: &[T], recv: &mut [T]) -> Result<()> {
+        forward!(self, b => b.all_to_all(env, route, send, recv))
+    }
+
+    fn all_to_all_v<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        forward!(self, b => b.all_to_all_v(env, route, send, send_counts, recv, recv_counts))
+    }
+
+    fn gather<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        input: &[T],
+        output: Option<&mut [T]>,
+        root: usize,
+    ) -> Result<()> {
+        forward!(self, b => b.gather(env, route, input, output, root))
+    }
+
+    fn scatter<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        input: Option<&[T]>,
+        output: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        forward!(self, b => b.scatter(env, route, input, output, root))
+    }
+
+    fn barrier(&self, env: &mut OpEnv<'_>, route: Route) -> Result<()> {
+        forward!(self, b => b.barrier(env, route))
+    }
+
+    fn monitored_barrier(&self, env: &mut OpEnv<'_>, route: Route, timeout: Duration) -> Result<()> {
+        forward!(self, b => b.monitored_barrier(env, route, timeout))
+    }
+
+    fn all_reduce_coalesced<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        bufs: &mut [&mut [T]],
+        op: ReduceOp,
+    ) -> Result<()> {
+        forward!(self, b => b.all_reduce_coalesced(env, route, bufs, op))
+    }
+
+    fn all_gather_coalesced<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        inputs: &[&[T]],
+        outputs: &mut [&mut [T]],
+    ) -> Result<()> {
+        forward!(self, b => b.all_gather_coalesced(env, route, inputs, outputs))
+    }
+
+    fn new_group(&self, env: &mut OpEnv<'_>, route: Route, new: NewGroup) -> Result<()> {
+        forward!(self, b => b.new_group(env, route, new))
+    }
+
+    fn p2p(&self, env: &mut OpEnv<'_>, msgs: &mut [P2pMsg]) -> Result<()> {
+        forward!(self, b => b.p2p(env, msgs))
+    }
+}

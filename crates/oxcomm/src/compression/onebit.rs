@@ -2,6 +2,10 @@
 //! 1-bit Adam (spec §2.5), built only on the public [`Communicator`] API, so they run on every
 //! transport.
 //!
+//! One file over the usual ~600 lines because it is one algorithm: the all-reduce's phases,
+//! the error-feedback state they update and the 1-bit Adam step that drives them read as one
+//! piece of math.
+//!
 //! This module owns the algorithm (scales, error feedback, which collective moves which
 //! bytes), the per-buffer state ([`OneBitState`]) and the optimizer ([`Adam`]). The bit
 //! format is [`pack`]'s; moving bytes, ordering ops and deadlines are the
@@ -342,7 +346,7 @@ fn all_reduce_inner(comm: &Communicator, buf: &mut [f32], state: &mut OneBitStat
     let signs = c / 8;
     let row = signs + SCALE_BYTES;
     let len = buf.len();
-    let wanted = state.overlap.unwrap_or_else(|| comm.transport().contains("tcp"));
+    let wanted = state.overlap.unwrap_or_else(|| comm.transport().uses_tcp());
     let OneBitState { worker, server, carry, scratch: s, .. } = state;
 
     let (me, pipelined) =

@@ -1,5 +1,9 @@
 //! Sign bits: packing f32 signs into bytes and unpacking them to ±1 or ±scale.
 //!
+//! One file over the usual ~600 lines because it is one kernel family: the scalar reference,
+//! the fast kernels for both bit orders and the property tests that hold them bit for bit
+//! equal belong side by side.
+//!
 //! This is the wire format of the 1-bit error-compensated all-reduce (spec §2.2–2.3). Element
 //! `k` is *non-negative* (bit 1) unless `k < 0`: `+0`, `−0` and NaN all give bit 1, as the
 //! reference cupy path does (`sign(x) + 1 != 0`). Eight elements make one byte; where the bit of
@@ -508,9 +512,13 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn flips<const BIG: bool>(byte: u8) -> __m256 {
-        let table = if BIG { &SIGN_MASKS_BIG.0 } else { &SIGN_MASKS_LITTLE.0 };
-        // `table[byte]` is 8 u32 at a 32-byte-aligned address.
-        _mm256_load_ps(table[usize::from(byte)].as_ptr().cast())
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let table = if BIG { &SIGN_MASKS_BIG.0 } else { &SIGN_MASKS_LITTLE.0 };
+            // `table[byte]` is 8 u32 at a 32-byte-aligned address.
+            _mm256_load_ps(table[usize::from(byte)].as_ptr().cast())
+        }
     }
 
     /// Every byte with its bits in reverse order (a movemask's bit `j` → bit `7 − j`).
@@ -563,9 +571,13 @@ mod x86 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn pack_avx2(src: &[f32], dst: &mut [u8], order: BitOrder) {
-        match order {
-            BitOrder::Big => pack_avx2_impl::<true>(src, dst),
-            BitOrder::Little => pack_avx2_impl::<false>(src, dst),
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            match order {
+                BitOrder::Big => pack_avx2_impl::<true>(src, dst),
+                BitOrder::Little => pack_avx2_impl::<false>(src, dst),
+            }
         }
     }
 
@@ -573,15 +585,19 @@ mod x86 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     unsafe fn pack_avx2_impl<const BIG: bool>(src: &[f32], dst: &mut [u8]) {
-        let zero = _mm256_setzero_ps();
-        let reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
-        for (chunk, byte) in src.chunks_exact(8).zip(dst.iter_mut()) {
-            // `chunk` has 8 floats: the unaligned 8-float load is in bounds.
-            let v = _mm256_loadu_ps(chunk.as_ptr());
-            let v = if BIG { _mm256_permutevar8x32_ps(v, reverse) } else { v };
-            // `!(x < 0)`, unordered-quiet: true for x ≥ 0, ±0 and NaN.
-            let m = _mm256_cmp_ps::<_CMP_NLT_UQ>(v, zero);
-            *byte = _mm256_movemask_ps(m) as u8;
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let zero = _mm256_setzero_ps();
+            let reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+            for (chunk, byte) in src.chunks_exact(8).zip(dst.iter_mut()) {
+                // `chunk` has 8 floats: the unaligned 8-float load is in bounds.
+                let v = _mm256_loadu_ps(chunk.as_ptr());
+                let v = if BIG { _mm256_permutevar8x32_ps(v, reverse) } else { v };
+                // `!(x < 0)`, unordered-quiet: true for x ≥ 0, ±0 and NaN.
+                let m = _mm256_cmp_ps::<_CMP_NLT_UQ>(v, zero);
+                *byte = _mm256_movemask_ps(m) as u8;
+            }
         }
     }
 
@@ -626,9 +642,13 @@ mod x86 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn unpack_avx2<const ADD: bool>(src: &[u8], dst: &mut [f32], scale: f32, order: BitOrder) {
-        match order {
-            BitOrder::Big => unpack_avx2_impl::<ADD, true>(src, dst, scale),
-            BitOrder::Little => unpack_avx2_impl::<ADD, false>(src, dst, scale),
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            match order {
+                BitOrder::Big => unpack_avx2_impl::<ADD, true>(src, dst, scale),
+                BitOrder::Little => unpack_avx2_impl::<ADD, false>(src, dst, scale),
+            }
         }
     }
 
@@ -636,16 +656,20 @@ mod x86 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     unsafe fn unpack_avx2_impl<const ADD: bool, const BIG: bool>(src: &[u8], dst: &mut [f32], scale: f32) {
-        let s = _mm256_set1_ps(scale);
-        for (&byte, chunk) in src.iter().zip(dst.chunks_exact_mut(8)) {
-            // Clear bit → flip the sign of `scale` (exactly `scale * -1`).
-            let x = _mm256_xor_ps(s, flips::<BIG>(byte));
-            // `chunk` has 8 floats: the unaligned 8-float load/store is in bounds.
-            let p = chunk.as_mut_ptr();
-            if ADD {
-                _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), x));
-            } else {
-                _mm256_storeu_ps(p, x);
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let s = _mm256_set1_ps(scale);
+            for (&byte, chunk) in src.iter().zip(dst.chunks_exact_mut(8)) {
+                // Clear bit → flip the sign of `scale` (exactly `scale * -1`).
+                let x = _mm256_xor_ps(s, flips::<BIG>(byte));
+                // `chunk` has 8 floats: the unaligned 8-float load/store is in bounds.
+                let p = chunk.as_mut_ptr();
+                if ADD {
+                    _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), x));
+                } else {
+                    _mm256_storeu_ps(p, x);
+                }
             }
         }
     }
@@ -690,12 +714,16 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn lane_total(acc: [__m256d; 4]) -> f64 {
-        let mut lanes = [0f64; super::SQUARE_LANES];
-        for (i, a) in acc.into_iter().enumerate() {
-            // `lanes` has 16 f64: lanes `4i .. 4i + 4` are in bounds for i < 4.
-            _mm256_storeu_pd(lanes.as_mut_ptr().add(4 * i), a);
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let mut lanes = [0f64; super::SQUARE_LANES];
+            for (i, a) in acc.into_iter().enumerate() {
+                // `lanes` has 16 f64: lanes `4i .. 4i + 4` are in bounds for i < 4.
+                _mm256_storeu_pd(lanes.as_mut_ptr().add(4 * i), a);
+            }
+            super::scalar::lane_total(&lanes)
         }
-        super::scalar::lane_total(&lanes)
     }
 
     /// `v − scale · sgn(v)`: `sgn(v) = +1` for `!(v < 0)` (±0 and NaN included), so `scale`
@@ -720,23 +748,27 @@ mod x86 {
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn add_group(up: *mut f32, carry: __m256, xp: *const f32, xl: usize, k: usize) -> __m256 {
-        let p = up.add(k);
-        let e = minus_signed(_mm256_loadu_ps(p), carry);
-        let v = if k + 8 <= xl {
-            _mm256_add_ps(_mm256_loadu_ps(xp.add(k)), e)
-        } else if k < xl {
-            // Lanes below `xl − k` add `x`; the others keep `e` as it is (as the scalar
-            // reference does: adding a padding `0.0` would turn `−0` into `+0`). Masked-off
-            // lanes of the load are not read.
-            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((xl - k) as i32), lanes);
-            let x = _mm256_maskload_ps(xp.add(k), mask);
-            _mm256_blendv_ps(e, _mm256_add_ps(x, e), _mm256_castsi256_ps(mask))
-        } else {
-            e
-        };
-        _mm256_storeu_ps(p, v);
-        v
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let p = up.add(k);
+            let e = minus_signed(_mm256_loadu_ps(p), carry);
+            let v = if k + 8 <= xl {
+                _mm256_add_ps(_mm256_loadu_ps(xp.add(k)), e)
+            } else if k < xl {
+                // Lanes below `xl − k` add `x`; the others keep `e` as it is (as the scalar
+                // reference does: adding a padding `0.0` would turn `−0` into `+0`). Masked-off
+                // lanes of the load are not read.
+                let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((xl - k) as i32), lanes);
+                let x = _mm256_maskload_ps(xp.add(k), mask);
+                _mm256_blendv_ps(e, _mm256_add_ps(x, e), _mm256_castsi256_ps(mask))
+            } else {
+                e
+            };
+            _mm256_storeu_ps(p, v);
+            v
+        }
     }
 
     /// # Safety
@@ -749,9 +781,13 @@ mod x86 {
         signs: &mut [u8],
         order: BitOrder,
     ) -> f64 {
-        match order {
-            BitOrder::Big => add_pack_squares_impl::<true>(u, carry, x, signs),
-            BitOrder::Little => add_pack_squares_impl::<false>(u, carry, x, signs),
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            match order {
+                BitOrder::Big => add_pack_squares_impl::<true>(u, carry, x, signs),
+                BitOrder::Little => add_pack_squares_impl::<false>(u, carry, x, signs),
+            }
         }
     }
 
@@ -759,48 +795,52 @@ mod x86 {
     /// The CPU must support AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn add_pack_squares_impl<const BIG: bool>(u: &mut [f32], carry: f32, x: &[f32], signs: &mut [u8]) -> f64 {
-        let carry = _mm256_set1_ps(carry);
-        let groups = signs.len().min(u.len() / 8);
-        let xl = x.len().min(u.len());
-        let (up, xp, sp) = (u.as_mut_ptr(), x.as_ptr(), signs.as_mut_ptr());
-        let mut acc = [_mm256_setzero_pd(); 4];
-        // Whole blocks of 8 groups: x covers the first `full` groups, so those skip the
-        // bounds tests of `add_group`.
-        let full = groups.min(xl / 8);
-        let mut g = 0;
-        while g + BLOCK_GROUPS <= full {
-            // `g + 8 ≤ full`: all 8 groups' floats of `u` and `x` and their sign bytes are in
-            // bounds.
-            g = squares_block(&mut acc, g, |g| {
-                let p = up.add(8 * g);
-                let v = _mm256_add_ps(_mm256_loadu_ps(xp.add(8 * g)), minus_signed(_mm256_loadu_ps(p), carry));
-                _mm256_storeu_ps(p, v);
-                *sp.add(g) = sign_byte::<BIG>(v);
-                v
-            });
-        }
-        while g + BLOCK_GROUPS <= groups {
-            // In bounds as above; `add_group` reads `x` only below `xl`.
-            g = squares_block(&mut acc, g, |g| {
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let carry = _mm256_set1_ps(carry);
+            let groups = signs.len().min(u.len() / 8);
+            let xl = x.len().min(u.len());
+            let (up, xp, sp) = (u.as_mut_ptr(), x.as_ptr(), signs.as_mut_ptr());
+            let mut acc = [_mm256_setzero_pd(); 4];
+            // Whole blocks of 8 groups: x covers the first `full` groups, so those skip the
+            // bounds tests of `add_group`.
+            let full = groups.min(xl / 8);
+            let mut g = 0;
+            while g + BLOCK_GROUPS <= full {
+                // `g + 8 ≤ full`: all 8 groups' floats of `u` and `x` and their sign bytes are in
+                // bounds.
+                g = squares_block(&mut acc, g, |g| {
+                    let p = up.add(8 * g);
+                    let v = _mm256_add_ps(_mm256_loadu_ps(xp.add(8 * g)), minus_signed(_mm256_loadu_ps(p), carry));
+                    _mm256_storeu_ps(p, v);
+                    *sp.add(g) = sign_byte::<BIG>(v);
+                    v
+                });
+            }
+            while g + BLOCK_GROUPS <= groups {
+                // In bounds as above; `add_group` reads `x` only below `xl`.
+                g = squares_block(&mut acc, g, |g| {
+                    let v = add_group(up, carry, xp, xl, 8 * g);
+                    *sp.add(g) = sign_byte::<BIG>(v);
+                    v
+                });
+            }
+            let [a0, a1, a2, a3] = &mut acc;
+            // The groups after the last whole block, each square in f64; group `g` feeds lanes
+            // `8 · (g mod 2) ..` as in the scalar reference (`g` is even here).
+            while g < groups {
                 let v = add_group(up, carry, xp, xl, 8 * g);
                 *sp.add(g) = sign_byte::<BIG>(v);
-                v
-            });
-        }
-        let [a0, a1, a2, a3] = &mut acc;
-        // The groups after the last whole block, each square in f64; group `g` feeds lanes
-        // `8 · (g mod 2) ..` as in the scalar reference (`g` is even here).
-        while g < groups {
-            let v = add_group(up, carry, xp, xl, 8 * g);
-            *sp.add(g) = sign_byte::<BIG>(v);
-            if g % 2 == 0 {
-                add_squares(v, a0, a1);
-            } else {
-                add_squares(v, a2, a3);
+                if g % 2 == 0 {
+                    add_squares(v, a0, a1);
+                } else {
+                    add_squares(v, a2, a3);
+                }
+                g += 1;
             }
-            g += 1;
+            lane_total(acc)
         }
-        lane_total(acc)
     }
 
     /// Groups per block of [`SQUARE_BLOCK`](super::SQUARE_BLOCK) elements.
@@ -853,15 +893,19 @@ mod x86 {
         accp: *mut f32,
         carry: __m256,
     ) -> __m256 {
-        let mut m = _mm256_setzero_ps();
-        for (i, &scale) in scales.iter().enumerate() {
-            // Clear bit → flip the sign of `scale` (exactly `scale * -1`).
-            m = _mm256_add_ps(m, _mm256_xor_ps(_mm256_set1_ps(scale), flips::<BIG>(*src.add(i * stride + g))));
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let mut m = _mm256_setzero_ps();
+            for (i, &scale) in scales.iter().enumerate() {
+                // Clear bit → flip the sign of `scale` (exactly `scale * -1`).
+                m = _mm256_add_ps(m, _mm256_xor_ps(_mm256_set1_ps(scale), flips::<BIG>(*src.add(i * stride + g))));
+            }
+            let p = accp.add(8 * g);
+            let m = _mm256_add_ps(m, minus_signed(_mm256_loadu_ps(p), carry));
+            _mm256_storeu_ps(p, m);
+            m
         }
-        let p = accp.add(8 * g);
-        let m = _mm256_add_ps(m, minus_signed(_mm256_loadu_ps(p), carry));
-        _mm256_storeu_ps(p, m);
-        m
     }
 
     /// # Safety
@@ -877,10 +921,14 @@ mod x86 {
         signs: &mut [u8],
         order: BitOrder,
     ) -> f64 {
-        let carry = _mm256_set1_ps(carry);
-        match order {
-            BitOrder::Big => unpack_sum_pack_squares_impl::<true>(src, stride, scales, acc, carry, signs),
-            BitOrder::Little => unpack_sum_pack_squares_impl::<false>(src, stride, scales, acc, carry, signs),
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let carry = _mm256_set1_ps(carry);
+            match order {
+                BitOrder::Big => unpack_sum_pack_squares_impl::<true>(src, stride, scales, acc, carry, signs),
+                BitOrder::Little => unpack_sum_pack_squares_impl::<false>(src, stride, scales, acc, carry, signs),
+            }
         }
     }
 
@@ -895,46 +943,54 @@ mod x86 {
         carry: __m256,
         signs: &mut [u8],
     ) -> f64 {
-        let groups = signs.len().min(acc.len() / 8);
-        let (ap, sp, src) = (acc.as_mut_ptr(), signs.as_mut_ptr(), src.as_ptr());
-        let mut sums = [_mm256_setzero_pd(); 4];
-        let mut g = 0;
-        // Whole blocks, then the rest with each square in f64, as in `add_pack_squares_impl`;
-        // `g < groups` keeps each group of `acc`, `signs` and every row in bounds (the
-        // caller's contract).
-        while g + BLOCK_GROUPS <= groups {
-            g = squares_block(&mut sums, g, |g| {
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let groups = signs.len().min(acc.len() / 8);
+            let (ap, sp, src) = (acc.as_mut_ptr(), signs.as_mut_ptr(), src.as_ptr());
+            let mut sums = [_mm256_setzero_pd(); 4];
+            let mut g = 0;
+            // Whole blocks, then the rest with each square in f64, as in `add_pack_squares_impl`;
+            // `g < groups` keeps each group of `acc`, `signs` and every row in bounds (the
+            // caller's contract).
+            while g + BLOCK_GROUPS <= groups {
+                g = squares_block(&mut sums, g, |g| {
+                    let v = sum_group::<BIG>(src, stride, scales, g, ap, carry);
+                    *sp.add(g) = sign_byte::<BIG>(v);
+                    v
+                });
+            }
+            let [a0, a1, a2, a3] = &mut sums;
+            while g < groups {
                 let v = sum_group::<BIG>(src, stride, scales, g, ap, carry);
                 *sp.add(g) = sign_byte::<BIG>(v);
-                v
-            });
-        }
-        let [a0, a1, a2, a3] = &mut sums;
-        while g < groups {
-            let v = sum_group::<BIG>(src, stride, scales, g, ap, carry);
-            *sp.add(g) = sign_byte::<BIG>(v);
-            if g % 2 == 0 {
-                add_squares(v, a0, a1);
-            } else {
-                add_squares(v, a2, a3);
+                if g % 2 == 0 {
+                    add_squares(v, a0, a1);
+                } else {
+                    add_squares(v, a2, a3);
+                }
+                g += 1;
             }
-            g += 1;
+            lane_total(sums)
         }
-        lane_total(sums)
     }
 
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn subtract_signs_avx2(v: &mut [f32], scale: f32) {
-        let s = _mm256_set1_ps(scale);
-        let mut chunks = v.chunks_exact_mut(8);
-        for chunk in &mut chunks {
-            // `chunk` has 8 floats: the unaligned 8-float load/store is in bounds.
-            let p = chunk.as_mut_ptr();
-            _mm256_storeu_ps(p, minus_signed(_mm256_loadu_ps(p), s));
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let s = _mm256_set1_ps(scale);
+            let mut chunks = v.chunks_exact_mut(8);
+            for chunk in &mut chunks {
+                // `chunk` has 8 floats: the unaligned 8-float load/store is in bounds.
+                let p = chunk.as_mut_ptr();
+                _mm256_storeu_ps(p, minus_signed(_mm256_loadu_ps(p), s));
+            }
+            super::scalar::subtract_signs(chunks.into_remainder(), scale);
         }
-        super::scalar::subtract_signs(chunks.into_remainder(), scale);
     }
 }
 

@@ -1,5 +1,9 @@
 //! Per-group int8/int4 quantization in the format of DeepSpeed's quantizer kernels.
 //!
+//! One file over the usual ~600 lines because it is one kernel family: int8/int4, symmetric
+//! and asymmetric, quantize and dequantize share the group arithmetic and the wire format
+//! defined here, and each fast path is checked against the plain one beside it.
+//!
 //! This is the arithmetic and wire format of ZeRO++ qgZ (spec §3.4–3.6,
 //! `csrc/includes/quantization_utils.h`); it never communicates. A buffer of `n` elements is
 //! cut into contiguous groups of `group_size`; each group gets its own parameters.
@@ -673,11 +677,15 @@ mod x86 {
     /// with `x.len()` even for int4.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn quantize(x: &[f32], p: GroupParams, f: Format, out: &mut [u8], ahead: &[u8]) {
-        match (f.bits, f.ty) {
-            (QuantBits::Int8, QuantType::Symmetric) => quantize_blocks::<false, false>(x, p, out, ahead),
-            (QuantBits::Int8, QuantType::Asymmetric) => quantize_blocks::<false, true>(x, p, out, ahead),
-            (QuantBits::Int4, QuantType::Symmetric) => quantize_blocks::<true, false>(x, p, out, ahead),
-            (QuantBits::Int4, QuantType::Asymmetric) => quantize_blocks::<true, true>(x, p, out, ahead),
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            match (f.bits, f.ty) {
+                (QuantBits::Int8, QuantType::Symmetric) => quantize_blocks::<false, false>(x, p, out, ahead),
+                (QuantBits::Int8, QuantType::Asymmetric) => quantize_blocks::<false, true>(x, p, out, ahead),
+                (QuantBits::Int4, QuantType::Symmetric) => quantize_blocks::<true, false>(x, p, out, ahead),
+                (QuantBits::Int4, QuantType::Asymmetric) => quantize_blocks::<true, true>(x, p, out, ahead),
+            }
         }
     }
 
@@ -696,16 +704,20 @@ mod x86 {
         lo: __m256,
         hi: __m256,
     ) -> __m256i {
-        let v = _mm256_loadu_ps(ptr);
-        let v = if ASYM { _mm256_sub_ps(v, offset) } else { v };
-        let v = _mm256_mul_ps(v, scale);
-        if NAN_IS_MIN {
-            // `max`/`min` return their second operand when either is NaN: NaN stays NaN and
-            // converts to `i32::MIN`.
-            _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, v)))
-        } else {
-            let v = _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
-            _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi))
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let v = _mm256_loadu_ps(ptr);
+            let v = if ASYM { _mm256_sub_ps(v, offset) } else { v };
+            let v = _mm256_mul_ps(v, scale);
+            if NAN_IS_MIN {
+                // `max`/`min` return their second operand when either is NaN: NaN stays NaN and
+                // converts to `i32::MIN`.
+                _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, v)))
+            } else {
+                let v = _mm256_and_ps(v, _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
+                _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi))
+            }
         }
     }
 
@@ -717,22 +729,26 @@ mod x86 {
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn abs_max_bits(x: &[f32]) -> u32 {
-        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let blocks = x.chunks_exact(32);
-        let tail = blocks.remainder();
-        for c in blocks {
-            for (i, a) in acc.iter_mut().enumerate() {
-                // `c` has 32 floats: offsets 0, 8, 16 and 24 are in bounds.
-                let v = _mm256_and_ps(_mm256_loadu_ps(c.as_ptr().add(8 * i)), abs);
-                *a = _mm256_max_ps(v, *a);
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let blocks = x.chunks_exact(32);
+            let tail = blocks.remainder();
+            for c in blocks {
+                for (i, a) in acc.iter_mut().enumerate() {
+                    // `c` has 32 floats: offsets 0, 8, 16 and 24 are in bounds.
+                    let v = _mm256_and_ps(_mm256_loadu_ps(c.as_ptr().add(8 * i)), abs);
+                    *a = _mm256_max_ps(v, *a);
+                }
             }
+            let m = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+            // Non-negative, non-NaN floats order as their bit patterns.
+            lanes.iter().fold(kernel::abs_max_bits(tail), |b, l| b.max(l.to_bits()))
         }
-        let m = _mm256_max_ps(_mm256_max_ps(acc[0], acc[1]), _mm256_max_ps(acc[2], acc[3]));
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
-        // Non-negative, non-NaN floats order as their bit patterns.
-        lanes.iter().fold(kernel::abs_max_bits(tail), |b, l| b.max(l.to_bits()))
     }
 
     /// # Safety
@@ -744,51 +760,55 @@ mod x86 {
         out: &mut [u8],
         ahead: &[u8],
     ) {
-        // Bytes of `ahead` to prefetch per 32-element block (whole cache lines).
-        let per_block = ahead.len().div_ceil((x.len() / 32).max(1)).next_multiple_of(64);
-        let mut lines = ahead.chunks(per_block.max(64));
-        let (lo, hi) = if INT4 { (-8.0, 7.0) } else { (-128.0, 127.0) };
-        let (vlo, vhi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
-        let scale = _mm256_set1_ps(p.q_scale);
-        let offset = _mm256_set1_ps(p.offset);
-        let natural = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-        let low_nibble = _mm256_set1_epi8(0x0F);
-        let even_high = _mm256_set1_epi16(0x0110); // bytes [16, 1]: 16·even + odd
-        let bytes_per_block = if INT4 { 16 } else { 32 };
-        let blocks = x.chunks_exact(32);
-        let tail = blocks.remainder();
-        let mut outs = out.chunks_exact_mut(bytes_per_block);
-        for (c, o) in blocks.zip(&mut outs) {
-            if let Some(l) = lines.next() {
-                for line in l.chunks(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            // Bytes of `ahead` to prefetch per 32-element block (whole cache lines).
+            let per_block = ahead.len().div_ceil((x.len() / 32).max(1)).next_multiple_of(64);
+            let mut lines = ahead.chunks(per_block.max(64));
+            let (lo, hi) = if INT4 { (-8.0, 7.0) } else { (-128.0, 127.0) };
+            let (vlo, vhi) = (_mm256_set1_ps(lo), _mm256_set1_ps(hi));
+            let scale = _mm256_set1_ps(p.q_scale);
+            let offset = _mm256_set1_ps(p.offset);
+            let natural = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            let low_nibble = _mm256_set1_epi8(0x0F);
+            let even_high = _mm256_set1_epi16(0x0110); // bytes [16, 1]: 16·even + odd
+            let bytes_per_block = if INT4 { 16 } else { 32 };
+            let blocks = x.chunks_exact(32);
+            let tail = blocks.remainder();
+            let mut outs = out.chunks_exact_mut(bytes_per_block);
+            for (c, o) in blocks.zip(&mut outs) {
+                if let Some(l) = lines.next() {
+                    for line in l.chunks(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast());
+                    }
+                }
+                // `c` has 32 floats: the loads at 0, 8, 16 and 24 are in bounds.
+                let ptr = c.as_ptr();
+                let a = codes8::<ASYM, INT4>(ptr, offset, scale, vlo, vhi);
+                let b = codes8::<ASYM, INT4>(ptr.add(8), offset, scale, vlo, vhi);
+                let c = codes8::<ASYM, INT4>(ptr.add(16), offset, scale, vlo, vhi);
+                let d = codes8::<ASYM, INT4>(ptr.add(24), offset, scale, vlo, vhi);
+                let ab = _mm256_packs_epi32(a, b);
+                let cd = _mm256_packs_epi32(c, d);
+                // 32 codes as i8, in element order.
+                let q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), natural);
+                if INT4 {
+                    let pairs = _mm256_maddubs_epi16(_mm256_and_si256(q, low_nibble), even_high);
+                    let packed = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_packus_epi16(pairs, pairs));
+                    // `o` has 16 bytes.
+                    _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(packed));
+                } else {
+                    // `o` has 32 bytes.
+                    _mm256_storeu_si256(o.as_mut_ptr().cast(), q);
                 }
             }
-            // `c` has 32 floats: the loads at 0, 8, 16 and 24 are in bounds.
-            let ptr = c.as_ptr();
-            let a = codes8::<ASYM, INT4>(ptr, offset, scale, vlo, vhi);
-            let b = codes8::<ASYM, INT4>(ptr.add(8), offset, scale, vlo, vhi);
-            let c = codes8::<ASYM, INT4>(ptr.add(16), offset, scale, vlo, vhi);
-            let d = codes8::<ASYM, INT4>(ptr.add(24), offset, scale, vlo, vhi);
-            let ab = _mm256_packs_epi32(a, b);
-            let cd = _mm256_packs_epi32(c, d);
-            // 32 codes as i8, in element order.
-            let q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), natural);
+            let rest = outs.into_remainder();
             if INT4 {
-                let pairs = _mm256_maddubs_epi16(_mm256_and_si256(q, low_nibble), even_high);
-                let packed = _mm256_permute4x64_epi64::<0b00_00_10_00>(_mm256_packus_epi16(pairs, pairs));
-                // `o` has 16 bytes.
-                _mm_storeu_si128(o.as_mut_ptr().cast(), _mm256_castsi256_si128(packed));
+                kernel::quantize_i4::<ASYM>(tail, p.offset, p.q_scale, rest);
             } else {
-                // `o` has 32 bytes.
-                _mm256_storeu_si256(o.as_mut_ptr().cast(), q);
+                kernel::quantize_i8::<ASYM>(tail, p.offset, p.q_scale, rest);
             }
-        }
-        let rest = outs.into_remainder();
-        if INT4 {
-            kernel::quantize_i4::<ASYM>(tail, p.offset, p.q_scale, rest);
-        } else {
-            kernel::quantize_i8::<ASYM>(tail, p.offset, p.q_scale, rest);
         }
     }
 
@@ -800,23 +820,27 @@ mod x86 {
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn codes32<const INT4: bool>(ptr: *const u8) -> [__m256i; 4] {
-        let (lo16, hi16) = if INT4 {
-            let b = _mm_loadu_si128(ptr.cast());
-            let nibble = _mm_set1_epi8(0x0F);
-            let eight = _mm_set1_epi8(8);
-            // Sign-extend a nibble n: (n ^ 8) − 8.
-            let even = _mm_sub_epi8(_mm_xor_si128(_mm_and_si128(_mm_srli_epi16::<4>(b), nibble), eight), eight);
-            let odd = _mm_sub_epi8(_mm_xor_si128(_mm_and_si128(b, nibble), eight), eight);
-            (_mm_unpacklo_epi8(even, odd), _mm_unpackhi_epi8(even, odd))
-        } else {
-            (_mm_loadu_si128(ptr.cast()), _mm_loadu_si128(ptr.add(16).cast()))
-        };
-        [
-            _mm256_cvtepi8_epi32(lo16),
-            _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(lo16)),
-            _mm256_cvtepi8_epi32(hi16),
-            _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(hi16)),
-        ]
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let (lo16, hi16) = if INT4 {
+                let b = _mm_loadu_si128(ptr.cast());
+                let nibble = _mm_set1_epi8(0x0F);
+                let eight = _mm_set1_epi8(8);
+                // Sign-extend a nibble n: (n ^ 8) − 8.
+                let even = _mm_sub_epi8(_mm_xor_si128(_mm_and_si128(_mm_srli_epi16::<4>(b), nibble), eight), eight);
+                let odd = _mm_sub_epi8(_mm_xor_si128(_mm_and_si128(b, nibble), eight), eight);
+                (_mm_unpacklo_epi8(even, odd), _mm_unpackhi_epi8(even, odd))
+            } else {
+                (_mm_loadu_si128(ptr.cast()), _mm_loadu_si128(ptr.add(16).cast()))
+            };
+            [
+                _mm256_cvtepi8_epi32(lo16),
+                _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(lo16)),
+                _mm256_cvtepi8_epi32(hi16),
+                _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(hi16)),
+            ]
+        }
     }
 
     /// `out[k] (=, +=, = 0 +) q[k] · scale [+ offset]` as [`kernel::dequantize_i8`] and
@@ -833,35 +857,39 @@ mod x86 {
         offset: f32,
         out: &mut [f32],
     ) {
-        let vscale = _mm256_set1_ps(scale);
-        let voffset = _mm256_set1_ps(offset);
-        let zero = _mm256_setzero_ps();
-        let bytes_per_block = if INT4 { 16 } else { 32 };
-        let mut blocks = out.chunks_exact_mut(32);
-        let mut codes = q.chunks_exact(bytes_per_block);
-        for (o, c) in (&mut blocks).zip(&mut codes) {
-            // `c` has the 16 or 32 code bytes of the 32 floats of `o`.
-            let ints = codes32::<INT4>(c.as_ptr());
-            let ptr = o.as_mut_ptr();
-            for (i, v) in ints.into_iter().enumerate() {
-                let v = _mm256_mul_ps(_mm256_cvtepi32_ps(v), vscale);
-                let v = if ASYM { _mm256_add_ps(v, voffset) } else { v };
-                // `o` has 32 floats: offsets 0, 8, 16 and 24 are in bounds.
-                let at = ptr.add(8 * i);
-                let v = match MODE {
-                    kernel::SET => v,
-                    kernel::ADD => _mm256_add_ps(_mm256_loadu_ps(at), v),
-                    _ => _mm256_add_ps(zero, v),
-                };
-                _mm256_storeu_ps(at, v);
+        // SAFETY: the caller upholds this function's contract (see its `# Safety` section:
+        // the CPU features it is compiled for, and valid pointers and lengths).
+        unsafe {
+            let vscale = _mm256_set1_ps(scale);
+            let voffset = _mm256_set1_ps(offset);
+            let zero = _mm256_setzero_ps();
+            let bytes_per_block = if INT4 { 16 } else { 32 };
+            let mut blocks = out.chunks_exact_mut(32);
+            let mut codes = q.chunks_exact(bytes_per_block);
+            for (o, c) in (&mut blocks).zip(&mut codes) {
+                // `c` has the 16 or 32 code bytes of the 32 floats of `o`.
+                let ints = codes32::<INT4>(c.as_ptr());
+                let ptr = o.as_mut_ptr();
+                for (i, v) in ints.into_iter().enumerate() {
+                    let v = _mm256_mul_ps(_mm256_cvtepi32_ps(v), vscale);
+                    let v = if ASYM { _mm256_add_ps(v, voffset) } else { v };
+                    // `o` has 32 floats: offsets 0, 8, 16 and 24 are in bounds.
+                    let at = ptr.add(8 * i);
+                    let v = match MODE {
+                        kernel::SET => v,
+                        kernel::ADD => _mm256_add_ps(_mm256_loadu_ps(at), v),
+                        _ => _mm256_add_ps(zero, v),
+                    };
+                    _mm256_storeu_ps(at, v);
+                }
             }
-        }
-        let rest = blocks.into_remainder();
-        let q_rest = codes.remainder();
-        if INT4 {
-            kernel::dequantize_i4::<MODE, ASYM>(q_rest, scale, offset, rest);
-        } else {
-            kernel::dequantize_i8::<MODE, ASYM>(q_rest, scale, offset, rest);
+            let rest = blocks.into_remainder();
+            let q_rest = codes.remainder();
+            if INT4 {
+                kernel::dequantize_i4::<MODE, ASYM>(q_rest, scale, offset, rest);
+            } else {
+                kernel::dequantize_i8::<MODE, ASYM>(q_rest, scale, offset, rest);
+            }
         }
     }
 }

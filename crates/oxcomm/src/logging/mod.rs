@@ -102,6 +102,7 @@ use crate::error::{Error, Result};
 
 pub mod flight;
 pub mod record;
+pub mod straggler;
 pub mod summary;
 
 pub use record::{algbw_gbps, bus_factor, OpKind, OpRecord};

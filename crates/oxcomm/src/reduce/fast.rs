@@ -1,6 +1,9 @@
 //! The fast reduction kernels behind [`super::reduce_into`], [`super::reduce_from2`] and
 //! [`super::finish_avg`].
 //!
+//! One file over the usual ~600 lines because it is one kernel family: every reduce op and
+//! dtype shares the stepping loop and the run-time CPU dispatch defined here.
+//!
 //! Every kernel is a plain element loop over fixed-size steps (128 bytes) that LLVM turns into
 //! vector code. On x86_64 the same loops are compiled a second time inside an
 //! `#[target_feature(enable = "avx2,f16c")]` function and chosen at run time when the CPU has

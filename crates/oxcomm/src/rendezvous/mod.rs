@@ -37,7 +37,7 @@ use crate::error::{Error, Result};
 pub mod env;
 mod memory;
 pub mod store;
-pub(crate) mod wire;
+pub(crate) mod store_wire;
 
 pub use env::{EnvInfo, EnvSource, Settings, TransportChoice};
 pub use memory::InMemoryStore;

@@ -49,6 +49,12 @@ pub struct Watched<L> {
     interest: Arc<AtomicBool>,
 }
 
+impl<L> std::fmt::Debug for Watched<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watched").field("interest", &self.interest).finish_non_exhaustive()
+    }
+}
+
 impl<L: Link> Link for Watched<L> {
     fn peer(&self) -> usize {
         self.inner.peer()
@@ -94,7 +100,7 @@ impl<L: Link> Link for Watched<L> {
         self.inner.peer_idle()
     }
 
-    fn kind(&self) -> &'static str {
+    fn kind(&self) -> super::Transport {
         self.inner.kind()
     }
 }

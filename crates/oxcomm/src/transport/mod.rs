@@ -20,13 +20,13 @@ use std::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
 
+pub mod inproc;
 #[cfg(target_os = "linux")]
 pub mod mixed;
 #[cfg(target_os = "linux")]
 pub mod shm;
 #[cfg(unix)]
 pub mod tcp;
-pub mod threads;
 
 /// A bidirectional ordered byte stream to one peer. See the [module docs](self).
 pub trait Link: Send {
@@ -80,8 +80,64 @@ pub trait Link: Send {
         None
     }
 
-    /// A short name of the transport ("threads", "shm", "tcp"), for logs and plans.
-    fn kind(&self) -> &'static str;
+    /// The transport this link belongs to, for logs and plans.
+    fn kind(&self) -> Transport;
+}
+
+/// How a communicator moves bytes: which transport its links use, or MPI.
+///
+/// [`Transport::as_str`] is the name in logs, the comms log's JSON and the CLI's tables
+/// (`threads`, `shm`, `tcp`, `shm+tcp`, `mpi`); it compares equal to those strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Transport {
+    /// Threads of one process ([`inproc`]).
+    Threads,
+    /// Shared memory between processes on one host ([`shm`]).
+    Shm,
+    /// TCP between every pair of ranks ([`tcp`]).
+    Tcp,
+    /// Shared memory inside each host, TCP between hosts ([`mixed`]).
+    ShmTcp,
+    /// MPI (the `mpi` backend): MPI's own transports.
+    Mpi,
+}
+
+impl Transport {
+    /// The transport's name: `threads`, `shm`, `tcp`, `shm+tcp` or `mpi`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Transport::Threads => "threads",
+            Transport::Shm => "shm",
+            Transport::Tcp => "tcp",
+            Transport::ShmTcp => "shm+tcp",
+            Transport::Mpi => "mpi",
+        }
+    }
+
+    /// Whether some of the bytes cross TCP connections (where CPU time spent overlapping
+    /// computation with communication pays off, e.g. the 1-bit all-reduce's pipeline).
+    pub fn uses_tcp(self) -> bool {
+        matches!(self, Transport::Tcp | Transport::ShmTcp)
+    }
+}
+
+impl std::fmt::Display for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for Transport {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Transport {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
 }
 
 /// Small codes for the error kinds a close can carry (for transports that store a word).

@@ -469,3 +469,57 @@ fn all_reduce_into_rejects_unequal_lengths_before_sending() {
         assert_eq!((short, ok), (vec![0.0; 3], [1.0; 2]));
     }
 }
+
+/// Issue 15: async ops take any owned buffer (here `Box<[T]>` and a caller's wrapper) and
+/// cover gather, scatter, all_to_all_v and the coalesced ops; results are exact.
+#[test]
+fn async_ops_take_any_owned_buffer() {
+    struct Wrapped(Vec<i32>);
+    impl AsRef<[i32]> for Wrapped {
+        fn as_ref(&self) -> &[i32] {
+            &self.0
+        }
+    }
+    impl AsMut<[i32]> for Wrapped {
+        fn as_mut(&mut self) -> &mut [i32] {
+            &mut self.0
+        }
+    }
+    let n = 3;
+    let out = threads::run(n, |comm| {
+        let r = comm.rank() as i32;
+        let me = comm.rank();
+        let summed = comm.all_reduce_async(vec![r; 4].into_boxed_slice(), ReduceOp::Sum);
+        let bcast = comm.broadcast_async(Wrapped(vec![r; 2]), 1);
+        let gathered = comm.all_gather_into_async(Wrapped(vec![r]), vec![0; n]);
+        let root_out = (me == 0).then(|| vec![0; 2 * n].into_boxed_slice());
+        let gather = comm.gather_async(vec![r, r], root_out, 0);
+        let root_in = (me == 2).then(|| Wrapped((0..n as i32).collect()));
+        let scatter = comm.scatter_async(root_in, vec![-1], 2);
+        // Rank p sends p + 1 elements to every rank.
+        let (send_counts, recv_counts) = (vec![me + 1; n], (1..=n).collect::<Vec<_>>());
+        let a2av = comm.all_to_all_v_async(vec![r; (me + 1) * n], send_counts, vec![0; n * (n + 1) / 2], recv_counts);
+        let coalesced = comm.all_reduce_coalesced_async(vec![vec![r; 1], vec![1; 3]], ReduceOp::Sum);
+        let ag_coalesced = comm.all_gather_coalesced_async(vec![vec![r], vec![r, r]], vec![vec![0; n], vec![0; 2 * n]]);
+        let sent = comm.isend(vec![r; 2].into_boxed_slice(), (me + 1) % n, 7);
+        let received = comm.irecv(Wrapped(vec![0; 2]), (me + n - 1) % n, 7);
+        assert_eq!(&*summed.wait()?, &[3; 4]);
+        assert_eq!(bcast.wait()?.0, vec![1; 2]);
+        assert_eq!(gathered.wait()?.1, vec![0, 1, 2]);
+        let (_, root_out) = gather.wait()?;
+        if me == 0 {
+            assert_eq!(&*root_out.expect("root"), &[0, 0, 1, 1, 2, 2]);
+        }
+        assert_eq!(scatter.wait()?.1, vec![r]);
+        assert_eq!(a2av.wait()?.1, vec![0, 1, 1, 2, 2, 2]);
+        assert_eq!(coalesced.wait()?, vec![vec![3], vec![3; 3]]);
+        assert_eq!(ag_coalesced.wait()?.1, vec![vec![0, 1, 2], vec![0, 0, 1, 1, 2, 2]]);
+        assert_eq!(&*sent.wait()?, &[r; 2]);
+        assert_eq!(received.wait()?.0, vec![(r + n as i32 - 1) % n as i32; 2]);
+        Ok::<_, oxcomm::Error>(())
+    })
+    .unwrap();
+    for r in out {
+        r.unwrap();
+    }
+}

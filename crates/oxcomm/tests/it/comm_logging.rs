@@ -64,7 +64,7 @@ fn a_disabled_logger_records_nothing() {
 
 #[test]
 fn compressed_collectives_are_recorded_under_their_names() {
-    use oxcomm::compression::{coalesced, onebit};
+    use oxcomm::compression::{coalesced, onebit, qgz};
     let out = threads::run_with(2, logged(), |comm| {
         let mut v = vec![1.0f32; 64];
         let mut state = onebit::OneBitState::new(v.len(), comm.size()).unwrap();
@@ -72,8 +72,8 @@ fn compressed_collectives_are_recorded_under_their_names() {
         let t = [1.0f32; 10];
         coalesced::reduce_scatter_coalesced(&comm, &[&t[..]]).unwrap();
         let x = vec![0.5f32; 64];
-        let view = coalesced::TensorView::new(&x, &[8, 8]).unwrap();
-        coalesced::all_to_all_quant_reduce(&comm, &[view], None).unwrap();
+        let view = qgz::TensorView::new(&x, &[8, 8]).unwrap();
+        qgz::all_to_all_quant_reduce(&comm, &[view], None).unwrap();
         comm.logger().records()
     })
     .unwrap();

@@ -75,7 +75,7 @@ fn hostile_verdict(status: u8, word: u64, tail: &[u8]) -> Vec<(oxcomm::Error, Du
             .map(|(i, (links, bell))| {
                 let config = config.clone();
                 s.spawn(move || {
-                    let c = Communicator::from_links(i + 1, links, bell, config, "tcp").unwrap();
+                    let c = Communicator::from_links(i + 1, links, bell, config, oxcomm::Transport::Tcp).unwrap();
                     let t0 = Instant::now();
                     let err = c.barrier().expect_err("a hostile verdict must fail the barrier");
                     (err, t0.elapsed())
@@ -263,7 +263,7 @@ fn an_object_length_beyond_the_bound_is_a_protocol_error_naming_the_root() {
     let config = CommConfig { timeout: Duration::from_secs(20), ..CommConfig::default() };
     let (err, took) = std::thread::scope(|s| {
         let honest = s.spawn(move || {
-            let c = Communicator::from_links(1, links, bell, config, "tcp").unwrap();
+            let c = Communicator::from_links(1, links, bell, config, oxcomm::Transport::Tcp).unwrap();
             let t0 = Instant::now();
             let err = c.broadcast_bytes(None, 0).expect_err("an 8 TiB object must be refused");
             (err, t0.elapsed())

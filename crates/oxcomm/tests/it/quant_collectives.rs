@@ -5,9 +5,10 @@
 //! unchecked (§3.7).
 
 use half::{bf16, f16};
-use oxcomm::compression::coalesced::{
-    all_to_all_quant_reduce, all_to_all_quant_reduce_report, partition, reduce_scatter_coalesced, HostGroups,
-    QuantReduceReport, TensorView,
+use oxcomm::compression::coalesced::{partition, reduce_scatter_coalesced};
+use oxcomm::compression::host_groups::HostGroups;
+use oxcomm::compression::qgz::{
+    all_to_all_quant_reduce, all_to_all_quant_reduce_report, QuantReduceReport, TensorView,
 };
 use oxcomm::compression::quant::{self, QuantBits, QuantFloat, QuantType};
 use oxcomm::dtype::as_bytes;

@@ -162,7 +162,7 @@ fn four_rank_mesh_streams_between_every_pair() {
         for (p, l) in links.iter().enumerate() {
             assert_eq!(l.is_some(), p != r);
             if let Some(l) = l {
-                assert_eq!((l.peer(), l.kind()), (p, "tcp"));
+                assert_eq!((l.peer(), l.kind()), (p, oxcomm::Transport::Tcp));
             }
         }
     }
@@ -221,7 +221,7 @@ fn communicator_over_tcp_gives_exact_results() {
         for (r, (links, bell)) in parts.into_iter().enumerate() {
             let config = config.clone();
             s.spawn(move || -> Result<()> {
-                let c = Communicator::from_links(r, links, bell, config, "tcp")?;
+                let c = Communicator::from_links(r, links, bell, config, oxcomm::Transport::Tcp)?;
                 assert_eq!(c.transport(), "tcp");
                 for count in [1usize, 1000, 300_001] {
                     let mut buf: Vec<i64> = (0..count).map(|i| (r * 1_000_000 + i) as i64).collect();
@@ -398,7 +398,7 @@ fn a_communicator_whose_peer_dropped_fails_promptly_naming_it() {
     let mut it = parts.into_iter();
     let (l0, b0) = it.next().unwrap();
     drop(it.next().unwrap());
-    let c = Communicator::from_links(0, l0, b0, config, "tcp").unwrap();
+    let c = Communicator::from_links(0, l0, b0, config, oxcomm::Transport::Tcp).unwrap();
     let t0 = Instant::now();
     let mut buf = vec![1.0f32; 1000];
     let err = c.all_reduce(&mut buf, ReduceOp::Sum).unwrap_err();

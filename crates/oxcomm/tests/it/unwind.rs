@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxcomm::transport::threads::mesh;
+use oxcomm::transport::inproc::mesh;
 use oxcomm::transport::{Doorbell, Link};
 use oxcomm::{CommConfig, Communicator, ErrorKind, ReduceOp, Result};
 
@@ -37,8 +37,8 @@ impl Link for PanickingLink {
     fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
         self.inner.close(cause)
     }
-    fn kind(&self) -> &'static str {
-        "threads"
+    fn kind(&self) -> oxcomm::Transport {
+        oxcomm::Transport::Threads
     }
 }
 
@@ -64,7 +64,7 @@ fn communicators(n: usize, armed: &Arc<AtomicBool>) -> Vec<Communicator> {
                 })
                 .collect();
             let bell: Arc<dyn Doorbell> = ep.doorbell;
-            Communicator::from_links(ep.rank, links, bell, config.clone(), "threads").unwrap()
+            Communicator::from_links(ep.rank, links, bell, config.clone(), oxcomm::Transport::Threads).unwrap()
         })
         .collect()
 }

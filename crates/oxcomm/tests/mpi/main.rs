@@ -17,7 +17,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
-use oxcomm::compression::coalesced::{all_to_all_quant_reduce, reduce_scatter_coalesced, HostGroups, TensorView};
+use oxcomm::compression::coalesced::reduce_scatter_coalesced;
+use oxcomm::compression::host_groups::HostGroups;
+use oxcomm::compression::qgz::{all_to_all_quant_reduce, TensorView};
 use oxcomm::reduce::{scalar, ReduceOp};
 use oxcomm::{threads, Communicator, DType, Element, ErrorKind};
 
@@ -275,7 +277,7 @@ fn ops_for(d: DType) -> impl Iterator<Item = ReduceOp> {
 fn init_reads_the_mpi_world(comm: &Communicator) -> CaseResult {
     let n: usize = std::env::var("OMPI_COMM_WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let r: usize = std::env::var("OMPI_COMM_WORLD_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);
-    if (comm.size(), comm.rank(), comm.transport()) != (n, r, "mpi") {
+    if (comm.size(), comm.rank(), comm.transport().as_str()) != (n, r, "mpi") {
         return Err(format!("size/rank/transport {} {} {} vs env {n} {r}", comm.size(), comm.rank(), comm.transport()));
     }
     Ok(())

@@ -47,7 +47,7 @@
 //! gradient was averaged faster.
 //!
 //! `quant_reduce_scatter` is ZeRO++'s qgZ,
-//! [`oxcomm::compression::coalesced::all_to_all_quant_reduce`] (f32, f16, bf16), with one
+//! [`oxcomm::compression::qgz::all_to_all_quant_reduce`] (f32, f16, bf16), with one
 //! tensor per call. Sizes follow reduce_scatter (size = the full input of `n · P` elements,
 //! `P` per rank, rounded down to even so the int4 codes pack); the tensor's shape is
 //! `[N / E, E]` with `E` the largest power of two that divides `P`, at most 2048 and at most
@@ -93,8 +93,9 @@ mod pattern;
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
-use oxcomm::compression::coalesced::{self, HostGroups, TensorView};
+use oxcomm::compression::host_groups::HostGroups;
 use oxcomm::compression::onebit::{self, OneBitState};
+use oxcomm::compression::qgz::{self, TensorView};
 use oxcomm::{Communicator, DType, Element, OpOptions, ReduceOp};
 
 use op::qgz_group;
@@ -124,7 +125,7 @@ macro_rules! bench_element {
             ) -> Option<oxcomm::Result<Vec<Self>>> {
                 let run = || {
                     let view = TensorView::new(data, shape)?;
-                    let mut out = coalesced::all_to_all_quant_reduce(comm, &[view], groups)?;
+                    let mut out = qgz::all_to_all_quant_reduce(comm, &[view], groups)?;
                     Ok(out.pop().unwrap_or_default())
                 };
                 Some(run())

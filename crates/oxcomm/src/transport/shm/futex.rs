@@ -24,31 +24,16 @@
 //! The spin phase is short (a few µs, [`super::ShmConfig::spin`]) because ranks often
 //! outnumber cores: a long spin would steal the core from the very peer we wait for.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::io::Errno;
 use rustix::thread::futex;
 
+use super::layout::Bell;
 use super::segment::Segment;
 use crate::transport::Doorbell;
-
-/// The doorbell words in the owner's segment: the counter and its sleepers on one 128-byte
-/// line, the heartbeat on the next, so that the owner stamping its heartbeat every op does not
-/// take the line that peers read to decide whether to ring.
-#[repr(C, align(128))]
-#[derive(Default)]
-pub(crate) struct Bell {
-    /// The counter rung by peers; also the futex word.
-    pub(crate) epoch: AtomicU32,
-    /// How many threads of the owner are (about to be) inside `FUTEX_WAIT`.
-    pub(crate) waiters: AtomicU32,
-    /// Padding to the end of the first 128-byte line.
-    _line: [u64; 15],
-    /// When the owner last showed life inside oxcomm (monotonic ns; 0 never).
-    pub(crate) heartbeat: std::sync::atomic::AtomicU64,
-}
 
 /// Yields after the spin phase, before sleeping, at least this many times.
 const MIN_YIELDS: u32 = 4;
@@ -153,6 +138,15 @@ pub struct ShmDoorbell {
     seg: Arc<Segment>,
     spin: Duration,
     yield_for: Duration,
+}
+
+impl std::fmt::Debug for ShmDoorbell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmDoorbell")
+            .field("spin", &self.spin)
+            .field("yield_for", &self.yield_for)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ShmDoorbell {

@@ -56,10 +56,11 @@ use rustix::process::{pidfd_open, test_kill_process, Pid, PidfdFlags};
 use super::{Doorbell, Link};
 use crate::error::{Error, ErrorKind, Result};
 
-pub mod direct;
 mod futex;
+mod layout;
 mod ring;
 mod segment;
+pub mod workspace;
 
 pub use futex::ShmDoorbell;
 
@@ -328,7 +329,7 @@ impl ShmEndpoint {
 
     /// The direct-collectives view of every rank's workspace, when every rank of the world
     /// is attached (all on this host); `None` otherwise.
-    pub fn direct(&self) -> Option<direct::ShmDirect> {
+    pub fn direct(&self) -> Option<workspace::ShmDirect> {
         let mut segs = Vec::with_capacity(self.world);
         for r in 0..self.world {
             if r == self.rank {
@@ -338,8 +339,8 @@ impl ShmEndpoint {
             }
         }
         // Polling peers before the doorbell only pays when each rank has its own core.
-        let polls = if self.config.spin.is_zero() { 0 } else { direct::ARRIVAL_POLLS };
-        Some(direct::ShmDirect::new(self.rank, segs, polls))
+        let polls = if self.config.spin.is_zero() { 0 } else { workspace::ARRIVAL_POLLS };
+        Some(workspace::ShmDirect::new(self.rank, segs, polls))
     }
 
     /// The links indexed by world rank (`None` for this rank and unattached ranks), and this
@@ -556,8 +557,8 @@ impl Link for ShmLink {
         crate::transport::idle_since(self.peer_seg.bell().heartbeat.load(Ordering::Relaxed))
     }
 
-    fn kind(&self) -> &'static str {
-        "shm"
+    fn kind(&self) -> crate::transport::Transport {
+        crate::transport::Transport::Shm
     }
 }
 

@@ -13,7 +13,7 @@
 //! | 128 | the owner's doorbell ([`Bell`], two 128-byte lines: counter and sleepers, then heartbeat) |
 //! | 384 | slot table: `world` × `u32`, the inbound ring slot of each rank or `u32::MAX` |
 //! | `rings_offset` (page-aligned) | `slots` rings, each a 384-byte control block + `ring_bytes` of data |
-//! | `workspace_offset` (page-aligned) | [`super::direct::WORKSPACE_BYTES`] for the direct collectives |
+//! | `workspace_offset` (page-aligned) | [`WORKSPACE_BYTES`] for the direct collectives |
 //!
 //! The creator writes everything, then stores `magic` last with `Release`; an attacher that
 //! loads `magic` with `Acquire` and finds it set sees the rest. A zero `magic` means "still
@@ -33,7 +33,7 @@ use rustix::io::Errno;
 use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
 use rustix::shm;
 
-use super::futex::Bell;
+use super::layout::{Bell, WORKSPACE_BYTES};
 use super::ring::{Consumer, Producer, RingCtrl, CTRL_BYTES};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -100,7 +100,7 @@ impl Layout {
         let ring_stride = CTRL_BYTES.checked_add(ring_bytes)?;
         let rings_end = rings_offset.checked_add(ring_stride.checked_mul(slots)?)?;
         let workspace_offset = rings_end.checked_next_multiple_of(PAGE)?;
-        let total_bytes = workspace_offset.checked_add(super::direct::WORKSPACE_BYTES)?;
+        let total_bytes = workspace_offset.checked_add(WORKSPACE_BYTES)?;
         // mmap lengths and file sizes must fit in isize / i64.
         if total_bytes > isize::MAX as usize {
             return None;
@@ -426,7 +426,7 @@ impl Segment {
         unsafe { Consumer::new(owner, ctrl, data, self.layout.ring_bytes) }
     }
 
-    /// The direct-collectives workspace: [`super::direct::WORKSPACE_BYTES`] bytes, page-aligned,
+    /// The direct-collectives workspace: [`WORKSPACE_BYTES`] bytes, page-aligned,
     /// inside this mapping and alive as long as `self`.
     pub(crate) fn workspace(&self) -> NonNull<u8> {
         // SAFETY: `workspace_offset + WORKSPACE_BYTES == total_bytes == len` (by `Layout::new`,

@@ -31,7 +31,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::rendezvous::wire::{io_error, read_exact_by, write_by};
+use crate::rendezvous::store_wire::{io_error, read_exact_by, write_by};
 
 /// First four bytes of every handshake message.
 const MAGIC: [u8; 4] = *b"OXTH";

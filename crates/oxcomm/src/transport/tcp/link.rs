@@ -422,8 +422,8 @@ impl Link for TcpLink {
         }
     }
 
-    fn kind(&self) -> &'static str {
-        "tcp"
+    fn kind(&self) -> crate::transport::Transport {
+        crate::transport::Transport::Tcp
     }
 }
 

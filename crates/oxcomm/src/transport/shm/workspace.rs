@@ -27,28 +27,10 @@ use super::segment::Segment;
 /// when every rank has a core of its own.
 pub const ARRIVAL_POLLS: usize = 200;
 
-/// Largest payload that travels inline in a slot (small-message path).
-pub const SMALL_BYTES: usize = 32 * 1024;
-/// Bytes per chunk of the large-message path (per half). Small enough that a chunk stays in
-/// the L2 cache between being copied in, reduced and copied out.
-pub const CHUNK_BYTES: usize = 512 * 1024;
-
-const LINE: usize = 128;
-const COUNTERS: usize = 4;
-/// Offset of the announcement line (after the counters).
-pub const ANNOUNCE_OFFSET: usize = COUNTERS * LINE;
-/// Bytes of an announcement's record (an op fingerprint).
-pub const ANNOUNCE_BYTES: usize = 48;
-/// Offset of the two slots.
-pub const SLOTS_OFFSET: usize = ANNOUNCE_OFFSET + LINE;
-/// Bytes of the header that follows the 8-byte stamp.
-pub const SLOT_HEADER: usize = 56;
-const SLOT_PAYLOAD: usize = 8 + SLOT_HEADER;
-const SLOT_BYTES: usize = (SLOT_PAYLOAD + SMALL_BYTES).next_multiple_of(LINE);
-/// Offset of the chunk buffers (page-aligned).
-pub const BIG_OFFSET: usize = (SLOTS_OFFSET + 2 * SLOT_BYTES).next_multiple_of(4096);
-/// Size of the whole workspace.
-pub const WORKSPACE_BYTES: usize = BIG_OFFSET + 2 * CHUNK_BYTES;
+pub use super::layout::{
+    ANNOUNCE_BYTES, ANNOUNCE_OFFSET, BIG_OFFSET, CHUNK_BYTES, SLOTS_OFFSET, SLOT_HEADER, SMALL_BYTES, WORKSPACE_BYTES,
+};
+use super::layout::{LINE, SLOT_BYTES, SLOT_PAYLOAD};
 
 /// The counters of one rank's workspace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,6 +27,12 @@ pub struct ThreadDoorbell {
     cond: Condvar,
 }
 
+impl std::fmt::Debug for ThreadDoorbell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadDoorbell").field("epoch", &self.epoch).finish_non_exhaustive()
+    }
+}
+
 impl ThreadDoorbell {
     /// Increments the counter and wakes sleepers.
     pub fn ring(&self) {
@@ -105,6 +111,12 @@ pub struct ThreadLink {
     out: Arc<Queue>,
     inbox: Arc<Queue>,
     peer_bell: Arc<ThreadDoorbell>,
+}
+
+impl std::fmt::Debug for ThreadLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadLink").field("peer", &self.peer).finish_non_exhaustive()
+    }
 }
 
 impl Drop for ThreadLink {
@@ -196,8 +208,8 @@ impl Link for ThreadLink {
         super::idle_since(self.peer_bell.heartbeat.load(Ordering::Relaxed))
     }
 
-    fn kind(&self) -> &'static str {
-        "threads"
+    fn kind(&self) -> crate::transport::Transport {
+        crate::transport::Transport::Threads
     }
 }
 
@@ -209,6 +221,15 @@ pub struct ThreadEndpoint {
     pub links: Vec<Option<ThreadLink>>,
     /// This rank's doorbell.
     pub doorbell: Arc<ThreadDoorbell>,
+}
+
+impl std::fmt::Debug for ThreadEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadEndpoint")
+            .field("rank", &self.rank)
+            .field("peers", &self.links.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Builds a full mesh of in-process links among `n` ranks.

@@ -1,0 +1,140 @@
+//! Which algorithm function runs an op, once [`super::plan`] has chosen the [`Algorithm`]:
+//! the one `match` per op between the communicator's op surface and the algorithm files.
+//!
+//! The communicator validates and fingerprints an op, asks `plan` for an algorithm, and runs
+//! the function here for that op inside its turn. Algorithms that need more than the links
+//! get it explicitly: the host layout (hierarchical) and the direct shared-memory view, which
+//! the backend that owns the workspaces hands in (`None` where there is none).
+
+use super::hierarchical::HostLayout;
+use super::{Algorithm, ReduceBuffers};
+use crate::dtype::Element;
+use crate::engine::Ctx;
+use crate::error::{Error, Result};
+use crate::reduce::ReduceOp;
+use crate::wire::Fingerprint;
+
+/// Whether `algo` needs the agreement phase over the links before it runs (the direct path
+/// agrees as it arrives; dissemination checks fingerprints in its own rounds).
+pub(crate) fn agrees(algo: Algorithm) -> bool {
+    !matches!(algo, Algorithm::ShmDirect | Algorithm::Dissemination)
+}
+
+/// The direct shared-memory view an op was given, or the error of an op routed to the direct
+/// path without one.
+#[cfg(target_os = "linux")]
+fn direct<'d, 'v>(direct: Option<&'d mut Direct<'v>>) -> Result<&'d mut Direct<'v>> {
+    direct.ok_or_else(|| Error::invalid("the direct shared-memory path is not available"))
+}
+
+/// The direct view of an op where the platform has one (the shm transport, Linux).
+#[cfg(target_os = "linux")]
+pub(crate) type Direct<'v> = super::shm_direct::Direct<'v>;
+/// The direct view of an op where the platform has one (never, off Linux).
+#[cfg(not(target_os = "linux"))]
+pub(crate) type Direct<'v> = std::marker::PhantomData<&'v ()>;
+
+/// All-reduce with `algo` (`op` is the combiner: `Avg` is finished by the caller on the
+/// returned buffer, which holds the result).
+pub(crate) fn all_reduce<'b, T: Element>(
+    ctx: &mut Ctx<'_>,
+    algo: Algorithm,
+    layout: Option<&HostLayout>,
+    fp: &Fingerprint,
+    io: ReduceBuffers<'b, T>,
+    op: ReduceOp,
+    d: Option<&mut Direct<'_>>,
+) -> Result<&'b mut [T]> {
+    #[cfg(not(target_os = "linux"))]
+    let _ = (fp, d);
+    match (algo, layout) {
+        #[cfg(target_os = "linux")]
+        (Algorithm::ShmDirect, _) => super::shm_direct::all_reduce(ctx, direct(d)?, fp, io, op),
+        (Algorithm::Hierarchical, Some(l)) => {
+            let buf = io.into_in_place();
+            super::hierarchical::all_reduce(ctx, l, buf, op)?;
+            Ok(buf)
+        }
+        _ => {
+            let buf = io.into_in_place();
+            all_reduce_in_place(ctx, algo, buf, op)?;
+            Ok(buf)
+        }
+    }
+}
+
+/// In-place all-reduce with one of the link algorithms (ring, star, else recursive doubling).
+pub(crate) fn all_reduce_in_place<T: Element>(
+    ctx: &mut Ctx<'_>,
+    algo: Algorithm,
+    buf: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    match algo {
+        Algorithm::Ring => super::ring::all_reduce(ctx, buf, op),
+        Algorithm::Star => super::star::all_reduce(ctx, buf, op),
+        _ => super::doubling::all_reduce(ctx, buf, op),
+    }
+}
+
+/// Broadcast with `algo` (direct, hierarchical, else binomial tree).
+pub(crate) fn broadcast<T: Element>(
+    ctx: &mut Ctx<'_>,
+    algo: Algorithm,
+    layout: Option<&HostLayout>,
+    fp: &Fingerprint,
+    buf: &mut [T],
+    root: usize,
+    d: Option<&mut Direct<'_>>,
+) -> Result<()> {
+    #[cfg(not(target_os = "linux"))]
+    let _ = (fp, d);
+    match (algo, layout) {
+        #[cfg(target_os = "linux")]
+        (Algorithm::ShmDirect, _) => super::shm_direct::broadcast(ctx, direct(d)?, fp, buf, root),
+        (Algorithm::Hierarchical, Some(l)) => super::hierarchical::broadcast(ctx, l, buf, root),
+        _ => super::tree::broadcast(ctx, buf, root),
+    }
+}
+
+/// All-gather with `algo` (hierarchical, else ring).
+pub(crate) fn all_gather<T: Element>(
+    ctx: &mut Ctx<'_>,
+    algo: Algorithm,
+    layout: Option<&HostLayout>,
+    input: &[T],
+    output: &mut [T],
+) -> Result<()> {
+    match (algo, layout) {
+        (Algorithm::Hierarchical, Some(l)) => super::hierarchical::all_gather(ctx, l, input, output),
+        _ => super::ring::all_gather(ctx, input, output),
+    }
+}
+
+/// Reduce-scatter with `algo` (hierarchical, else ring); `op` is the combiner.
+pub(crate) fn reduce_scatter<T: Element>(
+    ctx: &mut Ctx<'_>,
+    algo: Algorithm,
+    layout: Option<&HostLayout>,
+    input: &[T],
+    output: &mut [T],
+    op: ReduceOp,
+) -> Result<()> {
+    match (algo, layout) {
+        (Algorithm::Hierarchical, Some(l)) => super::hierarchical::reduce_scatter(ctx, l, input, output, op),
+        _ => super::ring::reduce_scatter(ctx, input, output, op),
+    }
+}
+
+/// Barrier with `algo`: dissemination, direct arrival, else the agreement phase alone (which
+/// the caller runs when [`agrees`] says so).
+pub(crate) fn barrier(ctx: &mut Ctx<'_>, algo: Algorithm, fp: &Fingerprint, d: Option<&mut Direct<'_>>) -> Result<()> {
+    #[cfg(not(target_os = "linux"))]
+    let _ = d;
+    match algo {
+        Algorithm::Dissemination => super::barrier::dissemination(ctx, fp),
+        #[cfg(target_os = "linux")]
+        Algorithm::ShmDirect => super::shm_direct::barrier(ctx, direct(d)?, fp),
+        _ => Ok(()),
+    }
+}

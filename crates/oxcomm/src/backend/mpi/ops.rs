@@ -1,0 +1,537 @@
+//! The MPI backend's ops: each maps onto MPI calls on the group's MPI communicator (see the
+//! table in the [module docs](super)), after the fingerprint check ([`MpiBackend::prepare`]).
+
+use std::ffi::{c_int, c_void};
+use std::time::{Duration, Instant};
+
+use mpi::ffi;
+
+use super::*;
+use crate::algorithms::{Algorithm, ReduceBuffers};
+use crate::backend::{Backend, NewGroup, OpEnv, P2pMsg, Route};
+use crate::wire::OpKind;
+
+impl Backend for MpiBackend {
+    fn transport(&self) -> crate::transport::Transport {
+        crate::transport::Transport::Mpi
+    }
+
+    /// MPI picks its own algorithms and segments: the algorithm settings are ignored.
+    fn route(
+        &self,
+        _kind: OpKind,
+        _bytes: usize,
+        _count: usize,
+        _group: &GroupView<'_>,
+        _forced: Option<Algorithm>,
+    ) -> Result<Route> {
+        Ok(Route { algorithm: None, name: "mpi", agree: false })
+    }
+
+    /// MPI has nothing to close: its communicators are freed when the backend is dropped.
+    fn close(&self, _culprit: Option<(usize, ErrorKind)>) {}
+
+    fn group_needs_op(&self) -> bool {
+        true
+    }
+
+    fn members_groups(&self) -> Result<()> {
+        Err(Error::unsupported("members_group on the MPI backend (use new_group or split)"))
+    }
+
+    fn all_reduce<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        _route: Route,
+        io: ReduceBuffers<'_, T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            self.all_reduce_in(&g, c, io.into_in_place(), op, stats)
+        }
+    }
+
+    fn reduce<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        _route: Route,
+        buf: &mut [T],
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (n, me) = (env.group.size(), env.group.rank);
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            let (mop, len, bytes) = (self.op::<T>(op)?, count(buf.len())?, std::mem::size_of_val(buf));
+            let (send, recv): (*const c_void, *mut c_void) =
+                if me == root { (in_place(), rp(buf)) } else { (sp(buf), std::ptr::null_mut()) };
+            // SAFETY: at the root in place on `buf`; elsewhere `buf` is only read and the
+            // receive buffer is ignored. `len` elements of T's datatype.
+            mpi_call("MPI_Reduce", unsafe {
+                ffi::MPI_Reduce(send, recv, len, datatype(T::DTYPE), mop, root as c_int, c)
+            })?;
+            if me == root {
+                reduce::finish_avg(buf, op, n);
+                add(stats, 0, (n - 1) * bytes);
+            } else {
+                add(stats, bytes, 0);
+            }
+            Ok(())
+        }
+    }
+
+    fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, _route: Route, buf: &mut [T], root: usize) -> Result<()> {
+        let (n, me) = (env.group.size(), env.group.rank);
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            let (len, bytes) = (count(buf.len())?, std::mem::size_of_val(buf));
+            // SAFETY: `buf` holds `len` elements of T's datatype.
+            mpi_call("MPI_Bcast", unsafe { ffi::MPI_Bcast(rp(buf), len, datatype(T::DTYPE), root as c_int, c) })?;
+            if me == root {
+                add(stats, (n - 1) * bytes, 0);
+            } else {
+                add(stats, 0, bytes);
+            }
+            Ok(())
+        }
+    }
+
+    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, _route: Route, input: &[T], output: &mut [T]) -> Result<()> {
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            all_gather_in(&g, c, input, output, stats)
+        }
+    }
+
+    fn reduce_scatter<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        _route: Route,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = env.group.size();
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            let (mop, len) = (self.op::<T>(op)?, count(output.len())?);
+            count(input.len())?;
+            // SAFETY: `input` holds n × `len` elements, `output` `len`, of T's datatype; the
+            // two are distinct.
+            mpi_call("MPI_Reduce_scatter_block", unsafe {
+                ffi::MPI_Reduce_scatter_block(sp(input), rp(output), len, datatype(T::DTYPE), mop, c)
+            })?;
+            reduce::finish_avg(output, op, n);
+            let share = ring_share(std::mem::size_of_val(input), n);
+            add(stats, share, share);
+            Ok(())
+        }
+    }
+
+    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, _route: Route, send: &[T], recv: &mut [T]) -> Result<()> {
+        let n = env.group.size();
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            let block = count(send.len() / n)?;
+            count(send.len())?;
+            let dt = datatype(T::DTYPE);
+            // SAFETY: `send` and `recv` each hold n blocks of `block` elements of T's datatype
+            // and are distinct.
+            mpi_call("MPI_Alltoall", unsafe { ffi::MPI_Alltoall(sp(send), block, dt, rp(recv), block, dt, c) })?;
+            let share = ring_share(std::mem::size_of_val(send), n);
+            add(stats, share, share);
+            Ok(())
+        }
+    }
+
+    /// Ranks first exchange their send counts (`MPI_Alltoall`) and agree (`MPI_Allreduce`)
+    /// on whether any receiver expects a different count, so a disagreement fails on every
+    /// rank, naming the peer, before any payload moves.
+    fn all_to_all_v<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        _route: Route,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let (n, me) = (env.group.size(), env.group.rank);
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            count(send.len())?;
+            count(recv.len())?;
+            let mine: Vec<u64> = send_counts.iter().map(|&x| x as u64).collect();
+            let mut theirs = vec![0u64; n];
+            // SAFETY: one u64 to and from each rank; buffers of n u64, distinct.
+            mpi_call("MPI_Alltoall (counts)", unsafe {
+                ffi::MPI_Alltoall(mine.as_ptr().cast(), 1, u64_type(), theirs.as_mut_ptr().cast(), 1, u64_type(), c)
+            })?;
+            let bad = (0..n).find(|&p| theirs[p] != recv_counts[p] as u64);
+            let flag = [bad.map_or(0u64, |_| me as u64 + 1)];
+            let mut worst = [0u64];
+            // SAFETY: one u64 in, one out.
+            mpi_call("MPI_Allreduce (counts)", unsafe {
+                ffi::MPI_Allreduce(flag.as_ptr().cast(), worst.as_mut_ptr().cast(), 1, u64_type(), ffi::RSMPI_MAX, c)
+            })?;
+            if let Some(p) = bad {
+                let who = g.members[p];
+                return Err(Error::new(
+                    ErrorKind::Mismatch,
+                    format!(
+                        "rank {who} sends {} elements to this rank but recv_counts[{p}] = {}",
+                        theirs[p], recv_counts[p]
+                    ),
+                )
+                .with_peer(who));
+            }
+            if worst[0] > 0 {
+                let who = g.members[worst[0] as usize - 1];
+                return Err(Error::new(
+                    ErrorKind::Mismatch,
+                    format!("rank {who} found that a peer's send count differs from its recv count (see its error)"),
+                )
+                .with_peer(who));
+            }
+            let layout = |counts: &[usize]| -> (Vec<c_int>, Vec<c_int>) {
+                let mut at = 0;
+                counts
+                    .iter()
+                    .map(|&k| {
+                        at += k;
+                        (k as c_int, (at - k) as c_int)
+                    })
+                    .unzip()
+            };
+            let ((sc, sd), (rc, rd)) = (layout(send_counts), layout(recv_counts));
+            let dt = datatype(T::DTYPE);
+            // SAFETY: counts and displacements describe `send` and `recv` exactly (their
+            // totals equal the lengths, checked by the caller, and fit a C int).
+            mpi_call("MPI_Alltoallv", unsafe {
+                ffi::MPI_Alltoallv(sp(send), sc.as_ptr(), sd.as_ptr(), dt, rp(recv), rc.as_ptr(), rd.as_ptr(), dt, c)
+            })?;
+            let size = std::mem::size_of::<T>();
+            let others =
+                |counts: &[usize]| counts.iter().enumerate().filter(|(p, _)| *p != me).map(|(_, k)| k).sum::<usize>();
+            add(stats, others(send_counts) * size, others(recv_counts) * size);
+            Ok(())
+        }
+    }
+
+    fn gather<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        _route: Route,
+        input: &[T],
+        output: Option<&mut [T]>,
+        root: usize,
+    ) -> Result<()> {
+        let n = env.group.size();
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            let (len, dt, bytes) = (count(input.len())?, datatype(T::DTYPE), std::mem::size_of_val(input));
+            let out: *mut c_void = match output {
+                Some(o) => {
+                    count(o.len())?;
+                    add(stats, 0, (n - 1) * bytes);
+                    rp(o)
+                }
+                None => {
+                    add(stats, bytes, 0);
+                    std::ptr::null_mut()
+                }
+            };
+            // SAFETY: `input` holds `len` elements; the root's `out` holds n × `len` (checked
+            // by the caller) and is distinct; other ranks' receive buffer is ignored.
+            mpi_call("MPI_Gather", unsafe { ffi::MPI_Gather(sp(input), len, dt, out, len, dt, root as c_int, c) })
+        }
+    }
+
+    fn scatter<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        _route: Route,
+        input: Option<&[T]>,
+        output: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        let n = env.group.size();
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            let (len, dt, bytes) = (count(output.len())?, datatype(T::DTYPE), std::mem::size_of_val(output));
+            let inp: *const c_void = match input {
+                Some(i) => {
+                    count(i.len())?;
+                    add(stats, (n - 1) * bytes, 0);
+                    sp(i)
+                }
+                None => {
+                    add(stats, 0, bytes);
+                    std::ptr::null()
+                }
+            };
+            // SAFETY: the root's `inp` holds n × `len` elements (checked by the caller) and
+            // is distinct from `output`, which holds `len`; other ranks' send buffer is ignored.
+            mpi_call("MPI_Scatter", unsafe { ffi::MPI_Scatter(inp, len, dt, rp(output), len, dt, root as c_int, c) })
+        }
+    }
+
+    fn barrier(&self, env: &mut OpEnv<'_>, _route: Route) -> Result<()> {
+        {
+            let (fp, g) = (env.fp, env.group);
+            let c = self.prepare(&g, fp)?;
+            // SAFETY: `c` is the group's communicator.
+            mpi_call("MPI_Barrier", unsafe { ffi::MPI_Barrier(c) })
+        }
+    }
+
+    /// A barrier with a deadline: a non-blocking allreduce of the fingerprint hash (which is
+    /// the fingerprint check too), polled until `timeout`. MPI cannot say who is missing.
+    fn monitored_barrier(&self, env: &mut OpEnv<'_>, _route: Route, timeout: Duration) -> Result<()> {
+        {
+            let (fp, g) = (env.fp, env.group);
+            let deadline = Instant::now() + timeout;
+            let c = self.comm_of(&g)?.0;
+            let h = fnv1a(&fp.encode());
+            // On the heap, and leaked if the deadline passes: MPI may still write them later.
+            let mut bufs = Box::new(([h, !h], [0u64; 2]));
+            // SAFETY: a null request is a valid place for MPI to write the new one.
+            let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+            // SAFETY: two u64 in and out, in a heap block that outlives the request (it is
+            // leaked when the request is abandoned).
+            mpi_call("MPI_Iallreduce (monitored barrier)", unsafe {
+                ffi::MPI_Iallreduce(
+                    bufs.0.as_ptr().cast(),
+                    bufs.1.as_mut_ptr().cast(),
+                    2,
+                    u64_type(),
+                    ffi::RSMPI_MAX,
+                    c,
+                    &mut req,
+                )
+            })?;
+            match wait_until(&mut req, deadline, "MPI_Test (monitored barrier)") {
+                Ok(true) => {}
+                Ok(false) => {
+                    std::mem::forget(bufs);
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "timed out after {timeout:?}: not every rank of the group reached the barrier \
+                             (MPI cannot tell which)"
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    std::mem::forget(bufs);
+                    return Err(e);
+                }
+            }
+            let got = bufs.1;
+            if self.check && (got[0] != h || !got[1] != h) {
+                return Err(self.mismatch(&g, c, fp));
+            }
+            Ok(())
+        }
+    }
+
+    fn all_reduce_coalesced<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        _route: Route,
+        bufs: &mut [&mut [T]],
+        op: ReduceOp,
+    ) -> Result<()> {
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            let mut flat: Vec<T> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            self.all_reduce_in(&g, c, &mut flat, op, stats)?;
+            let mut at = 0;
+            for b in bufs.iter_mut() {
+                b.copy_from_slice(&flat[at..at + b.len()]);
+                at += b.len();
+            }
+            Ok(())
+        }
+    }
+
+    fn all_gather_coalesced<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        _route: Route,
+        inputs: &[&[T]],
+        outputs: &mut [&mut [T]],
+    ) -> Result<()> {
+        let n = env.group.size();
+        {
+            let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
+            let c = self.prepare(&g, fp)?;
+            let flat: Vec<T> = inputs.iter().flat_map(|b| b.iter().copied()).collect();
+            let total = flat.len();
+            let mut all = vec![T::default(); total * n];
+            all_gather_in(&g, c, &flat, &mut all, stats)?;
+            for (p, block) in all.chunks(total.max(1)).enumerate().take(n) {
+                let mut at = 0;
+                for (i, out) in outputs.iter_mut().enumerate() {
+                    let k = inputs[i].len();
+                    out[p * k..(p + 1) * k].copy_from_slice(&block[at..at + k]);
+                    at += k;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// `MPI_Comm_split` of the parent's communicator with the color and key the communicator
+    /// computed (members of one new group share a color; keys are their new ranks), the new
+    /// communicator recorded under the new group's id.
+    fn new_group(&self, env: &mut OpEnv<'_>, _route: Route, new: NewGroup) -> Result<()> {
+        let (fp, g) = (env.fp, env.group);
+        let c = self.prepare(&g, fp)?;
+        if let Some(made) = split_comm(c, new.color, new.key)? {
+            self.comms.lock().unwrap_or_else(|e| e.into_inner()).insert(new.id, made);
+        }
+        Ok(())
+    }
+
+    /// Runs a batch of sends and receives (world ranks) on the point-to-point communicator:
+    /// every header both ways at once, a check of the received ones, then every payload.
+    fn p2p(&self, env: &mut OpEnv<'_>, jobs: &mut [P2pMsg]) -> Result<()> {
+        let (c, stats) = (self.p2p.0, &mut *env.stats);
+        // Headers live on the heap, and are leaked (with the payloads) if a call fails while
+        // requests are posted: MPI may still touch them.
+        let mut headers: Vec<[u8; FP_BYTES]> =
+            jobs.iter().map(|j| if j.is_send { j.header } else { [0u8; FP_BYTES] }).collect();
+        let posted =
+            post(c, jobs.iter().zip(headers.iter_mut()).map(|(j, h)| (j.peer, j.is_send, &mut h[..])), TAG_HEADER)
+                .and_then(|mut reqs| wait_all(&mut reqs, "MPI_Waitall (p2p headers)"));
+        if let Err(e) = posted {
+            std::mem::forget(headers);
+            leak_payloads(jobs);
+            return Err(e);
+        }
+        for (job, got) in jobs.iter().zip(&headers) {
+            if !job.is_send {
+                job.check_header(got)?;
+            }
+        }
+        let posted = post(c, jobs.iter_mut().map(|j| (j.peer, j.is_send, &mut j.bytes[..])), TAG_PAYLOAD)
+            .and_then(|mut reqs| wait_all(&mut reqs, "MPI_Waitall (p2p payloads)"));
+        if let Err(e) = posted {
+            leak_payloads(jobs);
+            return Err(e);
+        }
+        for job in jobs.iter() {
+            let bytes = FP_BYTES + job.bytes.len();
+            if job.is_send {
+                add(stats, bytes, 0);
+            } else {
+                add(stats, 0, bytes);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MpiBackend {
+    /// `MPI_Allreduce` in place, then the division of `Avg`.
+    fn all_reduce_in<T: Element>(
+        &self,
+        g: &GroupView<'_>,
+        c: ffi::MPI_Comm,
+        buf: &mut [T],
+        op: ReduceOp,
+        stats: &mut LinkStats,
+    ) -> Result<()> {
+        let (n, mop, len) = (g.size(), self.op::<T>(op)?, count(buf.len())?);
+        // SAFETY: in place on `buf`, `len` elements of the datatype of T; `c` is valid.
+        mpi_call("MPI_Allreduce", unsafe { ffi::MPI_Allreduce(in_place(), rp(buf), len, datatype(T::DTYPE), mop, c) })?;
+        reduce::finish_avg(buf, op, n);
+        let share = ring_share(2 * std::mem::size_of_val(buf), n);
+        add(stats, share, share);
+        Ok(())
+    }
+}
+
+/// Posts one `MPI_Isend` or `MPI_Irecv` of bytes per item; returns the requests.
+fn post<'a>(
+    c: ffi::MPI_Comm,
+    items: impl Iterator<Item = (usize, bool, &'a mut [u8])>,
+    tag: c_int,
+) -> Result<Vec<ffi::MPI_Request>> {
+    let mut reqs = Vec::new();
+    for (peer, is_send, buf) in items {
+        let len = count(buf.len())?;
+        // SAFETY: a null request is a valid place for MPI to write the new one.
+        let mut req: ffi::MPI_Request = unsafe { ffi::RSMPI_REQUEST_NULL };
+        // SAFETY: `buf` holds `len` bytes and outlives the request (the caller waits for it,
+        // or leaks the buffer); `peer` is a rank of `c`.
+        let rc = unsafe {
+            if is_send {
+                ffi::MPI_Isend(sp(buf), len, bytes_type(), peer as c_int, tag, c, &mut req)
+            } else {
+                ffi::MPI_Irecv(rp(buf), len, bytes_type(), peer as c_int, tag, c, &mut req)
+            }
+        };
+        mpi_call(if is_send { "MPI_Isend" } else { "MPI_Irecv" }, rc)?;
+        reqs.push(req);
+    }
+    Ok(reqs)
+}
+
+/// Leaks every payload buffer of `jobs` (MPI may still write them after a failed call).
+fn leak_payloads(jobs: &mut [P2pMsg]) {
+    for job in jobs {
+        std::mem::forget(std::mem::take(&mut job.bytes));
+    }
+}
+
+/// `MPI_Allgather` of `input` into `output` (n × input).
+fn all_gather_in<T: Element>(
+    g: &GroupView<'_>,
+    c: ffi::MPI_Comm,
+    input: &[T],
+    output: &mut [T],
+    stats: &mut LinkStats,
+) -> Result<()> {
+    let (len, dt) = (count(input.len())?, datatype(T::DTYPE));
+    count(output.len())?;
+    // SAFETY: `input` holds `len` elements, `output` n × `len` (checked by the caller), of
+    // T's datatype; the two are distinct.
+    mpi_call("MPI_Allgather", unsafe { ffi::MPI_Allgather(sp(input), len, dt, rp(output), len, dt, c) })?;
+    let share = (g.size() - 1) * std::mem::size_of_val(input);
+    add(stats, share, share);
+    Ok(())
+}
+
+/// `MPI_Comm_split(c, color or MPI_UNDEFINED, key)`; the new communicator returns errors.
+fn split_comm(c: ffi::MPI_Comm, color: Option<usize>, key: usize) -> Result<Option<Comm>> {
+    // SAFETY: a read-only constant set by rsmpi's C shim.
+    let undefined = unsafe { ffi::RSMPI_UNDEFINED };
+    let color = match color {
+        Some(k) => c_int::try_from(k).map_err(|_| Error::invalid("too many colors for MPI"))?,
+        None => undefined,
+    };
+    let key = c_int::try_from(key).map_err(|_| Error::invalid("too many ranks for MPI"))?;
+    // SAFETY: a null handle is a valid place for MPI to write the new communicator.
+    let mut out: ffi::MPI_Comm = unsafe { ffi::RSMPI_COMM_NULL };
+    // SAFETY: `c` is a valid communicator and `out` a valid out-pointer.
+    mpi_call("MPI_Comm_split", unsafe { ffi::MPI_Comm_split(c, color, key, &mut out) })?;
+    if color == undefined {
+        return Ok(None);
+    }
+    // SAFETY: `out` is the communicator just created; RSMPI_ERRORS_RETURN is a constant.
+    mpi_call("MPI_Comm_set_errhandler", unsafe { ffi::MPI_Comm_set_errhandler(out, ffi::RSMPI_ERRORS_RETURN) })?;
+    Ok(Some(Handle(out)))
+}

@@ -1,0 +1,366 @@
+//! The native backend: ops run as oxcomm's algorithms ([`crate::algorithms`]) over this rank's
+//! links ([`crate::transport`]).
+//!
+//! It owns the links, the doorbell they ring, the engine's scratch space and, on one host with
+//! the shm transport, the direct shared-memory workspaces. For each op it builds the engine's
+//! [`Ctx`] over the op's group, runs the agreement phase when the route asks for it, and calls
+//! the algorithm [`crate::algorithms::dispatch`] names. It knows nothing about turns, sequence
+//! numbers or logging.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::{Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route};
+use crate::algorithms::dispatch::Direct;
+use crate::algorithms::{self, dispatch, plan, Algorithm, ReduceBuffers};
+use crate::dtype::Element;
+use crate::engine::{Ctx, Xfer};
+use crate::error::{ErrorKind, Result};
+use crate::reduce::{self, ReduceOp};
+use crate::transport::{Doorbell, Link, Transport};
+use crate::wire::{OpKind, FP_BYTES};
+
+/// What one op locks while it runs.
+struct State {
+    /// Links indexed by world rank (`None` at this rank, and once closed).
+    links: Vec<Option<Box<dyn Link>>>,
+    scratch: Vec<u64>,
+    #[cfg(target_os = "linux")]
+    direct_state: crate::algorithms::shm_direct::DirectState,
+}
+
+/// oxcomm's links and algorithms, as a [`Backend`].
+pub(crate) struct NativeBackend {
+    transport: Transport,
+    bell: Arc<dyn Doorbell>,
+    state: Mutex<State>,
+    /// Every rank's shared-memory workspace, when all ranks share this host.
+    #[cfg(target_os = "linux")]
+    direct: Option<crate::transport::shm::workspace::ShmDirect>,
+}
+
+impl NativeBackend {
+    /// A backend over ready links (`links[p]`: the link to world rank `p`, `None` at this rank)
+    /// that ring `bell`.
+    pub(crate) fn new(
+        links: Vec<Option<Box<dyn Link>>>,
+        bell: Arc<dyn Doorbell>,
+        transport: Transport,
+        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::workspace::ShmDirect>,
+    ) -> NativeBackend {
+        bell.heartbeat();
+        NativeBackend {
+            transport,
+            bell,
+            state: Mutex::new(State {
+                links,
+                scratch: Vec::new(),
+                #[cfg(target_os = "linux")]
+                direct_state: Default::default(),
+            }),
+            #[cfg(target_os = "linux")]
+            direct,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether ops of `group` can take the direct shared-memory path (world group, shm).
+    fn has_direct(&self, group: &GroupView<'_>) -> bool {
+        #[cfg(target_os = "linux")]
+        return group.id == 0 && self.direct.is_some();
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = group;
+            false
+        }
+    }
+
+    /// Runs `f` on the engine's view of this op (the agreement phase first if `route` says so).
+    fn run<R>(&self, env: &mut OpEnv<'_>, route: Route, f: impl FnOnce(&mut Ctx<'_>) -> Result<R>) -> Result<R> {
+        self.run_direct(env, route, |ctx, _| f(ctx))
+    }
+
+    /// [`NativeBackend::run`] for algorithms that may take the direct path: `f` also gets the
+    /// direct view (world group on the shm transport), which this backend owns.
+    fn run_direct<R>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        f: impl FnOnce(&mut Ctx<'_>, Option<&mut Direct<'_>>) -> Result<R>,
+    ) -> Result<R> {
+        let mut state = self.lock();
+        #[cfg(target_os = "linux")]
+        let State { links, scratch, direct_state } = &mut *state;
+        #[cfg(not(target_os = "linux"))]
+        let State { links, scratch } = &mut *state;
+        let mut ctx = Ctx::new(
+            env.group.rank,
+            env.group.members,
+            links,
+            &*self.bell,
+            env.timeout,
+            env.max_segment_bytes,
+            env.stats,
+            scratch,
+        );
+        ctx.cancel = Some(env.cancel);
+        #[cfg(target_os = "linux")]
+        let mut direct =
+            self.direct.as_ref().filter(|_| env.group.id == 0).map(|shm| Direct { shm, state: direct_state });
+        #[cfg(not(target_os = "linux"))]
+        let mut direct: Option<Direct<'_>> = None;
+        #[cfg(target_os = "linux")]
+        {
+            ctx.shm = direct.as_ref().map(|d| d.shm);
+        }
+        if route.agree {
+            algorithms::star::agree(&mut ctx, env.fp)?;
+        }
+        f(&mut ctx, direct.as_mut())
+    }
+}
+
+/// The algorithm of a native route (every native route has one).
+fn algo(route: Route) -> Algorithm {
+    route.algorithm.unwrap_or(Algorithm::Star)
+}
+
+impl Backend for NativeBackend {
+    fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    fn route(
+        &self,
+        kind: OpKind,
+        bytes: usize,
+        count: usize,
+        group: &GroupView<'_>,
+        forced: Option<Algorithm>,
+    ) -> Result<Route> {
+        let a = plan::choose(kind, bytes, count, group.size(), forced, self.has_direct(group), group.layout.is_some())?;
+        Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) })
+    }
+
+    fn close(&self, culprit: Option<(usize, ErrorKind)>) {
+        let mut state = self.lock();
+        for l in state.links.iter_mut() {
+            if let Some(mut link) = l.take() {
+                link.close(culprit);
+            }
+        }
+    }
+
+    fn group_needs_op(&self) -> bool {
+        false
+    }
+
+    fn members_groups(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn all_reduce<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        io: ReduceBuffers<'_, T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (n, layout, fp) = (env.group.size(), env.group.layout, env.fp);
+        self.run_direct(env, route, |ctx, d| {
+            let buf = dispatch::all_reduce(ctx, algo(route), layout, fp, io, op.combiner(), d)?;
+            reduce::finish_avg(buf, op, n);
+            Ok(())
+        })
+    }
+
+    fn reduce<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        buf: &mut [T],
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (n, me) = (env.group.size(), env.group.rank);
+        self.run(env, route, |ctx| {
+            algorithms::tree::reduce(ctx, buf, root, op.combiner())?;
+            if me == root {
+                reduce::finish_avg(buf, op, n);
+            }
+            Ok(())
+        })
+    }
+
+    fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, buf: &mut [T], root: usize) -> Result<()> {
+        let (layout, fp) = (env.group.layout, env.fp);
+        self.run_direct(env, route, |ctx, d| dispatch::broadcast(ctx, algo(route), layout, fp, buf, root, d))
+    }
+
+    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, input: &[T], output: &mut [T]) -> Result<()> {
+        let layout = env.group.layout;
+        self.run(env, route, |ctx| dispatch::all_gather(ctx, algo(route), layout, input, output))
+    }
+
+    fn reduce_scatter<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (n, layout) = (env.group.size(), env.group.layout);
+        self.run(env, route, |ctx| {
+            dispatch::reduce_scatter(ctx, algo(route), layout, input, output, op.combiner())?;
+            reduce::finish_avg(output, op, n);
+            Ok(())
+        })
+    }
+
+    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, send: &[T], recv: &mut [T]) -> Result<()> {
+        let n = env.group.size();
+        let c = send.len() / n;
+        let ranges: Vec<_> = (0..n).map(|p| p * c..(p + 1) * c).collect();
+        self.run(env, route, |ctx| algorithms::pairwise::all_to_all(ctx, send, &ranges, recv, &ranges, false))
+    }
+
+    fn all_to_all_v<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let (sr, rr) = (algorithms::schedule::ranges(send_counts), algorithms::schedule::ranges(recv_counts));
+        self.run(env, route, |ctx| algorithms::pairwise::all_to_all(ctx, send, &sr, recv, &rr, true))
+    }
+
+    fn gather<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        input: &[T],
+        output: Option<&mut [T]>,
+        root: usize,
+    ) -> Result<()> {
+        self.run(env, route, |ctx| algorithms::star::gather(ctx, input, output, root))
+    }
+
+    fn scatter<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        input: Option<&[T]>,
+        output: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        self.run(env, route, |ctx| algorithms::star::scatter(ctx, input, output, root))
+    }
+
+    fn barrier(&self, env: &mut OpEnv<'_>, route: Route) -> Result<()> {
+        let fp = env.fp;
+        self.run_direct(env, route, |ctx, d| dispatch::barrier(ctx, algo(route), fp, d))
+    }
+
+    fn monitored_barrier(&self, env: &mut OpEnv<'_>, route: Route, _timeout: Duration) -> Result<()> {
+        // The agreement phase is the barrier; it names the ranks that did not arrive, within
+        // the op's timeout (`env.timeout`, which the communicator set to `timeout`).
+        self.run(env, route, |_| Ok(()))
+    }
+
+    fn all_reduce_coalesced<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        bufs: &mut [&mut [T]],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = env.group.size();
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        self.run(env, route, |ctx| {
+            let mut flat: Vec<T> = Vec::with_capacity(total);
+            for b in bufs.iter() {
+                flat.extend_from_slice(b);
+            }
+            dispatch::all_reduce_in_place(ctx, algo(route), &mut flat, op.combiner())?;
+            reduce::finish_avg(&mut flat, op, n);
+            let mut at = 0;
+            for b in bufs.iter_mut() {
+                b.copy_from_slice(&flat[at..at + b.len()]);
+                at += b.len();
+            }
+            Ok(())
+        })
+    }
+
+    fn all_gather_coalesced<T: Element>(
+        &self,
+        env: &mut OpEnv<'_>,
+        route: Route,
+        inputs: &[&[T]],
+        outputs: &mut [&mut [T]],
+    ) -> Result<()> {
+        let n = env.group.size();
+        let total: usize = inputs.iter().map(|b| b.len()).sum();
+        self.run(env, route, |ctx| {
+            let mut flat: Vec<T> = Vec::with_capacity(total);
+            for b in inputs {
+                flat.extend_from_slice(b);
+            }
+            let mut all = vec![T::default(); total * n];
+            algorithms::ring::all_gather(ctx, &flat, &mut all)?;
+            for (p, block) in all.chunks(total.max(1)).enumerate().take(n) {
+                let mut at = 0;
+                for (i, out) in outputs.iter_mut().enumerate() {
+                    let c = inputs[i].len();
+                    out[p * c..(p + 1) * c].copy_from_slice(&block[at..at + c]);
+                    at += c;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn new_group(&self, env: &mut OpEnv<'_>, route: Route, _new: NewGroup) -> Result<()> {
+        // Agreeing on the list (its hash is in the fingerprint) is all a native group needs.
+        self.run(env, route, |_| Ok(()))
+    }
+
+    fn p2p(&self, env: &mut OpEnv<'_>, msgs: &mut [P2pMsg]) -> Result<()> {
+        let route = Route { algorithm: None, name: "p2p", agree: false };
+        self.run(env, route, |ctx| {
+            // Phase 1: headers out, headers in.
+            let mut got = vec![[0u8; FP_BYTES]; msgs.len()];
+            {
+                let mut xfers: Vec<Xfer<'_>> = Vec::new();
+                for (msg, g) in msgs.iter().zip(got.iter_mut()) {
+                    if msg.is_send {
+                        xfers.push(Xfer::send(msg.peer, &msg.header));
+                    } else {
+                        xfers.push(Xfer::recv(msg.peer, g));
+                    }
+                }
+                ctx.run(&mut xfers)?;
+            }
+            // Check what arrived before reading any payload.
+            for (msg, g) in msgs.iter().zip(got.iter()) {
+                if !msg.is_send {
+                    msg.check_header(g)?;
+                }
+            }
+            // Phase 2: payloads both ways at once (headers are small enough to never block,
+            // payloads are not, so they must flow concurrently).
+            let mut xfers: Vec<Xfer<'_>> = msgs
+                .iter_mut()
+                .map(|m| if m.is_send { Xfer::send(m.peer, &m.bytes) } else { Xfer::recv(m.peer, &mut m.bytes) })
+                .collect();
+            ctx.run(&mut xfers)
+        })
+    }
+}

@@ -1,0 +1,349 @@
+//! The collectives: every public op of [`Communicator`] that all ranks of the group call
+//! together, in its sync form. Each validates its arguments (nothing is sent for a bad one),
+//! builds its fingerprint, asks the backend for a route and runs the op on the backend in its
+//! turn ([`crate::backend`]).
+
+use std::time::Duration;
+
+use super::{Communicator, OpOptions};
+use crate::algorithms::{plan, ReduceBuffers};
+use crate::backend::{Backend, Route};
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::reduce::{self, ReduceOp};
+use crate::wire::{Fingerprint, OpKind};
+
+impl Communicator {
+    /// How the backend will run the op of `fp` on `bytes` (`count` elements): the forced
+    /// algorithm is `opts`', else the communicator's when it applies to the op. A forced
+    /// algorithm that does not apply is an error before anything is sent.
+    pub(super) fn route(&self, fp: &Fingerprint, opts: &OpOptions, bytes: usize, count: usize) -> Result<Route> {
+        let forced = match (opts.algorithm, self.core.config.algorithm) {
+            (Some(a), _) => Some(a),
+            (None, Some(a)) if plan::candidates(fp.kind).contains(&a) => Some(a),
+            _ => None,
+        };
+        self.core
+            .backend
+            .route(fp.kind, bytes, count, &self.view(), forced)
+            .map_err(|e| e.with_op(self.describe(fp)).with_rank(self.core.world_rank))
+    }
+
+    /// Reduces `buf` across the group with `op`; every rank gets the result in `buf`.
+    #[track_caller]
+    pub fn all_reduce<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce_with(buf, op, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_reduce`] with per-op options.
+    #[track_caller]
+    pub fn all_reduce_with<T: Element>(&self, buf: &mut [T], op: ReduceOp, opts: &OpOptions) -> Result<()> {
+        self.all_reduce_buffers(ReduceBuffers::InPlace(buf), op, opts)
+    }
+
+    /// Reduces every rank's `input` with `op` into every rank's `output` (NCCL's out-of-place
+    /// `ncclAllReduce(sendbuff, recvbuff)`); `input` is only read. Both have the same length.
+    ///
+    /// The shared-memory direct algorithm reads `input` where it would read the buffer in place,
+    /// so this costs no more than [`Communicator::all_reduce`]; the others copy `input` into
+    /// `output` and reduce that in place. Ranks may mix this and `all_reduce` in one op. On
+    /// error `output` holds garbage. Lengths that differ are [`crate::ErrorKind::InvalidArgument`]
+    /// before any communication.
+    ///
+    /// ```
+    /// use oxcomm::ReduceOp;
+    /// let out = oxcomm::threads::run(2, |comm| {
+    ///     let grads = vec![comm.rank() as f32 + 1.0; 4];
+    ///     let mut sum = vec![0.0; 4];
+    ///     comm.all_reduce_into(&grads, &mut sum, ReduceOp::Sum)?;
+    ///     Ok::<_, oxcomm::Error>((grads, sum))
+    /// })
+    /// .unwrap();
+    /// let (grads, sum) = out[1].as_ref().unwrap();
+    /// assert_eq!((grads[0], sum[0]), (2.0, 3.0));
+    /// ```
+    #[track_caller]
+    pub fn all_reduce_into<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        self.all_reduce_into_with(input, output, op, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_reduce_into`] with per-op options.
+    #[track_caller]
+    pub fn all_reduce_into_with<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        self.all_reduce_buffers(ReduceBuffers::Apart { input, output }, op, opts)
+    }
+
+    #[track_caller]
+    pub(super) fn all_reduce_buffers<T: Element>(
+        &self,
+        io: ReduceBuffers<'_, T>,
+        op: ReduceOp,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        let count = io.len();
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), count);
+        fp.op = Some(op);
+        if let ReduceBuffers::Apart { input, output } = &io {
+            if input.len() != output.len() {
+                let msg = format!("output has {} elements, input {}: they must be equal", output.len(), input.len());
+                return Err(self.arg_error(&fp, msg));
+            }
+        }
+        reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        let route = self.route(&fp, opts, count * std::mem::size_of::<T>(), count)?;
+        self.run_op(fp, opts, route, |b, env| b.all_reduce(env, route, io, op))
+    }
+
+    /// Reduces `buf` across the group into `root`'s `buf`; other ranks' buffers are unchanged.
+    #[track_caller]
+    pub fn reduce<T: Element>(&self, buf: &mut [T], root: usize, op: ReduceOp) -> Result<()> {
+        self.reduce_with(buf, root, op, &OpOptions::default())
+    }
+
+    /// [`Communicator::reduce`] with per-op options.
+    #[track_caller]
+    pub fn reduce_with<T: Element>(&self, buf: &mut [T], root: usize, op: ReduceOp, opts: &OpOptions) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Reduce), buf.len());
+        fp.op = Some(op);
+        fp.root = Some(root as u32);
+        self.check_root(root, &fp)?;
+        reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        let route = self.route(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
+        self.run_op(fp, opts, route, |b, env| b.reduce(env, route, buf, root, op))
+    }
+
+    /// Copies `root`'s `buf` into every rank's `buf`.
+    #[track_caller]
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.broadcast_with(buf, root, &OpOptions::default())
+    }
+
+    /// [`Communicator::broadcast`] with per-op options.
+    #[track_caller]
+    pub fn broadcast_with<T: Element>(&self, buf: &mut [T], root: usize, opts: &OpOptions) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Broadcast), buf.len());
+        fp.root = Some(root as u32);
+        self.check_root(root, &fp)?;
+        let route = self.route(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
+        self.run_op(fp, opts, route, |b, env| b.broadcast(env, route, buf, root))
+    }
+
+    /// Gathers every rank's `input` into `output` (size × input.len(), rank order).
+    #[track_caller]
+    pub fn all_gather<T: Element>(&self, input: &[T], output: &mut [T]) -> Result<()> {
+        self.all_gather_with(input, output, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_gather`] with per-op options.
+    #[track_caller]
+    pub fn all_gather_with<T: Element>(&self, input: &[T], output: &mut [T], opts: &OpOptions) -> Result<()> {
+        let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllGather), input.len());
+        if output.len() != input.len() * self.size() {
+            return Err(self.arg_error(
+                &fp,
+                format!(
+                    "output has {} elements, expected size × input = {} × {}",
+                    output.len(),
+                    self.size(),
+                    input.len()
+                ),
+            ));
+        }
+        let route = self.route(&fp, opts, std::mem::size_of_val(input), input.len())?;
+        self.run_op(fp, opts, route, |b, env| b.all_gather(env, route, input, output))
+    }
+
+    /// Reduces `input` (size × output.len()) across the group; rank r gets block r of the
+    /// result in `output`.
+    #[track_caller]
+    pub fn reduce_scatter<T: Element>(&self, input: &[T], output: &mut [T], op: ReduceOp) -> Result<()> {
+        self.reduce_scatter_with(input, output, op, &OpOptions::default())
+    }
+
+    /// [`Communicator::reduce_scatter`] with per-op options.
+    #[track_caller]
+    pub fn reduce_scatter_with<T: Element>(
+        &self,
+        input: &[T],
+        output: &mut [T],
+        op: ReduceOp,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::ReduceScatter), input.len());
+        fp.op = Some(op);
+        reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        if input.len() != output.len() * self.size() {
+            return Err(self.arg_error(
+                &fp,
+                format!(
+                    "input has {} elements, expected size × output = {} × {} (the input length must be a multiple of the group size)",
+                    input.len(),
+                    self.size(),
+                    output.len()
+                ),
+            ));
+        }
+        let route = self.route(&fp, opts, std::mem::size_of_val(input), input.len())?;
+        self.run_op(fp, opts, route, |b, env| b.reduce_scatter(env, route, input, output, op))
+    }
+
+    /// All-to-all with equal blocks: block p of `send` goes to rank p; block p of `recv`
+    /// comes from rank p. Both lengths must be equal and a multiple of the group size.
+    #[track_caller]
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.all_to_all_with(send, recv, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_to_all`] with per-op options.
+    #[track_caller]
+    pub fn all_to_all_with<T: Element>(&self, send: &[T], recv: &mut [T], opts: &OpOptions) -> Result<()> {
+        let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllToAll), send.len());
+        let n = self.size();
+        if send.len() != recv.len() || send.len() % n != 0 {
+            return Err(self.arg_error(
+                &fp,
+                format!(
+                    "send ({}) and recv ({}) must have the same length, a multiple of the group size {n}",
+                    send.len(),
+                    recv.len()
+                ),
+            ));
+        }
+        let route = self.route(&fp, opts, std::mem::size_of_val(send), send.len())?;
+        self.run_op(fp, opts, route, |b, env| b.all_to_all(env, route, send, recv))
+    }
+
+    /// All-to-all with per-peer counts: `send_counts[p]` elements of `send` (contiguous, in
+    /// rank order) go to rank p; `recv_counts[p]` elements from rank p land in `recv`. A
+    /// count that disagrees with the peer's is an error naming the peer; nothing is written
+    /// from that peer.
+    #[track_caller]
+    pub fn all_to_all_v<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+    ) -> Result<()> {
+        let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllToAllV), 0);
+        let n = self.size();
+        for (name, counts, len) in [("send", send_counts, send.len()), ("recv", recv_counts, recv.len())] {
+            if counts.len() != n {
+                return Err(self.arg_error(&fp, format!("{name}_counts has {} entries, expected {n}", counts.len())));
+            }
+            let total: usize = counts.iter().sum();
+            if total != len {
+                return Err(
+                    self.arg_error(&fp, format!("{name}_counts add up to {total} but {name} has {len} elements"))
+                );
+            }
+        }
+        let me = self.rank();
+        if send_counts[me] != recv_counts[me] {
+            return Err(self.arg_error(
+                &fp,
+                format!(
+                    "send_counts[{me}] = {} but recv_counts[{me}] = {} (this rank's own block)",
+                    send_counts[me], recv_counts[me]
+                ),
+            ));
+        }
+        let opts = OpOptions::default();
+        let route = self.route(&fp, &opts, std::mem::size_of_val(send), send.len())?;
+        self.run_op(fp, &opts, route, |b, env| b.all_to_all_v(env, route, send, send_counts, recv, recv_counts))
+    }
+
+    /// Gathers every rank's `input` into `output` on `root` (size × input.len()); other
+    /// ranks pass `None`.
+    #[track_caller]
+    pub fn gather<T: Element>(&self, input: &[T], output: Option<&mut [T]>, root: usize) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Gather), input.len());
+        fp.root = Some(root as u32);
+        self.check_root(root, &fp)?;
+        let want = input.len() * self.size();
+        let output = self.root_buffer(&fp, root, output, |o| o.len(), want, "output")?;
+        let opts = OpOptions::default();
+        let route = self.route(&fp, &opts, std::mem::size_of_val(input), input.len())?;
+        self.run_op(fp, &opts, route, |b, env| b.gather(env, route, input, output, root))
+    }
+
+    /// Scatters block p of `root`'s `input` (size × output.len()) to rank p's `output`; other
+    /// ranks pass `None`.
+    #[track_caller]
+    pub fn scatter<T: Element>(&self, input: Option<&[T]>, output: &mut [T], root: usize) -> Result<()> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Scatter), output.len());
+        fp.root = Some(root as u32);
+        self.check_root(root, &fp)?;
+        let want = output.len() * self.size();
+        let input = self.root_buffer(&fp, root, input, |i| i.len(), want, "input")?;
+        let opts = OpOptions::default();
+        let route = self.route(&fp, &opts, std::mem::size_of_val(output), output.len())?;
+        self.run_op(fp, &opts, route, |b, env| b.scatter(env, route, input, output, root))
+    }
+
+    /// Blocks until every rank of the group has called `barrier`.
+    #[track_caller]
+    pub fn barrier(&self) -> Result<()> {
+        self.barrier_with(&OpOptions::default())
+    }
+
+    /// [`Communicator::barrier`] with per-op options (e.g. the dissemination algorithm).
+    #[track_caller]
+    pub fn barrier_with(&self, opts: &OpOptions) -> Result<()> {
+        let fp = self.fingerprint(OpKind::Barrier);
+        let route = self.route(&fp, opts, 0, 0)?;
+        self.run_op(fp, opts, route, |b, env| b.barrier(env, route))
+    }
+
+    /// A barrier that waits at most `timeout` and, on failure, names every rank that did not
+    /// arrive (rank 0 collects the arrivals).
+    #[track_caller]
+    pub fn monitored_barrier(&self, timeout: Duration) -> Result<()> {
+        let fp = self.fingerprint(OpKind::MonitoredBarrier);
+        let opts = OpOptions { timeout: Some(timeout), ..OpOptions::default() };
+        let route = self.route(&fp, &opts, 0, 0)?;
+        self.run_op(fp, &opts, route, |b, env| b.monitored_barrier(env, route, timeout))
+    }
+
+    /// All-reduces several buffers as one op (one agreement, one algorithm run).
+    #[track_caller]
+    pub fn all_reduce_coalesced<T: Element>(&self, bufs: &mut [&mut [T]], op: ReduceOp) -> Result<()> {
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduceCoalesced), total);
+        fp.op = Some(op);
+        fp.extra = bufs.len() as u64;
+        reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
+        let opts = OpOptions::default();
+        let route = self.route(&fp, &opts, total * T::DTYPE.size(), total)?;
+        self.run_op(fp, &opts, route, |b, env| b.all_reduce_coalesced(env, route, bufs, op))
+    }
+
+    /// All-gathers several buffers as one op: `outputs[i]` (size × `inputs[i].len()`) receives
+    /// every rank's `inputs[i]`.
+    #[track_caller]
+    pub fn all_gather_coalesced<T: Element>(&self, inputs: &[&[T]], outputs: &mut [&mut [T]]) -> Result<()> {
+        let total: usize = inputs.iter().map(|b| b.len()).sum();
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllGatherCoalesced), total);
+        fp.extra = inputs.len() as u64;
+        let n = self.size();
+        if inputs.len() != outputs.len() {
+            return Err(self.arg_error(&fp, format!("{} inputs but {} outputs", inputs.len(), outputs.len())));
+        }
+        for (i, (a, b)) in inputs.iter().zip(outputs.iter()).enumerate() {
+            if b.len() != a.len() * n {
+                return Err(
+                    self.arg_error(&fp, format!("outputs[{i}] has {} elements, expected {} × {}", b.len(), n, a.len()))
+                );
+            }
+        }
+        let opts = OpOptions::default();
+        let route = self.route(&fp, &opts, total * T::DTYPE.size(), total)?;
+        self.run_op(fp, &opts, route, |b, env| b.all_gather_coalesced(env, route, inputs, outputs))
+    }
+}

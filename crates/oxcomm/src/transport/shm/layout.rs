@@ -1,0 +1,55 @@
+//! The shared-memory layouts that more than one file of this transport reads: the doorbell
+//! words in a segment ([`Bell`], whose protocol is `futex.rs`) and the direct collectives'
+//! workspace (`workspace.rs`), which `segment.rs` sizes and places. Only sizes, offsets and
+//! `#[repr(C)]` structs live here, so that `segment`, `workspace` and `futex` import this file
+//! and not each other.
+//!
+//! # The direct workspace
+//!
+//! | offset | what |
+//! | --- | --- |
+//! | 0 | [`COUNTERS`] lines of progress counters, one 128-byte line each |
+//! | [`ANNOUNCE_OFFSET`] | the announcement line (a fingerprint, [`ANNOUNCE_BYTES`]) |
+//! | [`SLOTS_OFFSET`] | two slots: an 8-byte stamp, a [`SLOT_HEADER`]-byte header, up to [`SMALL_BYTES`] of payload |
+//! | [`BIG_OFFSET`] (page-aligned) | two chunk buffers of [`CHUNK_BYTES`] |
+
+use std::sync::atomic::AtomicU32;
+
+/// The doorbell words in the owner's segment: the counter and its sleepers on one 128-byte
+/// line, the heartbeat on the next, so that the owner stamping its heartbeat every op does not
+/// take the line that peers read to decide whether to ring.
+#[repr(C, align(128))]
+#[derive(Default)]
+pub(crate) struct Bell {
+    /// The counter rung by peers; also the futex word.
+    pub(crate) epoch: AtomicU32,
+    /// How many threads of the owner are (about to be) inside `FUTEX_WAIT`.
+    pub(crate) waiters: AtomicU32,
+    /// Padding to the end of the first 128-byte line.
+    pub(super) _line: [u64; 15],
+    /// When the owner last showed life inside oxcomm (monotonic ns; 0 never).
+    pub(crate) heartbeat: std::sync::atomic::AtomicU64,
+}
+
+/// Largest payload that travels inline in a slot (small-message path).
+pub const SMALL_BYTES: usize = 32 * 1024;
+/// Bytes per chunk of the large-message path (per half). Small enough that a chunk stays in
+/// the L2 cache between being copied in, reduced and copied out.
+pub const CHUNK_BYTES: usize = 512 * 1024;
+
+pub(super) const LINE: usize = 128;
+pub(super) const COUNTERS: usize = 4;
+/// Offset of the announcement line (after the counters).
+pub const ANNOUNCE_OFFSET: usize = COUNTERS * LINE;
+/// Bytes of an announcement's record (an op fingerprint).
+pub const ANNOUNCE_BYTES: usize = 48;
+/// Offset of the two slots.
+pub const SLOTS_OFFSET: usize = ANNOUNCE_OFFSET + LINE;
+/// Bytes of the header that follows the 8-byte stamp.
+pub const SLOT_HEADER: usize = 56;
+pub(super) const SLOT_PAYLOAD: usize = 8 + SLOT_HEADER;
+pub(super) const SLOT_BYTES: usize = (SLOT_PAYLOAD + SMALL_BYTES).next_multiple_of(LINE);
+/// Offset of the chunk buffers (page-aligned).
+pub const BIG_OFFSET: usize = (SLOTS_OFFSET + 2 * SLOT_BYTES).next_multiple_of(4096);
+/// Size of the whole workspace.
+pub const WORKSPACE_BYTES: usize = BIG_OFFSET + 2 * CHUNK_BYTES;
