@@ -240,6 +240,34 @@ pub(crate) trait Backend {
     fn p2p(&self, env: &mut OpEnv<'_>, msgs: &mut [P2pMsg]) -> Result<()>;
 }
 
+/// The buffers of a coalesced op laid end to end, in order.
+pub(crate) fn concat<'a, T: Copy + 'a>(bufs: impl Iterator<Item = &'a [T]>) -> Vec<T> {
+    bufs.flat_map(|b| b.iter().copied()).collect()
+}
+
+/// Copies `flat` (the buffers end to end, as [`concat`] made it) back into `bufs`.
+pub(crate) fn split_back<T: Copy>(flat: &[T], bufs: &mut [&mut [T]]) {
+    let mut at = 0;
+    for b in bufs.iter_mut() {
+        b.copy_from_slice(&flat[at..at + b.len()]);
+        at += b.len();
+    }
+}
+
+/// Copies an all-gather of the concatenated `inputs` (`n` blocks, one per rank) into
+/// `outputs[i]`, which receives every rank's `inputs[i]` in rank order.
+pub(crate) fn unpack_gathered<T: Copy>(all: &[T], inputs: &[&[T]], outputs: &mut [&mut [T]], n: usize) {
+    let total: usize = inputs.iter().map(|b| b.len()).sum();
+    for (p, block) in all.chunks(total.max(1)).enumerate().take(n) {
+        let mut at = 0;
+        for (input, out) in inputs.iter().zip(outputs.iter_mut()) {
+            let k = input.len();
+            out[p * k..(p + 1) * k].copy_from_slice(&block[at..at + k]);
+            at += k;
+        }
+    }
+}
+
 /// The backend a communicator holds: one of the closed set, dispatched statically.
 pub(crate) enum AnyBackend {
     /// oxcomm's links and algorithms.

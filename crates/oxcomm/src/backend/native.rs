@@ -10,7 +10,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::{Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route};
+use super::{concat, split_back, unpack_gathered, Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route};
 use crate::algorithms::dispatch::Direct;
 use crate::algorithms::{self, dispatch, plan, Algorithm, ReduceBuffers};
 use crate::dtype::Element;
@@ -282,19 +282,11 @@ impl Backend for NativeBackend {
         op: ReduceOp,
     ) -> Result<()> {
         let n = env.group.size();
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
         self.run(env, route, |ctx| {
-            let mut flat: Vec<T> = Vec::with_capacity(total);
-            for b in bufs.iter() {
-                flat.extend_from_slice(b);
-            }
+            let mut flat = concat(bufs.iter().map(|b| &**b));
             dispatch::all_reduce_in_place(ctx, algo(route), &mut flat, op.combiner())?;
             reduce::finish_avg(&mut flat, op, n);
-            let mut at = 0;
-            for b in bufs.iter_mut() {
-                b.copy_from_slice(&flat[at..at + b.len()]);
-                at += b.len();
-            }
+            split_back(&flat, bufs);
             Ok(())
         })
     }
@@ -307,22 +299,11 @@ impl Backend for NativeBackend {
         outputs: &mut [&mut [T]],
     ) -> Result<()> {
         let n = env.group.size();
-        let total: usize = inputs.iter().map(|b| b.len()).sum();
         self.run(env, route, |ctx| {
-            let mut flat: Vec<T> = Vec::with_capacity(total);
-            for b in inputs {
-                flat.extend_from_slice(b);
-            }
-            let mut all = vec![T::default(); total * n];
+            let flat = concat(inputs.iter().copied());
+            let mut all = vec![T::default(); flat.len() * n];
             algorithms::ring::all_gather(ctx, &flat, &mut all)?;
-            for (p, block) in all.chunks(total.max(1)).enumerate().take(n) {
-                let mut at = 0;
-                for (i, out) in outputs.iter_mut().enumerate() {
-                    let c = inputs[i].len();
-                    out[p * c..(p + 1) * c].copy_from_slice(&block[at..at + c]);
-                    at += c;
-                }
-            }
+            unpack_gathered(&all, inputs, outputs, n);
             Ok(())
         })
     }

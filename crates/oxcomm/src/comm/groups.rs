@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::{Communicator, Group, OpOptions};
 use crate::backend::{Backend, NewGroup};
 use crate::error::Result;
-use crate::wire::OpKind;
+use crate::wire::{Fingerprint, OpKind};
 
 impl Communicator {
     /// Creates a sub-group of the listed group ranks. Collective: every rank of this group
@@ -23,15 +23,7 @@ impl Communicator {
         let mut h = DefaultHasher::new();
         ranks.hash(&mut h);
         fp.extra = h.finish();
-        let mut seen = vec![false; self.size()];
-        for &r in ranks {
-            if r >= self.size() {
-                return Err(self.arg_error(&fp, format!("rank {r} out of range for a group of {}", self.size())));
-            }
-            if std::mem::replace(&mut seen[r], true) {
-                return Err(self.arg_error(&fp, format!("rank {r} listed twice")));
-            }
-        }
+        self.check_rank_list(&fp, ranks)?;
         if ranks.is_empty() {
             return Err(self.arg_error(&fp, "a group needs at least one rank"));
         }
@@ -121,15 +113,7 @@ impl Communicator {
     pub fn members_group(&self, ranks: &[usize]) -> Result<Option<Communicator>> {
         let mut fp = self.fingerprint(OpKind::NewGroup);
         fp.count = ranks.len() as u64;
-        let mut seen = vec![false; self.size()];
-        for &r in ranks {
-            if r >= self.size() {
-                return Err(self.arg_error(&fp, format!("rank {r} out of range for a group of {}", self.size())));
-            }
-            if std::mem::replace(&mut seen[r], true) {
-                return Err(self.arg_error(&fp, format!("rank {r} listed twice")));
-            }
-        }
+        let seen = self.check_rank_list(&fp, ranks)?;
         if !seen[self.rank()] {
             return Ok(None);
         }
@@ -146,6 +130,20 @@ impl Communicator {
         let id = h.finish() | 1;
         let me = ranks.iter().position(|r| *r == self.rank()).expect("checked above");
         Ok(Some(Communicator { core: self.core.clone(), group: Arc::new(Group::new(id, world, me, &self.core.hosts)) }))
+    }
+
+    /// Checks a list of group ranks (in range, no repeats); returns which ranks it holds.
+    fn check_rank_list(&self, fp: &Fingerprint, ranks: &[usize]) -> Result<Vec<bool>> {
+        let mut seen = vec![false; self.size()];
+        for &r in ranks {
+            if r >= self.size() {
+                return Err(self.arg_error(fp, format!("rank {r} out of range for a group of {}", self.size())));
+            }
+            if std::mem::replace(&mut seen[r], true) {
+                return Err(self.arg_error(fp, format!("rank {r} listed twice")));
+            }
+        }
+        Ok(seen)
     }
 
     /// The id of the sub-group of `ranks` made by an op salted `salt`, when this group's

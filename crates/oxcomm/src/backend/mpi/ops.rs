@@ -8,7 +8,7 @@ use mpi::ffi;
 
 use super::*;
 use crate::algorithms::{Algorithm, ReduceBuffers};
-use crate::backend::{Backend, NewGroup, OpEnv, P2pMsg, Route};
+use crate::backend::{concat, split_back, unpack_gathered, Backend, NewGroup, OpEnv, P2pMsg, Route};
 use crate::wire::OpKind;
 
 impl Backend for MpiBackend {
@@ -355,13 +355,9 @@ impl Backend for MpiBackend {
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
             let c = self.prepare(&g, fp)?;
-            let mut flat: Vec<T> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            let mut flat = concat(bufs.iter().map(|b| &**b));
             self.all_reduce_in(&g, c, &mut flat, op, stats)?;
-            let mut at = 0;
-            for b in bufs.iter_mut() {
-                b.copy_from_slice(&flat[at..at + b.len()]);
-                at += b.len();
-            }
+            split_back(&flat, bufs);
             Ok(())
         }
     }
@@ -377,18 +373,10 @@ impl Backend for MpiBackend {
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
             let c = self.prepare(&g, fp)?;
-            let flat: Vec<T> = inputs.iter().flat_map(|b| b.iter().copied()).collect();
-            let total = flat.len();
-            let mut all = vec![T::default(); total * n];
+            let flat = concat(inputs.iter().copied());
+            let mut all = vec![T::default(); flat.len() * n];
             all_gather_in(&g, c, &flat, &mut all, stats)?;
-            for (p, block) in all.chunks(total.max(1)).enumerate().take(n) {
-                let mut at = 0;
-                for (i, out) in outputs.iter_mut().enumerate() {
-                    let k = inputs[i].len();
-                    out[p * k..(p + 1) * k].copy_from_slice(&block[at..at + k]);
-                    at += k;
-                }
-            }
+            unpack_gathered(&all, inputs, outputs, n);
             Ok(())
         }
     }
