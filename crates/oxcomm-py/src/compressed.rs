@@ -118,6 +118,7 @@ pub fn onebit_all_reduce(py: Python<'_>, comm: &PyComm, buf: Buf, state: &PyOneB
 /// DeepSpeed's 1-bit Adam on flat float32 parameters and gradients (`oxcomm::compression::
 /// onebit::Adam`): exact averaging until `freeze_step`, then 1-bit compressed momenta.
 #[pyclass(module = "oxcomm._native", name = "OneBitAdam")]
+#[derive(Debug)]
 pub struct PyOneBitAdam {
     adam: Mutex<onebit::Adam>,
 }
