@@ -218,9 +218,10 @@ fn communicator_over_tcp_gives_exact_results() {
     let parts = mesh(world, &job);
     let config = CommConfig { timeout: Duration::from_secs(30), max_segment_bytes: 64 << 10, ..CommConfig::default() };
     std::thread::scope(|s| {
+        let mut ranks = Vec::new();
         for (r, (links, bell)) in parts.into_iter().enumerate() {
             let config = config.clone();
-            s.spawn(move || -> Result<()> {
+            ranks.push(s.spawn(move || -> Result<()> {
                 let c = Communicator::from_links(r, links, bell, config, oxcomm::Transport::Tcp)?;
                 assert_eq!(c.transport(), "tcp");
                 for count in [1usize, 1000, 300_001] {
@@ -243,7 +244,10 @@ fn communicator_over_tcp_gives_exact_results() {
                 assert!(b.iter().enumerate().all(|(i, &v)| v == i as i32), "rank {r}: broadcast");
                 c.barrier()?;
                 Ok(())
-            });
+            }));
+        }
+        for (r, rank) in ranks.into_iter().enumerate() {
+            rank.join().unwrap_or_else(|_| panic!("rank {r} panicked")).unwrap_or_else(|e| panic!("rank {r}: {e}"));
         }
     });
 }
