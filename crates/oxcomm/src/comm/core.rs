@@ -96,6 +96,13 @@ thread_local! {
 const HELD: u64 = u64::MAX;
 
 impl Communicator {
+    /// Whether the calling thread runs inside this communicator's [`Communicator::run_async`],
+    /// where waiting on a [`Work`] of this communicator would wait for the turn it holds (a
+    /// composite op then uses its blocking form).
+    pub(crate) fn in_held_turn(&self) -> bool {
+        self.core.holds_turn()
+    }
+
     /// Runs one op on the backend: turn, sequence number, flight recorder, `body` (which
     /// hands the op to the backend), log record, and the abort-on-first-error rule.
     #[track_caller]

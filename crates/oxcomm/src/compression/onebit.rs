@@ -79,13 +79,11 @@
 //! ```
 
 use std::borrow::Cow;
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::pack::{self, BitOrder};
 use crate::comm::Communicator;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::reduce::ReduceOp;
 
 /// The name errors of this module carry as their op.
@@ -95,7 +93,7 @@ const OP: &str = "onebit::all_reduce";
 /// `n = 2`, 72 for 3, 32 for 4, 64 for 8; spec §2.5). Always a multiple of `8n`; `0` stays
 /// `0`.
 ///
-/// [`ErrorKind::InvalidArgument`] if `world_size == 0` or the result overflows `usize`.
+/// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) if `world_size == 0` or the result overflows `usize`.
 pub fn padded_len(len: usize, world_size: usize) -> Result<usize> {
     if world_size == 0 {
         return Err(Error::invalid("padded_len: the world size must be at least 1"));
@@ -176,7 +174,7 @@ impl OneBitState {
 
     /// A state over caller-sized error buffers (for example restored ones): `worker_error`
     /// has `N` elements with `N % (8 · world_size) == 0`, and `server_error` has
-    /// `N / world_size`. Any other sizes are [`ErrorKind::InvalidArgument`].
+    /// `N / world_size`. Any other sizes are [`InvalidArgument`](crate::ErrorKind::InvalidArgument).
     pub fn from_errors(worker_error: Vec<f32>, server_error: Vec<f32>, world_size: usize) -> Result<OneBitState> {
         if world_size == 0 {
             return Err(Error::invalid("OneBitState: the world size must be at least 1"));
@@ -322,7 +320,7 @@ fn settled(v: &[f32], carry: f32) -> Cow<'_, [f32]> {
 /// every rank or no rank must pass an empty buffer. Non-finite input: see the module docs.
 ///
 /// Unlike DeepSpeed, the result is always written into `buf` (whether or not it needed
-/// padding), and `buf` is untouched on error. Errors: [`ErrorKind::InvalidArgument`] if the
+/// padding), and `buf` is untouched on error. Errors: [`InvalidArgument`](crate::ErrorKind::InvalidArgument) if the
 /// state is for another group size or `buf.len() > N` (nothing is sent); any error of the
 /// two collectives (then the communicator is aborted and the state's errors are garbage).
 pub fn all_reduce(comm: &Communicator, buf: &mut [f32], state: &mut OneBitState) -> Result<()> {
@@ -346,7 +344,9 @@ fn all_reduce_inner(comm: &Communicator, buf: &mut [f32], state: &mut OneBitStat
     let signs = c / 8;
     let row = signs + SCALE_BYTES;
     let len = buf.len();
-    let wanted = state.overlap.unwrap_or_else(|| comm.transport().uses_tcp());
+    // Inside `run_async` (the async form) the exchanges cannot be waited on as handles: the
+    // blocking form gives the same bits.
+    let wanted = !comm.in_held_turn() && state.overlap.unwrap_or_else(|| comm.transport().uses_tcp());
     let OneBitState { worker, server, carry, scratch: s, .. } = state;
 
     let (me, pipelined) =
@@ -501,15 +501,11 @@ fn scale_of(sum_squares: f64, len: usize) -> f32 {
 
 // -------------------------------------------------------------------- async
 
-/// The handle of [`all_reduce_async`]: the call runs on its own thread with a clone of the
-/// communicator and hands `(buf, state)` back. Dropping the handle does not cancel the call.
+/// The handle of [`all_reduce_async`], which hands `(buf, state)` back. Dropping the handle
+/// does not cancel the call.
 pub struct OneBitWork {
-    rx: mpsc::Receiver<Result<(Vec<f32>, OneBitState)>>,
-    thread: Option<JoinHandle<()>>,
-    /// Outer bound of [`OneBitWork::wait`]: the two ops' own deadlines, with slack.
-    bound: Duration,
+    work: crate::comm::Work<(Vec<f32>, OneBitState)>,
     rank: usize,
-    taken: bool,
 }
 
 impl std::fmt::Debug for OneBitWork {
@@ -518,74 +514,38 @@ impl std::fmt::Debug for OneBitWork {
     }
 }
 
-/// [`all_reduce`] on a background thread: takes the buffer and the state, and gives both back
+/// [`all_reduce`] in the background: takes the buffer and the state, and gives both back
 /// through [`OneBitWork::wait`].
 ///
-/// The thread uses a clone of `comm` and issues its two collectives when it gets to them,
-/// so **ordering against other ops on the same communicator (or a group of it) is the
-/// caller's job**: issue none until the handle completes. (If ranks interleave ops
-/// differently, the agreement phase of the next op reports a mismatch; nothing is
-/// silently mixed up.) Errors: the thread could not be started (the buffer and state are
-/// then lost); everything else comes from [`OneBitWork::wait`].
+/// It runs as one op in the communicator's issue order ([`Communicator::run_async`]): after
+/// every op issued before it and before every op issued after it, on every rank, so other ops
+/// may be issued while it runs. On TCP it does not pipeline its exchanges (same bits, less
+/// overlap). Errors come from [`OneBitWork::wait`]; the `Result` here is kept for callers
+/// written when starting the call could fail.
 pub fn all_reduce_async(comm: &Communicator, buf: Vec<f32>, state: OneBitState) -> Result<OneBitWork> {
-    let (tx, rx) = mpsc::channel();
-    let me = comm.clone();
-    let thread = std::thread::Builder::new()
-        .name(format!("oxcomm-onebit-{}", comm.world_rank()))
-        .spawn(move || {
-            let (mut buf, mut state) = (buf, state);
-            let r = all_reduce(&me, &mut buf, &mut state).map(|()| (buf, state));
-            // The receiver may be gone (handle dropped): nobody wants the result then.
-            let _ = tx.send(r);
-        })
-        .map_err(|e| Error::io("spawning the 1-bit all-reduce thread", e).with_rank(comm.world_rank()))?;
-    Ok(OneBitWork {
-        rx,
-        thread: Some(thread),
-        bound: comm.config().timeout * 4 + Duration::from_secs(5),
-        rank: comm.world_rank(),
-        taken: false,
-    })
+    let work = comm.run_async(move |c| {
+        let (mut buf, mut state) = (buf, state);
+        all_reduce(c, &mut buf, &mut state)?;
+        Ok((buf, state))
+    });
+    Ok(OneBitWork { work, rank: comm.world_rank() })
 }
 
 impl OneBitWork {
     /// Whether the call has finished (successfully or not).
     pub fn is_completed(&self) -> bool {
-        self.thread.as_ref().is_none_or(|t| t.is_finished())
+        self.work.is_completed()
     }
 
     /// Waits for the call and returns `(buf, state)`. The ops' own deadlines bound the wait.
-    pub fn wait(mut self) -> Result<(Vec<f32>, OneBitState)> {
-        let bound = self.bound;
-        match self.wait_timeout(bound)? {
-            Some(r) => Ok(r),
-            None => Err(Error::new(ErrorKind::Timeout, format!("1-bit all-reduce did not finish within {bound:?}"))
-                .with_op(OP)
-                .with_rank(self.rank)),
-        }
+    pub fn wait(self) -> Result<(Vec<f32>, OneBitState)> {
+        self.work.wait()
     }
 
     /// Waits at most `timeout`: `Ok(Some((buf, state)))` once done, `Ok(None)` if still
     /// running, `Err` if it failed. The result can be taken once.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Result<Option<(Vec<f32>, OneBitState)>> {
-        if self.taken {
-            return Err(Error::invalid("the result of this 1-bit work handle was already taken"));
-        }
-        let out = match self.rx.recv_timeout(timeout) {
-            Ok(r) => r.map(Some),
-            Err(mpsc::RecvTimeoutError::Timeout) => return Ok(None),
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                Err(Error::new(ErrorKind::Aborted, "the 1-bit all-reduce thread ended without a result (it panicked)")
-                    .with_op(OP)
-                    .with_rank(self.rank))
-            }
-        };
-        self.taken = true;
-        if let Some(t) = self.thread.take() {
-            // It has sent (or dropped) its result: it is returning now.
-            let _ = t.join();
-        }
-        out
+        self.work.wait_timeout(timeout)
     }
 }
 
@@ -691,7 +651,7 @@ impl Adam {
     /// One optimizer call with this rank's gradient: see the type's docs for what each call
     /// does. Collective: every rank calls it, with the same parameter length.
     ///
-    /// [`ErrorKind::InvalidArgument`] (nothing sent, nothing changed) if `params` and `grads`
+    /// [`InvalidArgument`](crate::ErrorKind::InvalidArgument) (nothing sent, nothing changed) if `params` and `grads`
     /// differ in length, the length differs from the first call's, or a hyperparameter is
     /// not finite or out of range; otherwise the errors of the collectives.
     pub fn step(&mut self, comm: &Communicator, params: &mut [f32], grads: &mut [f32]) -> Result<()> {
@@ -785,6 +745,7 @@ impl Adam {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
 
     #[test]
     fn padded_len_matches_deepspeed_multiples() {

@@ -252,6 +252,39 @@ fn communicator_over_tcp_gives_exact_results() {
     });
 }
 
+/// The async 1-bit all-reduce runs in the communicator's issue order on TCP: an all-reduce
+/// issued while it runs comes after it on every rank, and both give what the sync calls give.
+#[test]
+fn async_onebit_all_reduce_keeps_its_place_among_ops_over_tcp() {
+    use oxcomm::compression::onebit::{self, OneBitState};
+    let job = job("onebit-async");
+    let parts = mesh(2, &job);
+    let config = CommConfig { timeout: Duration::from_secs(30), ..CommConfig::default() };
+    let len = 1 << 21; // 256 KiB of signs: the sync call pipelines on TCP
+    std::thread::scope(|s| {
+        let mut ranks = Vec::new();
+        for (r, (links, bell)) in parts.into_iter().enumerate() {
+            let config = config.clone();
+            ranks.push(s.spawn(move || -> Result<()> {
+                let c = Communicator::from_links(r, links, bell, config, oxcomm::Transport::Tcp)?;
+                let x: Vec<f32> = (0..len).map(|i| ((i * 7 + r * 3) % 11) as f32 - 5.0).collect();
+                let mut want = x.clone();
+                onebit::all_reduce(&c, &mut want, &mut OneBitState::new(len, 2)?)?;
+                let work = onebit::all_reduce_async(&c, x, OneBitState::new(len, 2)?)?;
+                let mut after = vec![r as i64 + 1; 1000];
+                c.all_reduce(&mut after, ReduceOp::Sum)?;
+                let (got, _) = work.wait()?;
+                assert!(got == want, "rank {r}: the async 1-bit all-reduce differs from the sync one");
+                assert!(after.iter().all(|&v| v == 3), "rank {r}: the all-reduce issued meanwhile");
+                Ok(())
+            }));
+        }
+        for (r, rank) in ranks.into_iter().enumerate() {
+            rank.join().unwrap_or_else(|_| panic!("rank {r} panicked")).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        }
+    });
+}
+
 #[test]
 fn wrong_token_is_rejected_while_the_real_job_forms() {
     let job = job("token");
