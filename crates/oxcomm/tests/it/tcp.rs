@@ -211,44 +211,50 @@ fn small_frames_and_recv_with_deliver_every_byte() {
     drop(sender.join().unwrap());
 }
 
+/// Runs `f(rank, communicator)` on a TCP communicator per rank of `parts`, one thread each,
+/// and fails the test naming the rank whose `f` panicked or returned an error.
+fn on_tcp_ranks(parts: Vec<Parts>, config: CommConfig, f: impl Fn(usize, Communicator) -> Result<()> + Sync) {
+    std::thread::scope(|s| {
+        let f = &f;
+        let ranks: Vec<_> = parts
+            .into_iter()
+            .enumerate()
+            .map(|(r, (links, bell))| {
+                let config = config.clone();
+                s.spawn(move || f(r, Communicator::from_links(r, links, bell, config, oxcomm::Transport::Tcp)?))
+            })
+            .collect();
+        for (r, rank) in ranks.into_iter().enumerate() {
+            rank.join().unwrap_or_else(|_| panic!("rank {r} panicked")).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        }
+    });
+}
+
 #[test]
 fn communicator_over_tcp_gives_exact_results() {
     let job = job("comm3");
     let world = 3;
     let parts = mesh(world, &job);
     let config = CommConfig { timeout: Duration::from_secs(30), max_segment_bytes: 64 << 10, ..CommConfig::default() };
-    std::thread::scope(|s| {
-        let mut ranks = Vec::new();
-        for (r, (links, bell)) in parts.into_iter().enumerate() {
-            let config = config.clone();
-            ranks.push(s.spawn(move || -> Result<()> {
-                let c = Communicator::from_links(r, links, bell, config, oxcomm::Transport::Tcp)?;
-                assert_eq!(c.transport(), "tcp");
-                for count in [1usize, 1000, 300_001] {
-                    let mut buf: Vec<i64> = (0..count).map(|i| (r * 1_000_000 + i) as i64).collect();
-                    c.all_reduce(&mut buf, ReduceOp::Sum)?;
-                    let expect: Vec<i64> = (0..count).map(|i| (3_000_000 + 3 * i) as i64).collect();
-                    assert!(buf == expect, "rank {r}: all_reduce of {count}");
-                }
-                let input: Vec<i32> = (0..5000).map(|i| (r * 10_000 + i) as i32).collect();
-                let mut out = vec![0i32; 5000 * world];
-                c.all_gather(&input, &mut out)?;
-                for src in 0..world {
-                    assert!(out[src * 5000..(src + 1) * 5000]
-                        .iter()
-                        .enumerate()
-                        .all(|(i, &v)| v == (src * 10_000 + i) as i32));
-                }
-                let mut b: Vec<i32> = if r == 1 { (0..70_000).collect() } else { vec![0; 70_000] };
-                c.broadcast(&mut b, 1)?;
-                assert!(b.iter().enumerate().all(|(i, &v)| v == i as i32), "rank {r}: broadcast");
-                c.barrier()?;
-                Ok(())
-            }));
+    on_tcp_ranks(parts, config, |r, c| {
+        assert_eq!(c.transport(), "tcp");
+        for count in [1usize, 1000, 300_001] {
+            let mut buf: Vec<i64> = (0..count).map(|i| (r * 1_000_000 + i) as i64).collect();
+            c.all_reduce(&mut buf, ReduceOp::Sum)?;
+            let expect: Vec<i64> = (0..count).map(|i| (3_000_000 + 3 * i) as i64).collect();
+            assert!(buf == expect, "rank {r}: all_reduce of {count}");
         }
-        for (r, rank) in ranks.into_iter().enumerate() {
-            rank.join().unwrap_or_else(|_| panic!("rank {r} panicked")).unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        let input: Vec<i32> = (0..5000).map(|i| (r * 10_000 + i) as i32).collect();
+        let mut out = vec![0i32; 5000 * world];
+        c.all_gather(&input, &mut out)?;
+        for src in 0..world {
+            assert!(out[src * 5000..(src + 1) * 5000].iter().enumerate().all(|(i, &v)| v == (src * 10_000 + i) as i32));
         }
+        let mut b: Vec<i32> = if r == 1 { (0..70_000).collect() } else { vec![0; 70_000] };
+        c.broadcast(&mut b, 1)?;
+        assert!(b.iter().enumerate().all(|(i, &v)| v == i as i32), "rank {r}: broadcast");
+        c.barrier()?;
+        Ok(())
     });
 }
 
@@ -261,27 +267,17 @@ fn async_onebit_all_reduce_keeps_its_place_among_ops_over_tcp() {
     let parts = mesh(2, &job);
     let config = CommConfig { timeout: Duration::from_secs(30), ..CommConfig::default() };
     let len = 1 << 21; // 256 KiB of signs: the sync call pipelines on TCP
-    std::thread::scope(|s| {
-        let mut ranks = Vec::new();
-        for (r, (links, bell)) in parts.into_iter().enumerate() {
-            let config = config.clone();
-            ranks.push(s.spawn(move || -> Result<()> {
-                let c = Communicator::from_links(r, links, bell, config, oxcomm::Transport::Tcp)?;
-                let x: Vec<f32> = (0..len).map(|i| ((i * 7 + r * 3) % 11) as f32 - 5.0).collect();
-                let mut want = x.clone();
-                onebit::all_reduce(&c, &mut want, &mut OneBitState::new(len, 2)?)?;
-                let work = onebit::all_reduce_async(&c, x, OneBitState::new(len, 2)?)?;
-                let mut after = vec![r as i64 + 1; 1000];
-                c.all_reduce(&mut after, ReduceOp::Sum)?;
-                let (got, _) = work.wait()?;
-                assert!(got == want, "rank {r}: the async 1-bit all-reduce differs from the sync one");
-                assert!(after.iter().all(|&v| v == 3), "rank {r}: the all-reduce issued meanwhile");
-                Ok(())
-            }));
-        }
-        for (r, rank) in ranks.into_iter().enumerate() {
-            rank.join().unwrap_or_else(|_| panic!("rank {r} panicked")).unwrap_or_else(|e| panic!("rank {r}: {e}"));
-        }
+    on_tcp_ranks(parts, config, |r, c| {
+        let x: Vec<f32> = (0..len).map(|i| ((i * 7 + r * 3) % 11) as f32 - 5.0).collect();
+        let mut want = x.clone();
+        onebit::all_reduce(&c, &mut want, &mut OneBitState::new(len, 2)?)?;
+        let work = onebit::all_reduce_async(&c, x, OneBitState::new(len, 2)?)?;
+        let mut after = vec![r as i64 + 1; 1000];
+        c.all_reduce(&mut after, ReduceOp::Sum)?;
+        let (got, _) = work.wait()?;
+        assert!(got == want, "rank {r}: the async 1-bit all-reduce differs from the sync one");
+        assert!(after.iter().all(|&v| v == 3), "rank {r}: the all-reduce issued meanwhile");
+        Ok(())
     });
 }
 
