@@ -6,6 +6,8 @@
 //! get it explicitly: the host layout (hierarchical) and the direct shared-memory view, which
 //! the backend that owns the workspaces hands in (`None` where there is none).
 
+use std::ops::Range;
+
 use super::hierarchical::HostLayout;
 use super::{Algorithm, ReduceBuffers};
 use crate::dtype::Element;
@@ -98,13 +100,17 @@ pub(crate) fn broadcast<T: Element>(
 }
 
 /// All-gather with `algo` (hierarchical, else ring).
+#[allow(clippy::too_many_arguments)] // the op's buffers plus what the route hands every algorithm
 pub(crate) fn all_gather<T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
     layout: Option<&HostLayout>,
+    fp: &Fingerprint,
     input: &[T],
     output: &mut [T],
+    d: Option<&mut Direct<'_>>,
 ) -> Result<()> {
+    let _ = (fp, d);
     match (algo, layout) {
         (Algorithm::Hierarchical, Some(l)) => super::hierarchical::all_gather(ctx, l, input, output),
         _ => super::ring::all_gather(ctx, input, output),
@@ -112,18 +118,83 @@ pub(crate) fn all_gather<T: Element>(
 }
 
 /// Reduce-scatter with `algo` (hierarchical, else ring); `op` is the combiner.
+#[allow(clippy::too_many_arguments)] // the op's buffers plus what the route hands every algorithm
 pub(crate) fn reduce_scatter<T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
     layout: Option<&HostLayout>,
+    fp: &Fingerprint,
     input: &[T],
     output: &mut [T],
     op: ReduceOp,
+    d: Option<&mut Direct<'_>>,
 ) -> Result<()> {
+    let _ = (fp, d);
     match (algo, layout) {
         (Algorithm::Hierarchical, Some(l)) => super::hierarchical::reduce_scatter(ctx, l, input, output, op),
         _ => super::ring::reduce_scatter(ctx, input, output, op),
     }
+}
+
+/// Reduce to group rank `root` with `algo` (binomial tree); `op` is the combiner.
+pub(crate) fn reduce<T: Element>(
+    ctx: &mut Ctx<'_>,
+    algo: Algorithm,
+    fp: &Fingerprint,
+    buf: &mut [T],
+    root: usize,
+    op: ReduceOp,
+    d: Option<&mut Direct<'_>>,
+) -> Result<()> {
+    let _ = (algo, fp, d);
+    super::tree::reduce(ctx, buf, root, op)
+}
+
+/// All-to-all with `algo` (pairwise exchange): block `p` of `send` (`send_ranges[p]`) goes
+/// to group rank `p`, whose block from this rank lands in `recv_ranges` of its `recv`;
+/// `uneven` says the counts differ between ranks (all_to_all_v).
+#[allow(clippy::too_many_arguments)] // the op's buffers plus what the route hands every algorithm
+pub(crate) fn all_to_all<T: Element>(
+    ctx: &mut Ctx<'_>,
+    algo: Algorithm,
+    fp: &Fingerprint,
+    send: &[T],
+    send_ranges: &[Range<usize>],
+    recv: &mut [T],
+    recv_ranges: &[Range<usize>],
+    uneven: bool,
+    d: Option<&mut Direct<'_>>,
+) -> Result<()> {
+    let _ = (algo, fp, d);
+    super::pairwise::all_to_all(ctx, send, send_ranges, recv, recv_ranges, uneven)
+}
+
+/// Gather to group rank `root` with `algo` (flat); `output` is `Some` at the root only.
+pub(crate) fn gather<T: Element>(
+    ctx: &mut Ctx<'_>,
+    algo: Algorithm,
+    fp: &Fingerprint,
+    input: &[T],
+    output: Option<&mut [T]>,
+    root: usize,
+    d: Option<&mut Direct<'_>>,
+) -> Result<()> {
+    let _ = (algo, fp, d);
+    super::star::gather(ctx, input, output, root)
+}
+
+/// Scatter from group rank `root` with `algo` (flat); `input` is `Some` at the root only.
+pub(crate) fn scatter<T: Element>(
+    ctx: &mut Ctx<'_>,
+    algo: Algorithm,
+    fp: &Fingerprint,
+    input: Option<&[T]>,
+    output: &mut [T],
+    root: usize,
+    d: Option<&mut Direct<'_>>,
+) -> Result<()> {
+    let _ = (algo, fp, d);
+    super::star::scatter(ctx, input, output, root)
 }
 
 /// Barrier with `algo`: dissemination, direct arrival, else the agreement phase alone (which

@@ -185,9 +185,9 @@ impl Backend for NativeBackend {
         root: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        let (n, me) = (env.group.size(), env.group.rank);
-        self.run(env, route, |ctx| {
-            algorithms::tree::reduce(ctx, buf, root, op.combiner())?;
+        let (n, me, fp) = (env.group.size(), env.group.rank, env.fp);
+        self.run_direct(env, route, |ctx, d| {
+            dispatch::reduce(ctx, algo(route), fp, buf, root, op.combiner(), d)?;
             if me == root {
                 reduce::finish_avg(buf, op, n);
             }
@@ -201,8 +201,8 @@ impl Backend for NativeBackend {
     }
 
     fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, input: &[T], output: &mut [T]) -> Result<()> {
-        let layout = env.group.layout;
-        self.run(env, route, |ctx| dispatch::all_gather(ctx, algo(route), layout, input, output))
+        let (layout, fp) = (env.group.layout, env.fp);
+        self.run_direct(env, route, |ctx, d| dispatch::all_gather(ctx, algo(route), layout, fp, input, output, d))
     }
 
     fn reduce_scatter<T: Element>(
@@ -213,19 +213,21 @@ impl Backend for NativeBackend {
         output: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        let (n, layout) = (env.group.size(), env.group.layout);
-        self.run(env, route, |ctx| {
-            dispatch::reduce_scatter(ctx, algo(route), layout, input, output, op.combiner())?;
+        let (n, layout, fp) = (env.group.size(), env.group.layout, env.fp);
+        self.run_direct(env, route, |ctx, d| {
+            dispatch::reduce_scatter(ctx, algo(route), layout, fp, input, output, op.combiner(), d)?;
             reduce::finish_avg(output, op, n);
             Ok(())
         })
     }
 
     fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, send: &[T], recv: &mut [T]) -> Result<()> {
-        let n = env.group.size();
+        let (n, fp) = (env.group.size(), env.fp);
         let c = send.len() / n;
         let ranges: Vec<_> = (0..n).map(|p| p * c..(p + 1) * c).collect();
-        self.run(env, route, |ctx| algorithms::pairwise::all_to_all(ctx, send, &ranges, recv, &ranges, false))
+        self.run_direct(env, route, |ctx, d| {
+            dispatch::all_to_all(ctx, algo(route), fp, send, &ranges, recv, &ranges, false, d)
+        })
     }
 
     fn all_to_all_v<T: Element>(
@@ -238,7 +240,8 @@ impl Backend for NativeBackend {
         recv_counts: &[usize],
     ) -> Result<()> {
         let (sr, rr) = (algorithms::schedule::ranges(send_counts), algorithms::schedule::ranges(recv_counts));
-        self.run(env, route, |ctx| algorithms::pairwise::all_to_all(ctx, send, &sr, recv, &rr, true))
+        let fp = env.fp;
+        self.run_direct(env, route, |ctx, d| dispatch::all_to_all(ctx, algo(route), fp, send, &sr, recv, &rr, true, d))
     }
 
     fn gather<T: Element>(
@@ -249,7 +252,8 @@ impl Backend for NativeBackend {
         output: Option<&mut [T]>,
         root: usize,
     ) -> Result<()> {
-        self.run(env, route, |ctx| algorithms::star::gather(ctx, input, output, root))
+        let fp = env.fp;
+        self.run_direct(env, route, |ctx, d| dispatch::gather(ctx, algo(route), fp, input, output, root, d))
     }
 
     fn scatter<T: Element>(
@@ -260,7 +264,8 @@ impl Backend for NativeBackend {
         output: &mut [T],
         root: usize,
     ) -> Result<()> {
-        self.run(env, route, |ctx| algorithms::star::scatter(ctx, input, output, root))
+        let fp = env.fp;
+        self.run_direct(env, route, |ctx, d| dispatch::scatter(ctx, algo(route), fp, input, output, root, d))
     }
 
     fn barrier(&self, env: &mut OpEnv<'_>, route: Route) -> Result<()> {

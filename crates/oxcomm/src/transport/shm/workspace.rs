@@ -3,7 +3,7 @@
 //! collective needs no copy through a ring.
 //!
 //! This file owns the workspace layout and the raw pointers into it; the protocols that use
-//! it (who writes what when) are in `algorithms/shm_direct.rs`. It knows nothing about ops.
+//! it (who writes what when) are in `algorithms/shm_direct/`. It knows nothing about ops.
 //!
 //! # Workspace layout
 //!

@@ -1,0 +1,60 @@
+//! Direct broadcast: small payloads travel in the root's slot; large ones chunk by chunk through
+//! the root's input region.
+
+use super::{arrive, is_small, wait_counter, Direct};
+use crate::copy::copy;
+use crate::dtype::{as_bytes, as_bytes_mut, Element};
+use crate::engine::Ctx;
+use crate::error::Result;
+use crate::transport::shm::workspace::{Counter, CHUNK_BYTES};
+use crate::wire::Fingerprint;
+
+/// Direct broadcast from group rank `root`.
+pub(crate) fn broadcast<T: Element>(
+    ctx: &mut Ctx<'_>,
+    d: &mut Direct<'_>,
+    fp: &Fingerprint,
+    buf: &mut [T],
+    root: usize,
+) -> Result<()> {
+    let bytes = std::mem::size_of_val(buf);
+    let me = ctx.rank;
+    if is_small(bytes) {
+        let parity = arrive(ctx, d, fp, if me == root { as_bytes(buf) } else { &[] })?;
+        if me != root {
+            // SAFETY: the root stamped its slot for this op; it is reused two ops later.
+            let (_, payload) = unsafe { d.shm.slot(root, parity, bytes) };
+            copy(as_bytes_mut(buf), payload);
+        }
+        return Ok(());
+    }
+    arrive(ctx, d, fp, &[])?;
+    let per_chunk = CHUNK_BYTES / std::mem::size_of::<T>();
+    let total = buf.len();
+    for start in (0..total).step_by(per_chunk) {
+        let part = &mut buf[start..(start + per_chunk).min(total)];
+        let g = d.state.chunks;
+        let half = (g & 1) as usize;
+        let shm = d.shm;
+        let len = std::mem::size_of_val(part);
+        if me == root {
+            wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
+            // SAFETY: as in all_reduce's copy-in.
+            copy(unsafe { shm.chunk_mut(half, 0, len) }, as_bytes(part));
+            shm.publish(Counter::CopiedIn, g + 1);
+            shm.publish(Counter::Reduced, g + 1);
+            shm.publish(Counter::CopiedOut, g + 1);
+        } else {
+            shm.publish(Counter::CopiedIn, g + 1);
+            shm.publish(Counter::Reduced, g + 1);
+            let n = ctx.size;
+            ctx.wait_until(|| (shm.counter(root, Counter::CopiedIn) < g + 1).then_some(root.min(n - 1)))?;
+            // SAFETY: the root published chunk g and rewrites this half only after every rank
+            // published CopiedOut = g+1.
+            copy(as_bytes_mut(part), unsafe { shm.chunk(root, half, 0, len) });
+            shm.publish(Counter::CopiedOut, g + 1);
+        }
+        d.state.chunks += 1;
+    }
+    Ok(())
+}

@@ -1,0 +1,192 @@
+//! Direct shared-memory collectives: ranks on one host read each other's workspaces
+//! ([`ShmDirect`]) instead of sending bytes through rings.
+//!
+//! **Arrival** (every direct op starts with it): a rank writes its fingerprint (and, for small
+//! messages, its payload) into its slot for the op's parity and stamps it; it then waits for
+//! every rank's stamp and compares every fingerprint with its own before touching the user's
+//! buffer, so the agreement costs no extra round. A slot is rewritten two ops later, which
+//! is safe because finishing the op in between required every rank to arrive at it (so it had
+//! finished reading the older slot).
+//!
+//! Each op's own steps are in its file: [`all_reduce`], [`broadcast`].
+//!
+//! Progress counters (`copied_in`, `reduced`, `copied_out`) count chunks over the life of the
+//! communicator; every rank moves each of them by the same amount in every op.
+//!
+//! **Meeting the other ops.** A world op that does not take the direct path (it agrees over
+//! the links first, [`beside_direct`]) announces its fingerprint in this rank's workspace; a
+//! rank arriving at a direct op at the same sequence number sees that announcement where it
+//! waits for the peer's stamp, and the announcing rank, whenever it would sleep, looks for a
+//! peer's slot header carrying its sequence number. Either way both fail at once with
+//! [`ErrorKind::Mismatch`] and both fingerprints, instead of waiting for each other until the
+//! deadline. The direct ops' fast path pays one load of the peer's announcement line, and only
+//! while a peer is late.
+
+mod all_reduce;
+mod broadcast;
+
+pub(crate) use all_reduce::all_reduce;
+pub(crate) use broadcast::broadcast;
+
+use crate::engine::{Ctx, Watch};
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::shm::workspace::{Counter, ShmDirect, SLOT_HEADER, SMALL_BYTES};
+use crate::wire::{Fingerprint, FP_BYTES};
+
+/// Per-communicator progress of the direct protocol (identical on every rank).
+#[derive(Debug, Default)]
+pub(crate) struct DirectState {
+    /// Direct ops arrived at so far.
+    pub ops: u64,
+    /// Chunks processed so far.
+    pub chunks: u64,
+}
+
+/// The direct view and its state, as an algorithm sees them.
+pub(crate) struct Direct<'a> {
+    pub shm: &'a ShmDirect,
+    pub state: &'a mut DirectState,
+}
+
+/// Whether a buffer of `bytes` goes inline in the slot.
+pub(crate) fn is_small(bytes: usize) -> bool {
+    bytes <= SMALL_BYTES
+}
+
+/// Writes this rank's slot and waits for every rank's; checks the fingerprints. Returns the
+/// slot parity of this op.
+pub(super) fn arrive(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint, payload: &[u8]) -> Result<usize> {
+    let parity = (d.state.ops & 1) as usize;
+    let stamp = d.state.ops + 1;
+    d.state.ops += 1;
+    debug_assert_eq!(FP_BYTES + 8, SLOT_HEADER);
+    let mut header = [0u8; FP_BYTES + 8];
+    header[..FP_BYTES].copy_from_slice(&fp.encode());
+    header[FP_BYTES..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    // SAFETY: parity protocol (module docs): every rank arrived at the previous op, so no one
+    // still reads the slot of the op before it, which this write replaces.
+    unsafe { d.shm.write_slot(parity, stamp, &header, payload) };
+    let shm = d.shm;
+    let n = ctx.size;
+    // A late peer may be running another op at this sequence number (announced).
+    let tag = announce_tag(fp.seq);
+    let elsewhere = std::cell::Cell::new(None);
+    let mut lagging = || {
+        let r = (0..n).find(|r| shm.slot_stamp(*r, parity) != stamp)?;
+        match shm.announced(r, tag) {
+            Some(record) => {
+                elsewhere.set(Some((r, record)));
+                None
+            }
+            None => Some(r),
+        }
+    };
+    // Peers are often right there: poll their stamps briefly before the doorbell protocol.
+    for _ in 0..shm.arrival_polls() {
+        if lagging().is_none() {
+            break;
+        }
+        std::hint::spin_loop();
+    }
+    ctx.wait_until(&mut lagging)?;
+    if let Some((r, record)) = elsewhere.take() {
+        return Err(path_mismatch(r, &record, fp, "through the agreement phase", "on the direct shared-memory path"));
+    }
+    for r in 0..n {
+        // SAFETY: rank r stamped this slot for this op; it rewrites it only two ops later.
+        let (h, _) = unsafe { shm.slot(r, parity, 0) };
+        if h[..FP_BYTES] == header[..FP_BYTES] {
+            continue;
+        }
+        let theirs = Fingerprint::decode_from(&h[..FP_BYTES], r)?;
+        if theirs != *fp {
+            return Err(Error::new(
+                ErrorKind::Mismatch,
+                format!("ranks called different collectives: rank {r} called {theirs}, this rank called {fp}"),
+            )
+            .with_peer(r));
+        }
+    }
+    Ok(parity)
+}
+
+/// The announcement tag of the world op with sequence number `seq` (never 0).
+fn announce_tag(seq: u64) -> u64 {
+    seq.wrapping_add(1).max(1)
+}
+
+/// The error of a rank that runs `mine` `my_path` while world rank `r` runs the op whose
+/// encoded fingerprint is `theirs` `their_path` at the same sequence number.
+fn path_mismatch(r: usize, theirs: &[u8], mine: &Fingerprint, their_path: &str, my_path: &str) -> Error {
+    let theirs = match Fingerprint::decode(&theirs[..FP_BYTES]) {
+        Ok(f) => f,
+        Err(e) => return e.with_peer(r),
+    };
+    let how = if theirs == *mine {
+        format!(
+            " ({their_path} there, {my_path} here: ranks chose different algorithms for it; \
+             pass the same algorithm on every rank)"
+        )
+    } else {
+        String::new()
+    };
+    Error::new(
+        ErrorKind::Mismatch,
+        format!("ranks called different collectives: rank {r} called {theirs}, this rank called {mine}{how}"),
+    )
+    .with_peer(r)
+}
+
+/// Runs `f`, a world op at `ctx`'s rank that talks over links (agreement first), beside ranks
+/// that may run direct ops: announces `fp` to them and, while `f` waits, checks that no peer
+/// runs a direct op at the same sequence number (see the module docs). Without the direct path
+/// (other transports, subgroups) it is just `f`.
+pub(crate) fn beside_direct<R>(
+    ctx: &mut Ctx<'_>,
+    fp: &Fingerprint,
+    f: impl FnOnce(&mut Ctx<'_>) -> Result<R>,
+) -> Result<R> {
+    let Some(shm) = ctx.shm else { return f(ctx) };
+    shm.announce(announce_tag(fp.seq), &fp.encode());
+    let before = ctx.watch.replace(Watch { fp: *fp, check: no_direct_peer });
+    let r = f(ctx);
+    ctx.watch = before;
+    // A peer that saw the mismatch first may have closed its links: name the op it runs
+    // rather than report its close.
+    r.map_err(|e| no_direct_peer(shm, ctx.rank, fp).err().unwrap_or(e))
+}
+
+/// `Err` ([`ErrorKind::Mismatch`]) if a peer's slot says it runs a direct op at `fp`'s
+/// sequence number, which this rank (running `fp` over the links) will never join.
+pub(crate) fn no_direct_peer(shm: &ShmDirect, me: usize, fp: &Fingerprint) -> Result<()> {
+    for r in (0..shm.size()).filter(|r| *r != me) {
+        for parity in 0..2 {
+            let h = shm.slot_header_snapshot(r, parity);
+            // Torn or stale headers do not decode or carry another sequence number.
+            match Fingerprint::decode(&h[..FP_BYTES]) {
+                Ok(theirs) if theirs.seq == fp.seq && theirs.group == fp.group => {
+                    return Err(path_mismatch(
+                        r,
+                        &h,
+                        fp,
+                        "on the direct shared-memory path",
+                        "through the agreement phase",
+                    ))
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until every rank's counter `c` is at least `value`.
+pub(super) fn wait_counter(ctx: &mut Ctx<'_>, shm: &ShmDirect, c: Counter, value: u64) -> Result<()> {
+    let n = ctx.size;
+    ctx.wait_until(|| (0..n).find(|r| shm.counter(*r, c) < value))
+}
+
+/// Direct barrier: arrival alone.
+pub(crate) fn barrier(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint) -> Result<()> {
+    arrive(ctx, d, fp, &[]).map(|_| ())
+}
