@@ -163,6 +163,22 @@ fn child_entry() {
                 comm.all_reduce(&mut buf, ReduceOp::Sum)
             }
         }),
+        "broadcast_roots_differ" => report(|| {
+            // Each rank roots its own small broadcast: on the direct path a root does not wait
+            // for the others, so the mismatch must surface at the next op, on both ranks.
+            let mut buf = vec![me as f32; 4];
+            comm.broadcast(&mut buf, me)?;
+            comm.barrier()
+        }),
+        "broadcast_vs_all_reduce" => report(|| {
+            let mut buf = vec![1.0f32; 4];
+            if me == 0 {
+                comm.broadcast(&mut buf, 0)?;
+                comm.barrier()
+            } else {
+                comm.all_reduce(&mut buf, ReduceOp::Sum)
+            }
+        }),
         "direct_vs_ring" => report(|| {
             // The same op, but rank 1 forces the ring: the paths must still meet.
             let mut buf = vec![1.0f32; 256];
@@ -291,6 +307,16 @@ fn mismatch_is_named_fast(n: usize, role: &str, env: &[(&str, &str)], ops: [&str
         assert!(ms < 1000, "rank {r} took {ms} ms:\n{out}");
     }
     assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+}
+
+#[test]
+fn shm_broadcasts_from_different_roots_are_a_mismatch_by_the_next_op() {
+    mismatch_is_named_fast(2, "broadcast_roots_differ", &[], ["broadcast", "root"]);
+}
+
+#[test]
+fn shm_broadcast_against_all_reduce_is_a_mismatch_on_both_ranks() {
+    mismatch_is_named_fast(2, "broadcast_vs_all_reduce", &[], ["broadcast", "all_reduce"]);
 }
 
 #[test]

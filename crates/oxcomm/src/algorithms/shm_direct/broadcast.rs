@@ -1,7 +1,9 @@
-//! Direct broadcast: small payloads travel in the root's slot; large ones chunk by chunk through
-//! the root's input region.
+//! Direct broadcast: small payloads travel in the root's slot, which the root publishes and
+//! leaves (its arrival waits for nobody; the others wait for the root's slot alone), so
+//! back-to-back broadcasts overlap by one op, as MPI's eager sends do. Large ones go chunk by
+//! chunk through the root's chunk buffers after a full arrival.
 
-use super::{arrive, is_small, wait_counter, Direct};
+use super::{arrive, arrive_for, is_small, wait_counter, Direct, Wait};
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
@@ -20,7 +22,9 @@ pub(crate) fn broadcast<T: Element>(
     let bytes = std::mem::size_of_val(buf);
     let me = ctx.rank;
     if is_small(bytes) {
-        let parity = arrive(ctx, d, fp, if me == root { as_bytes(buf) } else { &[] })?;
+        // The root only publishes; the others wait for the root alone (see `arrive_for`).
+        let (payload, wait) = if me == root { (as_bytes(&*buf), Wait::Nobody) } else { (&[][..], Wait::Root(root)) };
+        let parity = arrive_for(ctx, d, fp, payload, wait)?;
         if me != root {
             // SAFETY: the root stamped its slot for this op; it is reused two ops later.
             let (_, payload) = unsafe { d.shm.slot(root, parity, bytes) };

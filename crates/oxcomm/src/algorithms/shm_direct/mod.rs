@@ -4,9 +4,15 @@
 //! **Arrival** (every direct op starts with it): a rank writes its fingerprint (and, for small
 //! messages, its payload) into its slot for the op's parity and stamps it; it then waits for
 //! every rank's stamp and compares every fingerprint with its own before touching the user's
-//! buffer, so the agreement costs no extra round. A slot is rewritten two ops later, which
-//! is safe because finishing the op in between required every rank to arrive at it (so it had
-//! finished reading the older slot).
+//! buffer, so the agreement costs no extra round. A slot is rewritten two ops later, once every
+//! rank has arrived at the op in between (and so finished reading the older slot).
+//!
+//! A *loose* arrival ([`Wait::Root`], [`Wait::Nobody`]) waits only for the slots the op reads
+//! (a small broadcast's root publishes and returns; the others wait for the root): the next
+//! arrival then first waits for every rank's stamp of the loose op, which the rule above needs
+//! anyway, and checks their fingerprints, so a mismatch in a loose op is reported at the next
+//! direct op at the latest. Back-to-back rooted ops overlap by one op this way, as MPI's eager
+//! sends do, instead of each paying a full arrival round.
 //!
 //! Each op's own steps are in its file: [`all_reduce`], [`broadcast`].
 //!
@@ -40,6 +46,10 @@ pub(crate) struct DirectState {
     pub ops: u64,
     /// Chunks processed so far.
     pub chunks: u64,
+    /// The previous op, when its arrival did not wait for every rank ([`Wait::Root`],
+    /// [`Wait::Nobody`]): the next arrival first waits until every rank has arrived at it and
+    /// checks their fingerprints against it.
+    pub loose: Option<Fingerprint>,
 }
 
 /// The direct view and its state, as an algorithm sees them.
@@ -53,11 +63,44 @@ pub(crate) fn is_small(bytes: usize) -> bool {
     bytes <= SMALL_BYTES
 }
 
+/// Whose slots an arrival waits for before the op goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// Every rank's (the op needs everyone's data, or everyone's agreement).
+    Everyone,
+    /// Only this rank's (a non-root of a broadcast or scatter reads the root's payload).
+    Root(usize),
+    /// Nobody's (the root of a small broadcast: publishing its payload is its whole part).
+    Nobody,
+}
+
 /// Writes this rank's slot and waits for every rank's; checks the fingerprints. Returns the
 /// slot parity of this op.
 pub(super) fn arrive(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint, payload: &[u8]) -> Result<usize> {
+    arrive_for(ctx, d, fp, payload, Wait::Everyone)
+}
+
+/// [`arrive`] waiting only for the slots `wait` names, whose fingerprints it checks; the
+/// others are checked by the next arrival, which first waits for every rank to have arrived at
+/// this op. So a root that only publishes returns at once, and back-to-back rooted ops overlap
+/// by one op, while no slot is rewritten before every rank has finished reading it.
+pub(super) fn arrive_for(
+    ctx: &mut Ctx<'_>,
+    d: &mut Direct<'_>,
+    fp: &Fingerprint,
+    payload: &[u8],
+    wait: Wait,
+) -> Result<usize> {
     let parity = (d.state.ops & 1) as usize;
     let stamp = d.state.ops + 1;
+    let shm = d.shm;
+    let n = ctx.size;
+    if let Some(prev) = d.state.loose.take() {
+        // The previous op's slots were not all waited for: wait now, before rewriting the
+        // slot of the op before it (same parity), and check what was not checked.
+        arrive_wait(ctx, shm, &prev, parity ^ 1, stamp - 1, 0..n)?;
+        check_fingerprints(shm, parity ^ 1, &prev, &prev.encode(), 0..n)?;
+    }
     d.state.ops += 1;
     debug_assert_eq!(FP_BYTES + 8, SLOT_HEADER);
     let mut header = [0u8; FP_BYTES + 8];
@@ -66,13 +109,33 @@ pub(super) fn arrive(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint, pa
     // SAFETY: parity protocol (module docs): every rank arrived at the previous op, so no one
     // still reads the slot of the op before it, which this write replaces.
     unsafe { d.shm.write_slot(parity, stamp, &header, payload) };
-    let shm = d.shm;
-    let n = ctx.size;
-    // A late peer may be running another op at this sequence number (announced).
+    let ranks = match wait {
+        Wait::Everyone => 0..n,
+        Wait::Root(r) => r..r + 1,
+        Wait::Nobody => 0..0,
+    };
+    if wait != Wait::Everyone {
+        d.state.loose = Some(*fp);
+    }
+    arrive_wait(ctx, shm, fp, parity, stamp, ranks.clone())?;
+    check_fingerprints(shm, parity, fp, &header[..FP_BYTES], ranks)?;
+    Ok(parity)
+}
+
+/// Waits until the slots `parity` of `ranks` carry `stamp` (the op `fp`), or fails naming a
+/// rank that runs another op at `fp`'s sequence number over the links (announced).
+fn arrive_wait(
+    ctx: &mut Ctx<'_>,
+    shm: &ShmDirect,
+    fp: &Fingerprint,
+    parity: usize,
+    stamp: u64,
+    ranks: std::ops::Range<usize>,
+) -> Result<()> {
     let tag = announce_tag(fp.seq);
     let elsewhere = std::cell::Cell::new(None);
     let mut lagging = || {
-        let r = (0..n).find(|r| shm.slot_stamp(*r, parity) != stamp)?;
+        let r = ranks.clone().find(|r| shm.slot_stamp(*r, parity) < stamp)?;
         match shm.announced(r, tag) {
             Some(record) => {
                 elsewhere.set(Some((r, record)));
@@ -89,13 +152,28 @@ pub(super) fn arrive(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint, pa
         std::hint::spin_loop();
     }
     ctx.wait_until(&mut lagging)?;
-    if let Some((r, record)) = elsewhere.take() {
-        return Err(path_mismatch(r, &record, fp, "through the agreement phase", "on the direct shared-memory path"));
+    match elsewhere.take() {
+        Some((r, record)) => {
+            Err(path_mismatch(r, &record, fp, "through the agreement phase", "on the direct shared-memory path"))
+        }
+        None => Ok(()),
     }
-    for r in 0..n {
-        // SAFETY: rank r stamped this slot for this op; it rewrites it only two ops later.
+}
+
+/// Compares the fingerprints in the slots `parity` of `ranks` (stamped for the op `fp`, whose
+/// encoding is `mine`) with `fp`.
+fn check_fingerprints(
+    shm: &ShmDirect,
+    parity: usize,
+    fp: &Fingerprint,
+    mine: &[u8],
+    ranks: std::ops::Range<usize>,
+) -> Result<()> {
+    for r in ranks {
+        // SAFETY: rank r stamped this slot for this op; it rewrites it only after every rank
+        // arrived at the next op, which this rank has not.
         let (h, _) = unsafe { shm.slot(r, parity, 0) };
-        if h[..FP_BYTES] == header[..FP_BYTES] {
+        if h[..FP_BYTES] == *mine {
             continue;
         }
         let theirs = Fingerprint::decode_from(&h[..FP_BYTES], r)?;
@@ -107,7 +185,7 @@ pub(super) fn arrive(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint, pa
             .with_peer(r));
         }
     }
-    Ok(parity)
+    Ok(())
 }
 
 /// The announcement tag of the world op with sequence number `seq` (never 0).
