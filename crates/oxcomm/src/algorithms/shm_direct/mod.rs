@@ -99,16 +99,18 @@ pub(super) fn arrive_for(
         // The previous op's slots were not all waited for: wait now, before rewriting the
         // slot of the op before it (same parity), and check what was not checked.
         arrive_wait(ctx, shm, &prev, parity ^ 1, stamp - 1, 0..n)?;
-        check_fingerprints(shm, parity ^ 1, &prev, &prev.encode(), 0..n)?;
+        let encoded = prev.encode();
+        check_fingerprints(shm, parity ^ 1, &prev, check_word(&encoded), 0..n)?;
     }
     d.state.ops += 1;
     debug_assert_eq!(FP_BYTES + 8, SLOT_HEADER);
     let mut header = [0u8; FP_BYTES + 8];
     header[..FP_BYTES].copy_from_slice(&fp.encode());
     header[FP_BYTES..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    let check = check_word(&header[..FP_BYTES]);
     // SAFETY: parity protocol (module docs): every rank arrived at the previous op, so no one
     // still reads the slot of the op before it, which this write replaces.
-    unsafe { d.shm.write_slot(parity, stamp, &header, payload) };
+    unsafe { d.shm.write_slot(parity, stamp, check, &header, payload) };
     let ranks = match wait {
         Wait::Everyone => 0..n,
         Wait::Root(r) => r..r + 1,
@@ -118,7 +120,7 @@ pub(super) fn arrive_for(
         d.state.loose = Some(*fp);
     }
     arrive_wait(ctx, shm, fp, parity, stamp, ranks.clone())?;
-    check_fingerprints(shm, parity, fp, &header[..FP_BYTES], ranks)?;
+    check_fingerprints(shm, parity, fp, check, ranks)?;
     Ok(parity)
 }
 
@@ -160,22 +162,34 @@ fn arrive_wait(
     }
 }
 
-/// Compares the fingerprints in the slots `parity` of `ranks` (stamped for the op `fp`, whose
-/// encoding is `mine`) with `fp`.
+/// The check word of an encoded fingerprint: a 64-bit hash that arrival compares first, on the
+/// stamp's own cache line; the whole fingerprint (the next line) is read only when they differ.
+fn check_word(encoded: &[u8]) -> u64 {
+    encoded.chunks(8).fold(0x9E37_79B9_7F4A_7C15u64, |h, w| {
+        let mut word = [0u8; 8];
+        word[..w.len()].copy_from_slice(w);
+        (h ^ u64::from_le_bytes(word)).wrapping_mul(0xFF51_AFD7_ED55_8CCD).rotate_left(29)
+    })
+}
+
+/// Checks that the slots `parity` of `ranks` (stamped for the op `fp`) carry `fp`: their check
+/// words against `check` (this op's), and where one differs, the whole fingerprint.
 fn check_fingerprints(
     shm: &ShmDirect,
     parity: usize,
     fp: &Fingerprint,
-    mine: &[u8],
+    check: u64,
     ranks: std::ops::Range<usize>,
 ) -> Result<()> {
     for r in ranks {
         // SAFETY: rank r stamped this slot for this op; it rewrites it only after every rank
         // arrived at the next op, which this rank has not.
-        let (h, _) = unsafe { shm.slot(r, parity, 0) };
-        if h[..FP_BYTES] == *mine {
+        let theirs_check = unsafe { shm.slot_check(r, parity) };
+        if theirs_check == check {
             continue;
         }
+        // SAFETY: as above.
+        let (h, _) = unsafe { shm.slot(r, parity, 0) };
         let theirs = Fingerprint::decode_from(&h[..FP_BYTES], r)?;
         if theirs != *fp {
             return Err(Error::new(

@@ -10,7 +10,7 @@
 //! | --- | --- |
 //! | 0 | [`COUNTERS`] lines of progress counters, one 128-byte line each |
 //! | [`ANNOUNCE_OFFSET`] | the announcement line (a fingerprint, [`ANNOUNCE_BYTES`]) |
-//! | [`SLOTS_OFFSET`] | two slots: an 8-byte stamp, a [`SLOT_HEADER`]-byte header, up to [`SMALL_BYTES`] of payload |
+//! | [`SLOTS_OFFSET`] | two slots: a line with an 8-byte stamp, an 8-byte check word and up to [`INLINE_BYTES`] of payload; a line with the [`SLOT_HEADER`]-byte header; up to [`SMALL_BYTES`] of payload (when it is not inline) |
 //! | [`BIG_OFFSET`] (page-aligned) | two chunk buffers of [`CHUNK_BYTES`] |
 
 use std::sync::atomic::AtomicU32;
@@ -45,9 +45,19 @@ pub const ANNOUNCE_OFFSET: usize = COUNTERS * LINE;
 pub const ANNOUNCE_BYTES: usize = 48;
 /// Offset of the two slots.
 pub const SLOTS_OFFSET: usize = ANNOUNCE_OFFSET + LINE;
-/// Bytes of the header that follows the 8-byte stamp.
+/// Bytes of a slot's header (an op fingerprint and a length), on the slot's second line.
 pub const SLOT_HEADER: usize = 56;
-pub(super) const SLOT_PAYLOAD: usize = 8 + SLOT_HEADER;
+/// Offset of the check word in a slot (after the stamp, on the same line).
+pub(super) const SLOT_CHECK: usize = 8;
+/// Offset of the inline payload in a slot (after the check word, on the same line).
+pub(super) const SLOT_INLINE: usize = 16;
+/// Largest payload that travels on the stamp's own line, so a reader of a tiny op (an 8-byte
+/// all-reduce) takes one cache line from the writer instead of two.
+pub const INLINE_BYTES: usize = 64 - SLOT_INLINE;
+/// Offset of the header in a slot (its second 64-byte line).
+pub(super) const SLOT_HEADER_AT: usize = 64;
+/// Offset of a payload that is not inline.
+pub(super) const SLOT_PAYLOAD: usize = 128;
 pub(super) const SLOT_BYTES: usize = (SLOT_PAYLOAD + SMALL_BYTES).next_multiple_of(LINE);
 /// Offset of the chunk buffers (page-aligned).
 pub const BIG_OFFSET: usize = (SLOTS_OFFSET + 2 * SLOT_BYTES).next_multiple_of(4096);

@@ -11,7 +11,7 @@
 //! | --- | --- |
 //! | 0 | counters, one 128-byte line each: `arrived`, `copied_in`, `reduced`, `copied_out` |
 //! | [`ANNOUNCE_OFFSET`] | the *announcement*: a tag word (`seq + 1`, 0: none) and [`ANNOUNCE_BYTES`] that a rank publishes when it starts an op that does not use the slots, so peers on the direct path see that it is elsewhere (see [`ShmDirect::announce`]) |
-//! | [`SLOTS_OFFSET`] | two *slots* (by op parity), each an 8-byte stamp, a 56-byte header (fingerprint + length) and [`SMALL_BYTES`] of payload, so a small op's stamp, header and first 64 payload bytes share two adjacent cache lines |
+//! | [`SLOTS_OFFSET`] | two *slots* (by op parity), each a line with an 8-byte stamp, an 8-byte check word (a hash of the op's fingerprint) and up to [`INLINE_BYTES`] of payload, then a line with the 56-byte header (fingerprint + length), then up to [`SMALL_BYTES`] of payload when it does not fit inline: a reader of a tiny op whose fingerprint matches reads one line |
 //! | [`BIG_OFFSET`] | two *halves* of [`CHUNK_BYTES`] each |
 //!
 //! Writers publish with `Release` stores to a counter or stamp after writing the bytes it
@@ -28,9 +28,10 @@ use super::segment::Segment;
 pub const ARRIVAL_POLLS: usize = 200;
 
 pub use super::layout::{
-    ANNOUNCE_BYTES, ANNOUNCE_OFFSET, BIG_OFFSET, CHUNK_BYTES, SLOTS_OFFSET, SLOT_HEADER, SMALL_BYTES, WORKSPACE_BYTES,
+    ANNOUNCE_BYTES, ANNOUNCE_OFFSET, BIG_OFFSET, CHUNK_BYTES, INLINE_BYTES, SLOTS_OFFSET, SLOT_HEADER, SMALL_BYTES,
+    WORKSPACE_BYTES,
 };
-use super::layout::{LINE, SLOT_BYTES, SLOT_PAYLOAD};
+use super::layout::{LINE, SLOT_BYTES, SLOT_CHECK, SLOT_HEADER_AT, SLOT_INLINE, SLOT_PAYLOAD};
 
 /// The counters of one rank's workspace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,23 +131,37 @@ impl ShmDirect {
         unsafe { self.slot_base(rank, parity).cast::<AtomicU64>().as_ref() }
     }
 
-    /// Writes this rank's slot `parity`: `header` (≤ [`SLOT_HEADER`] bytes) and `payload` (≤ [`SMALL_BYTES`]),
-    /// then stamps it `stamp` and wakes every other rank.
+    /// Writes this rank's slot `parity`: `header` (≤ [`SLOT_HEADER`] bytes), its `check` word
+    /// and `payload` (≤ [`SMALL_BYTES`]; inline when ≤ [`INLINE_BYTES`]), then stamps it
+    /// `stamp` and wakes every other rank.
     ///
     /// # Safety
     /// No other rank may be reading this slot: the caller follows the parity protocol (a slot
     /// is rewritten two ops later, after every rank has arrived at the op in between).
-    pub unsafe fn write_slot(&self, parity: usize, stamp: u64, header: &[u8], payload: &[u8]) {
+    pub unsafe fn write_slot(&self, parity: usize, stamp: u64, check: u64, header: &[u8], payload: &[u8]) {
         assert!(header.len() <= SLOT_HEADER && payload.len() <= SMALL_BYTES);
         let base = self.slot_base(self.rank, parity);
-        // SAFETY: both ranges lie inside the slot (asserted sizes); by the caller's contract
-        // nobody reads them now; the source slices are ordinary memory, not in this slot.
+        let at = if payload.len() <= INLINE_BYTES { SLOT_INLINE } else { SLOT_PAYLOAD };
+        // SAFETY: every range lies inside the slot (asserted sizes, layout constants); by the
+        // caller's contract nobody reads them now; the sources are ordinary memory, not in
+        // this slot.
         unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr(), base.as_ptr().add(8), header.len());
-            crate::copy::copy_raw(base.as_ptr().add(SLOT_PAYLOAD), payload.as_ptr(), payload.len());
+            std::ptr::copy_nonoverlapping(header.as_ptr(), base.as_ptr().add(SLOT_HEADER_AT), header.len());
+            base.as_ptr().add(SLOT_CHECK).cast::<u64>().write(check);
+            crate::copy::copy_raw(base.as_ptr().add(at), payload.as_ptr(), payload.len());
         }
         self.stamp(self.rank, parity).store(stamp, Ordering::Release);
         self.wake_sleepers();
+    }
+
+    /// The check word of `rank`'s slot `parity`.
+    ///
+    /// # Safety
+    /// As [`ShmDirect::slot`]: the caller has seen the slot's stamp for the current op.
+    pub unsafe fn slot_check(&self, rank: usize, parity: usize) -> u64 {
+        // SAFETY: the check word is 8-aligned inside the slot; not written concurrently by the
+        // caller's contract.
+        unsafe { self.slot_base(rank, parity).as_ptr().add(SLOT_CHECK).cast::<u64>().read() }
     }
 
     /// The words of the announcement line: the tag, then the record.
@@ -188,9 +203,10 @@ impl ShmDirect {
     /// word: it may be torn while the owner rewrites the slot, so callers only use it as a
     /// hint that they confirm (a fingerprint with the op's sequence number).
     pub fn slot_header_snapshot(&self, rank: usize, parity: usize) -> [u8; SLOT_HEADER] {
-        // SAFETY: the header follows the 8-byte stamp, so it is 8-aligned and inside the
+        // SAFETY: the header is on the slot's second line, so it is 8-aligned and inside the
         // slot; `AtomicU64` is valid for any bits, and atomic loads do not race.
-        let words = unsafe { self.slot_base(rank, parity).add(8).cast::<[AtomicU64; SLOT_HEADER / 8]>().as_ref() };
+        let words =
+            unsafe { self.slot_base(rank, parity).add(SLOT_HEADER_AT).cast::<[AtomicU64; SLOT_HEADER / 8]>().as_ref() };
         let mut h = [0u8; SLOT_HEADER];
         for (word, bytes) in words.iter().zip(h.chunks_exact_mut(8)) {
             bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
@@ -203,7 +219,8 @@ impl ShmDirect {
         self.stamp(rank, parity).load(Ordering::Acquire)
     }
 
-    /// `rank`'s slot `parity`: its header ([`SLOT_HEADER`] bytes) and `len` bytes of payload.
+    /// `rank`'s slot `parity`: its header ([`SLOT_HEADER`] bytes) and `len` bytes of payload
+    /// (inline when `len` ≤ [`INLINE_BYTES`], as [`ShmDirect::write_slot`] put it).
     ///
     /// # Safety
     /// The caller has seen the slot's stamp for the current op (so the writer is done) and
@@ -211,11 +228,12 @@ impl ShmDirect {
     pub unsafe fn slot(&self, rank: usize, parity: usize, len: usize) -> (&[u8], &[u8]) {
         assert!(len <= SMALL_BYTES);
         let base = self.slot_base(rank, parity);
+        let at = if len <= INLINE_BYTES { SLOT_INLINE } else { SLOT_PAYLOAD };
         // SAFETY: inside the slot; not written concurrently by the caller's contract.
         unsafe {
             (
-                std::slice::from_raw_parts(base.as_ptr().add(8), SLOT_HEADER),
-                std::slice::from_raw_parts(base.as_ptr().add(SLOT_PAYLOAD), len),
+                std::slice::from_raw_parts(base.as_ptr().add(SLOT_HEADER_AT), SLOT_HEADER),
+                std::slice::from_raw_parts(base.as_ptr().add(at), len),
             )
         }
     }
