@@ -161,8 +161,8 @@ fn child_entry() {
         }
         "loop_all_to_all" => {
             // Direct all-to-all of several chunk steps forever; the parent kills one rank.
-            let send = vec![1.0f32; 1 << 20];
-            let mut recv = vec![0.0f32; 1 << 20];
+            let send = vec![1.0f32; comm.size() << 18];
+            let mut recv = vec![0.0f32; comm.size() << 18];
             println!("ready");
             loop {
                 if let Err(e) = comm.all_to_all(&send, &mut recv) {
