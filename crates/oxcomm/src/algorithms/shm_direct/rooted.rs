@@ -27,9 +27,9 @@
 //! n = 2 and the shared reduction wins from n = 3. Non-roots keep their buffers unchanged:
 //! their share of the result goes into their half, not into their buffer.
 
+use super::all_reduce::{copy_in, copy_out, reduce_slots, slice, REDUCE_PIECE_BYTES};
 use super::all_to_all::{exchange, steps, Blocks, Lanes};
-use super::{arrive, is_small, wait_counter, Direct};
-use crate::algorithms::schedule::chunk;
+use super::{arrive, is_small, Direct};
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
@@ -37,9 +37,6 @@ use crate::error::Result;
 use crate::reduce::{self, ReduceOp};
 use crate::transport::shm::workspace::{Counter, CHUNK_BYTES};
 use crate::wire::Fingerprint;
-
-/// Bytes reduced at a time in the reduce step (fits in L1 with its inputs).
-const REDUCE_PIECE_BYTES: usize = 16 * 1024;
 
 /// Direct gather to group rank `root`; `output` is `Some` at the root only.
 pub(crate) fn gather<T: Element>(
@@ -125,16 +122,7 @@ pub(crate) fn reduce<T: Element>(
     if is_small(bytes) {
         let parity = arrive(ctx, d, fp, as_bytes(buf))?;
         if me == root {
-            for r in 0..n {
-                // SAFETY: stamped for this op (arrive waited for it); read before the slot can
-                // be reused (two ops later).
-                let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
-                if r == 0 {
-                    copy(as_bytes_mut(buf), payload);
-                } else {
-                    reduce::reduce_into(buf, bytemuck::cast_slice(payload), op);
-                }
-            }
+            reduce_slots(d, parity, n, buf, op);
         }
         return Ok(());
     }
@@ -148,22 +136,8 @@ pub(crate) fn reduce<T: Element>(
         let g = d.state.chunks;
         let half = (g & 1) as usize;
         let shm = d.shm;
-        // Slice r of this chunk, as a range of the whole buffer.
-        let slice = |r: usize| {
-            let s = chunk(part_len, n, r);
-            start + s.start..start + s.end
-        };
-        // Half `half` was last used by chunk g-2: everyone must be done reading it.
-        wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
-        for r in (0..n).filter(|r| *r != me) {
-            let s = slice(r);
-            let off = (s.start - start) * size;
-            // SAFETY: others read slice r of my half only after I publish CopiedIn = g+1, and
-            // they finished with chunk g-2 (waited above).
-            copy(unsafe { shm.chunk_mut(half, off, s.len() * size) }, as_bytes(&buf[s]));
-        }
-        shm.publish(Counter::CopiedIn, g + 1);
-        wait_counter(ctx, shm, Counter::CopiedIn, g + 1)?;
+        let slice = |r: usize| slice(start, part_len, n, r);
+        copy_in(ctx, shm, g, start, part_len, buf)?;
         let mine = slice(me);
         let (off, len) = ((mine.start - start) * size, mine.len() * size);
         // SAFETY: the other ranks' slices `me` were published for chunk g and are not
@@ -187,17 +161,7 @@ pub(crate) fn reduce<T: Element>(
         }
         shm.publish(Counter::Reduced, g + 1);
         if me == root {
-            wait_counter(ctx, shm, Counter::Reduced, g + 1)?;
-            for r in (0..n).filter(|r| *r != me) {
-                let s = slice(r);
-                if s.is_empty() {
-                    continue;
-                }
-                let off = (s.start - start) * size;
-                // SAFETY: rank r published its reduced slice for chunk g and rewrites it only
-                // after everyone (me included) published CopiedOut = g+1.
-                copy(as_bytes_mut(&mut buf[s.clone()]), unsafe { shm.chunk(r, half, off, s.len() * size) });
-            }
+            copy_out(ctx, shm, g, start, part_len, buf)?;
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;
