@@ -289,7 +289,7 @@ impl CountTable {
     fn max_block(&self) -> usize {
         let n = self.send.len();
         let most = (0..n).flat_map(|a| (0..n).filter(move |b| *b != a).map(move |b| (a, b)));
-        most.map(|(a, b)| self.send[a][b] as usize * self.size).max().unwrap_or(0)
+        most.map(|(a, b)| (self.send[a][b] as usize).saturating_mul(self.size)).max().unwrap_or(0)
     }
 
     /// Offset in rank `r`'s payload of its block for `me`, in bytes (after its table; the
