@@ -139,6 +139,13 @@ fn child_entry() {
             bad.extend(t.rank_gather_scatter(&comm));
             report(&comm, bad);
         }
+        "chunks_f32" => {
+            // 8 ranks on few cores: several chunks with an odd remainder, f32 only.
+            let t = CollectiveTester::new().counts(&[300_001]).dtypes(&[oxcomm::DType::F32]).segments(&[1 << 20]);
+            let mut bad = t.rank_rooted(&comm);
+            bad.extend(t.rank_gather_scatter(&comm));
+            report(&comm, bad);
+        }
         "hosts" => {
             // Two simulated hosts of two ranks: shared memory inside, TCP across, and the
             // hierarchical algorithms picked by the planner (all_reduce also forced).
@@ -236,6 +243,11 @@ fn shm_chunked_rooted_and_movement_3_ranks() {
 #[test]
 fn shm_chunked_rooted_and_movement_4_ranks() {
     run_tester(4, "chunks");
+}
+
+#[test]
+fn shm_chunked_rooted_and_movement_8_ranks_on_2_cores() {
+    run_tester(8, "chunks_f32");
 }
 
 #[test]
