@@ -136,7 +136,7 @@ pub(crate) fn reduce_scatter<T: Element>(
     }
 }
 
-/// Reduce to group rank `root` with `algo` (binomial tree); `op` is the combiner.
+/// Reduce to group rank `root` with `algo` (direct, else binomial tree); `op` is the combiner.
 pub(crate) fn reduce<T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
@@ -146,11 +146,16 @@ pub(crate) fn reduce<T: Element>(
     op: ReduceOp,
     d: Option<&mut Direct<'_>>,
 ) -> Result<()> {
-    let _ = (algo, fp, d);
-    super::tree::reduce(ctx, buf, root, op)
+    #[cfg(not(target_os = "linux"))]
+    let _ = (fp, d);
+    match algo {
+        #[cfg(target_os = "linux")]
+        Algorithm::ShmDirect => super::shm_direct::reduce(ctx, direct(d)?, fp, buf, root, op),
+        _ => super::tree::reduce(ctx, buf, root, op),
+    }
 }
 
-/// All-to-all with `algo` (pairwise exchange): block `p` of `send` (`send_ranges[p]`) goes
+/// All-to-all with `algo` (direct, else pairwise exchange): block `p` of `send` (`send_ranges[p]`) goes
 /// to group rank `p`, whose block from this rank lands in `recv_ranges` of its `recv`;
 /// `uneven` says the counts differ between ranks (all_to_all_v).
 #[allow(clippy::too_many_arguments)] // the op's buffers plus what the route hands every algorithm
@@ -165,11 +170,18 @@ pub(crate) fn all_to_all<T: Element>(
     uneven: bool,
     d: Option<&mut Direct<'_>>,
 ) -> Result<()> {
-    let _ = (algo, fp, d);
-    super::pairwise::all_to_all(ctx, send, send_ranges, recv, recv_ranges, uneven)
+    #[cfg(not(target_os = "linux"))]
+    let _ = (fp, d);
+    match algo {
+        #[cfg(target_os = "linux")]
+        Algorithm::ShmDirect => {
+            super::shm_direct::all_to_all(ctx, direct(d)?, fp, send, send_ranges, recv, recv_ranges, uneven)
+        }
+        _ => super::pairwise::all_to_all(ctx, send, send_ranges, recv, recv_ranges, uneven),
+    }
 }
 
-/// Gather to group rank `root` with `algo` (flat); `output` is `Some` at the root only.
+/// Gather to group rank `root` with `algo` (direct, else flat); `output` is `Some` at the root only.
 pub(crate) fn gather<T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
@@ -179,11 +191,16 @@ pub(crate) fn gather<T: Element>(
     root: usize,
     d: Option<&mut Direct<'_>>,
 ) -> Result<()> {
-    let _ = (algo, fp, d);
-    super::star::gather(ctx, input, output, root)
+    #[cfg(not(target_os = "linux"))]
+    let _ = (fp, d);
+    match algo {
+        #[cfg(target_os = "linux")]
+        Algorithm::ShmDirect => super::shm_direct::gather(ctx, direct(d)?, fp, input, output, root),
+        _ => super::star::gather(ctx, input, output, root),
+    }
 }
 
-/// Scatter from group rank `root` with `algo` (flat); `input` is `Some` at the root only.
+/// Scatter from group rank `root` with `algo` (direct, else flat); `input` is `Some` at the root only.
 pub(crate) fn scatter<T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
@@ -193,8 +210,13 @@ pub(crate) fn scatter<T: Element>(
     root: usize,
     d: Option<&mut Direct<'_>>,
 ) -> Result<()> {
-    let _ = (algo, fp, d);
-    super::star::scatter(ctx, input, output, root)
+    #[cfg(not(target_os = "linux"))]
+    let _ = (fp, d);
+    match algo {
+        #[cfg(target_os = "linux")]
+        Algorithm::ShmDirect => super::shm_direct::scatter(ctx, direct(d)?, fp, input, output, root),
+        _ => super::star::scatter(ctx, input, output, root),
+    }
 }
 
 /// Barrier with `algo`: dissemination, direct arrival, else the agreement phase alone (which

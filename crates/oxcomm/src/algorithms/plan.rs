@@ -5,9 +5,9 @@
 //! | all_reduce | recursive doubling below [`SMALL_ALL_REDUCE_BYTES`] (or fewer elements than ranks); above, hierarchical when the group spans hosts evenly, else ring |
 //! | all_gather, reduce_scatter | hierarchical when the group spans hosts evenly, else ring |
 //! | broadcast | hierarchical when the group spans hosts evenly, else binomial tree |
-//! | reduce | binomial tree |
-//! | all_to_all(_v) | pairwise exchange |
-//! | gather, scatter | flat |
+//! | reduce | binomial tree; direct on one host (shm) |
+//! | all_to_all(_v) | pairwise exchange; direct on one host (shm) |
+//! | gather, scatter | flat; direct on one host (shm) |
 //! | barrier | star (the agreement phase, which names missing ranks) |
 //!
 //! The shared-memory direct path wins wherever it applies (one host, shm transport). "Spans
@@ -35,9 +35,9 @@ pub fn candidates(kind: OpKind) -> &'static [Algorithm] {
         OpKind::AllGather | OpKind::ReduceScatter => &[Algorithm::Ring, Algorithm::Hierarchical],
         OpKind::AllGatherCoalesced => &[Algorithm::Ring],
         OpKind::Broadcast => &[Algorithm::BinomialTree, Algorithm::ShmDirect, Algorithm::Hierarchical],
-        OpKind::Reduce => &[Algorithm::BinomialTree],
-        OpKind::AllToAll | OpKind::AllToAllV => &[Algorithm::Pairwise],
-        OpKind::Gather | OpKind::Scatter => &[Algorithm::Flat],
+        OpKind::Reduce => &[Algorithm::BinomialTree, Algorithm::ShmDirect],
+        OpKind::AllToAll | OpKind::AllToAllV => &[Algorithm::Pairwise, Algorithm::ShmDirect],
+        OpKind::Gather | OpKind::Scatter => &[Algorithm::Flat, Algorithm::ShmDirect],
         OpKind::Barrier => &[Algorithm::Star, Algorithm::Dissemination, Algorithm::ShmDirect],
         OpKind::MonitoredBarrier | OpKind::NewGroup | OpKind::P2p => &[Algorithm::Star],
     }
@@ -114,6 +114,10 @@ mod tests {
         );
         assert_eq!(choose(OpKind::AllReduce, 8, 2, 4, None, true, false).unwrap(), Algorithm::ShmDirect);
         assert!(choose(OpKind::AllReduce, 8, 2, 4, Some(Algorithm::ShmDirect), false, false).is_err());
+        for kind in [OpKind::Reduce, OpKind::AllToAll, OpKind::AllToAllV, OpKind::Gather, OpKind::Scatter] {
+            assert_eq!(choose(kind, 1 << 20, 1 << 18, 4, None, true, false).unwrap(), Algorithm::ShmDirect);
+            assert_eq!(choose(kind, 1 << 20, 1 << 18, 4, None, false, false).unwrap(), candidates(kind)[0]);
+        }
         // Across hosts: hierarchical for large all-reduces and every all-gather/reduce-scatter.
         assert_eq!(choose(OpKind::AllReduce, 8, 2, 4, None, false, true).unwrap(), Algorithm::RecursiveDoubling);
         assert_eq!(choose(OpKind::AllReduce, 1 << 20, 1 << 18, 4, None, false, true).unwrap(), Algorithm::Hierarchical);

@@ -231,6 +231,19 @@ impl Communicator {
         recv: &mut [T],
         recv_counts: &[usize],
     ) -> Result<()> {
+        self.all_to_all_v_with(send, send_counts, recv, recv_counts, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_to_all_v`] with per-op options.
+    #[track_caller]
+    pub fn all_to_all_v_with<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+        opts: &OpOptions,
+    ) -> Result<()> {
         let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllToAllV), 0);
         let n = self.size();
         for (name, counts, len) in [("send", send_counts, send.len()), ("recv", recv_counts, recv.len())] {
@@ -254,37 +267,58 @@ impl Communicator {
                 ),
             ));
         }
-        let opts = OpOptions::default();
-        let route = self.route(&fp, &opts, std::mem::size_of_val(send), send.len())?;
-        self.run_op(fp, &opts, route, |b, env| b.all_to_all_v(env, route, send, send_counts, recv, recv_counts))
+        let route = self.route(&fp, opts, std::mem::size_of_val(send), send.len())?;
+        self.run_op(fp, opts, route, |b, env| b.all_to_all_v(env, route, send, send_counts, recv, recv_counts))
     }
 
     /// Gathers every rank's `input` into `output` on `root` (size × input.len()); other
     /// ranks pass `None`.
     #[track_caller]
     pub fn gather<T: Element>(&self, input: &[T], output: Option<&mut [T]>, root: usize) -> Result<()> {
+        self.gather_with(input, output, root, &OpOptions::default())
+    }
+
+    /// [`Communicator::gather`] with per-op options.
+    #[track_caller]
+    pub fn gather_with<T: Element>(
+        &self,
+        input: &[T],
+        output: Option<&mut [T]>,
+        root: usize,
+        opts: &OpOptions,
+    ) -> Result<()> {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Gather), input.len());
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
         let want = input.len() * self.size();
         let output = self.root_buffer(&fp, root, output, |o| o.len(), want, "output")?;
-        let opts = OpOptions::default();
-        let route = self.route(&fp, &opts, std::mem::size_of_val(input), input.len())?;
-        self.run_op(fp, &opts, route, |b, env| b.gather(env, route, input, output, root))
+        let route = self.route(&fp, opts, std::mem::size_of_val(input), input.len())?;
+        self.run_op(fp, opts, route, |b, env| b.gather(env, route, input, output, root))
     }
 
     /// Scatters block p of `root`'s `input` (size × output.len()) to rank p's `output`; other
     /// ranks pass `None`.
     #[track_caller]
     pub fn scatter<T: Element>(&self, input: Option<&[T]>, output: &mut [T], root: usize) -> Result<()> {
+        self.scatter_with(input, output, root, &OpOptions::default())
+    }
+
+    /// [`Communicator::scatter`] with per-op options.
+    #[track_caller]
+    pub fn scatter_with<T: Element>(
+        &self,
+        input: Option<&[T]>,
+        output: &mut [T],
+        root: usize,
+        opts: &OpOptions,
+    ) -> Result<()> {
         let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Scatter), output.len());
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
         let want = output.len() * self.size();
         let input = self.root_buffer(&fp, root, input, |i| i.len(), want, "input")?;
-        let opts = OpOptions::default();
-        let route = self.route(&fp, &opts, std::mem::size_of_val(output), output.len())?;
-        self.run_op(fp, &opts, route, |b, env| b.scatter(env, route, input, output, root))
+        let route = self.route(&fp, opts, std::mem::size_of_val(output), output.len())?;
+        self.run_op(fp, opts, route, |b, env| b.scatter(env, route, input, output, root))
     }
 
     /// Blocks until every rank of the group has called `barrier`.

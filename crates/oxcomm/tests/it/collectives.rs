@@ -213,7 +213,9 @@ impl CollectiveTester {
         let comm = comm.clone();
         let mut bad = Vec::new();
         for &(count, d, op, seg) in &cases {
-            for root in [0, comm.size() / 2, comm.size() - 1] {
+            let n = comm.size();
+            let roots: Vec<usize> = if n <= 4 { (0..n).collect() } else { vec![0, n / 2, n - 1] };
+            for root in roots {
                 let label = format!("rooted n={} {d} {op} count={count} root={root} seg={seg}", comm.size());
                 if !self.wants(&label) {
                     continue;
@@ -316,6 +318,16 @@ fn all_reduce_case<T: Element>(
     }
 }
 
+/// The algorithms of `algos` that can run on `comm`: the direct one only over shm.
+fn runnable(comm: &Communicator, algos: &[Algorithm]) -> Vec<Algorithm> {
+    algos.iter().copied().filter(|a| *a != Algorithm::ShmDirect || comm.transport() == "shm").collect()
+}
+
+/// `opts` forcing `algo`.
+fn forcing(opts: &OpOptions, algo: Algorithm) -> OpOptions {
+    OpOptions { algorithm: Some(algo), ..opts.clone() }
+}
+
 fn rooted_case<T: Element>(
     comm: &Communicator,
     count: usize,
@@ -324,12 +336,14 @@ fn rooted_case<T: Element>(
     opts: &OpOptions,
 ) -> Result<(), String> {
     let (n, r) = (comm.size(), comm.rank());
-    let mut buf = inputs::<T>(r, count, op);
-    comm.reduce_with(&mut buf, root, op, opts).map_err(|e| e.to_string())?;
-    if r == root {
-        check("reduce", &buf, &expected::<T>(n, count, op))?;
-    } else {
-        check("reduce (non-root unchanged)", &buf, &inputs::<T>(r, count, op))?;
+    for algo in runnable(comm, &[Algorithm::BinomialTree, Algorithm::ShmDirect]) {
+        let mut buf = inputs::<T>(r, count, op);
+        comm.reduce_with(&mut buf, root, op, &forcing(opts, algo)).map_err(|e| format!("reduce {algo}: {e}"))?;
+        if r == root {
+            check(&format!("reduce {algo}"), &buf, &expected::<T>(n, count, op))?;
+        } else {
+            check(&format!("reduce {algo} (non-root unchanged)"), &buf, &inputs::<T>(r, count, op))?;
+        }
     }
     let mut b = if r == root { inputs::<T>(root + 100, count, op) } else { vec![T::default(); count] };
     comm.broadcast_with(&mut b, root, opts).map_err(|e| e.to_string())?;
@@ -345,31 +359,46 @@ fn movement_case<T: Element>(comm: &Communicator, count: usize, opts: &OpOptions
     let mut out = vec![T::default(); n * count];
     comm.all_gather_with(&mine, &mut out, opts).map_err(|e| e.to_string())?;
     check("all_gather", &out, &all)?;
-    // gather and scatter at the last rank
-    let root = n - 1;
-    let mut g = vec![T::default(); n * count];
-    comm.gather(&mine, (r == root).then_some(&mut g[..]), root).map_err(|e| e.to_string())?;
-    if r == root {
-        check("gather", &g, &all)?;
+    // gather and scatter at every root, with every algorithm that runs them
+    for algo in runnable(comm, &[Algorithm::Flat, Algorithm::ShmDirect]) {
+        let opts = &forcing(opts, algo);
+        for root in 0..n {
+            let mut g = vec![T::default(); n * count];
+            comm.gather_with(&mine, (r == root).then_some(&mut g[..]), root, opts)
+                .map_err(|e| format!("gather {algo} root={root}: {e}"))?;
+            if r == root {
+                check(&format!("gather {algo} root={root}"), &g, &all)?;
+            }
+            let mut s = vec![T::default(); count];
+            comm.scatter_with((r == root).then_some(&all[..]), &mut s, root, opts)
+                .map_err(|e| format!("scatter {algo} root={root}: {e}"))?;
+            check(&format!("scatter {algo} root={root}"), &s, &mine)?;
+        }
     }
-    let mut s = vec![T::default(); count];
-    comm.scatter((r == root).then_some(&all[..]), &mut s, root).map_err(|e| e.to_string())?;
-    check("scatter", &s, &mine)?;
-    // all_to_all: block p of rank r's send is input(r*n + p)
-    let send: Vec<T> = (0..n).flat_map(|p| inputs::<T>(r * n + p, count, op)).collect();
-    let mut recv = vec![T::default(); n * count];
-    comm.all_to_all_with(&send, &mut recv, opts).map_err(|e| e.to_string())?;
-    let want: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p * n + r, count, op)).collect();
-    check("all_to_all", &recv, &want)?;
-    // all_to_all_v with uneven counts: rank a sends (a + b) % 3 * count/2 elements to b.
-    let len = |a: usize, b: usize| (a + b) % 3 * (count / 2);
-    let send_counts: Vec<usize> = (0..n).map(|p| len(r, p)).collect();
-    let recv_counts: Vec<usize> = (0..n).map(|p| len(p, r)).collect();
-    let send: Vec<T> = (0..n).flat_map(|p| inputs::<T>(r * n + p, len(r, p), op)).collect();
-    let mut recv = vec![T::default(); recv_counts.iter().sum()];
-    comm.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts).map_err(|e| e.to_string())?;
-    let want: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p * n + r, len(p, r), op)).collect();
-    check("all_to_all_v", &recv, &want)
+    for algo in runnable(comm, &[Algorithm::Pairwise, Algorithm::ShmDirect]) {
+        let opts = &forcing(opts, algo);
+        // all_to_all: block p of rank r's send is input(r*n + p)
+        let send: Vec<T> = (0..n).flat_map(|p| inputs::<T>(r * n + p, count, op)).collect();
+        let mut recv = vec![T::default(); n * count];
+        comm.all_to_all_with(&send, &mut recv, opts).map_err(|e| format!("all_to_all {algo}: {e}"))?;
+        let want: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p * n + r, count, op)).collect();
+        check(&format!("all_to_all {algo}"), &recv, &want)?;
+        // all_to_all_v with uneven counts: rank a sends (a + b) % 3 * count/2 elements to b
+        // (zeros included); then only rank 0 sends much, to the last rank (one big pair).
+        let uneven = |a: usize, b: usize| (a + b) % 3 * (count / 2);
+        let big_pair = |a: usize, b: usize| if (a, b) == (0, n - 1) { 2 * count + 1 } else { a * b % 2 };
+        for (what, len) in [("uneven", &uneven as &dyn Fn(usize, usize) -> usize), ("big pair", &big_pair)] {
+            let send_counts: Vec<usize> = (0..n).map(|p| len(r, p)).collect();
+            let recv_counts: Vec<usize> = (0..n).map(|p| len(p, r)).collect();
+            let send: Vec<T> = (0..n).flat_map(|p| inputs::<T>(r * n + p, len(r, p), op)).collect();
+            let mut recv = vec![T::default(); recv_counts.iter().sum()];
+            comm.all_to_all_v_with(&send, &send_counts, &mut recv, &recv_counts, opts)
+                .map_err(|e| format!("all_to_all_v {what} {algo}: {e}"))?;
+            let want: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p * n + r, len(p, r), op)).collect();
+            check(&format!("all_to_all_v {what} {algo}"), &recv, &want)?;
+        }
+    }
+    Ok(())
 }
 
 fn reduce_scatter_case<T: Element>(

@@ -185,6 +185,38 @@ fn child_entry() {
             let algorithm = (me == 1).then_some(Algorithm::Ring);
             comm.all_reduce_with(&mut buf, ReduceOp::Sum, &OpOptions { algorithm, ..OpOptions::default() })
         }),
+        "all_to_all_vs_gather" => report(|| {
+            let n = comm.size();
+            if me == 1 {
+                comm.all_to_all(&vec![1.0f32; 4 * n], &mut vec![0.0f32; 4 * n])
+            } else {
+                let mut out = vec![0f32; 4 * n];
+                comm.gather(&[1.0f32; 4], (me == 0).then_some(&mut out[..]), 0)
+            }
+        }),
+        "reduce_vs_scatter" => report(|| {
+            // Large buffers: the ranks meet at arrival, before any chunk step.
+            let mut buf = vec![1.0f32; 1 << 20];
+            if me == 2 {
+                let all = vec![1.0f32; 3 << 20];
+                comm.scatter((me == 0).then_some(&all[..]), &mut buf, 0)
+            } else {
+                comm.reduce(&mut buf, 0, ReduceOp::Sum)
+            }
+        }),
+        "all_to_all_v_counts" | "all_to_all_v_counts_large" => report(|| {
+            // Every rank sends k elements to every rank, but rank 1 expects k + 1 from rank 0.
+            let (n, k) = (comm.size(), if role == "all_to_all_v_counts" { 3 } else { 300_001 });
+            let send_counts = vec![k; n];
+            let recv_counts: Vec<usize> = (0..n).map(|p| k + usize::from(me == 1 && p == 0)).collect();
+            let send = vec![me as i32; k * n];
+            let mut recv = vec![-1i32; recv_counts.iter().sum()];
+            let r = comm.all_to_all_v(&send, &send_counts, &mut recv, &recv_counts);
+            if recv.iter().any(|x| *x != -1) {
+                println!("WRITTEN");
+            }
+            r
+        }),
         "leftover_bytes" | "leftover_bytes_no_drop" | "leftover_bytes_then_all_gather" => {
             if me == 1 {
                 // 64 bytes rank 0 never receives, then go away.
@@ -348,6 +380,46 @@ fn issue16_shm_same_op_on_direct_and_ring_paths_is_a_mismatch_at_once() {
 #[test]
 fn issue16_tcp_barrier_against_all_gather_is_a_mismatch_at_once() {
     mismatch_is_named_fast(2, "barrier_vs_all_gather", &[("OXCOMM_TRANSPORT", "tcp")], ["barrier", "all_gather"]);
+}
+
+#[test]
+fn shm_direct_all_to_all_against_gather_is_a_mismatch_at_once() {
+    mismatch_is_named_fast(2, "all_to_all_vs_gather", &[], ["all_to_all", "gather"]);
+}
+
+#[test]
+fn shm_direct_reduce_against_scatter_is_a_mismatch_at_once() {
+    mismatch_is_named_fast(3, "reduce_vs_scatter", &[], ["reduce", "scatter"]);
+}
+
+/// all_to_all_v where rank 1 expects one element more from rank 0 than rank 0 sends: every
+/// rank fails with `Mismatch` at once and writes nothing; ranks 0 and 1 name each other.
+fn all_to_all_v_counts_disagree(role: &str, env: &[(&str, &str)]) {
+    let mut job = spawn(3, role, env);
+    let results = wait_all(&mut job);
+    for (r, (code, out)) in results.iter().enumerate() {
+        let (kind, ms) = failure(r, *code, out);
+        assert_eq!(kind, format!("{:?}", ErrorKind::Mismatch), "rank {r}:\n{out}");
+        assert!(!out.contains("WRITTEN"), "rank {r} wrote into recv:\n{out}");
+        let named = match r {
+            0 => "rank 1 expects",
+            1 => "rank 0 sends",
+            _ => "rank 0 sends",
+        };
+        assert!(out.contains(named), "rank {r} does not say {named:?}:\n{out}");
+        assert!(ms < 1000, "rank {r} took {ms} ms:\n{out}");
+    }
+    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+}
+
+#[test]
+fn shm_direct_all_to_all_v_counts_that_disagree_fail_on_every_rank() {
+    all_to_all_v_counts_disagree("all_to_all_v_counts", &[]);
+}
+
+#[test]
+fn shm_direct_all_to_all_v_counts_that_disagree_fail_on_every_rank_large() {
+    all_to_all_v_counts_disagree("all_to_all_v_counts_large", &[]);
 }
 
 /// Rank 1 leaves 64 unread bytes in rank 0's ring and exits; rank 0's barrier must report it

@@ -1,8 +1,8 @@
 //! Ranks as real processes over shared memory: the test binary re-runs itself as the ranks
 //! (`child_entry`, selected by `OXCOMM_TEST_CHILD`), with the environment `oxcomm launch` would
 //! set and a store served by the parent test. Covers the CollectiveTester over shm for world
-//! sizes 2, 3, 4 and 8 (and over TCP on loopback), and SIGKILL / SIGSTOP of one rank
-//! mid-collective.
+//! sizes 2, 3, 4 and 8 (and over TCP on loopback), buffers of one and several direct chunks,
+//! and SIGKILL / SIGSTOP of one rank mid-collective.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -131,6 +131,21 @@ fn child_entry() {
             bad.extend(t.rank_gather_scatter(&comm));
             report(&comm, bad);
         }
+        "chunks" => {
+            // Exactly one chunk per rank (f32), and several with an odd remainder: the direct
+            // paths' chunked steps, against every other algorithm of each op.
+            let t = CollectiveTester::new().counts(&[131_072, 300_001]).segments(&[1 << 20]);
+            let mut bad = t.rank_rooted(&comm);
+            bad.extend(t.rank_gather_scatter(&comm));
+            report(&comm, bad);
+        }
+        "chunks_f32" => {
+            // 8 ranks on few cores: several chunks with an odd remainder, f32 only.
+            let t = CollectiveTester::new().counts(&[300_001]).dtypes(&[oxcomm::DType::F32]).segments(&[1 << 20]);
+            let mut bad = t.rank_rooted(&comm);
+            bad.extend(t.rank_gather_scatter(&comm));
+            report(&comm, bad);
+        }
         "hosts" => {
             // Two simulated hosts of two ranks: shared memory inside, TCP across, and the
             // hierarchical algorithms picked by the planner (all_reduce also forced).
@@ -149,6 +164,18 @@ fn child_entry() {
                     std::process::exit(7);
                 }
                 buf.fill(1.0);
+            }
+        }
+        "loop_all_to_all" => {
+            // Direct all-to-all of several chunk steps forever; the parent kills one rank.
+            let send = vec![1.0f32; comm.size() << 18];
+            let mut recv = vec![0.0f32; comm.size() << 18];
+            println!("ready");
+            loop {
+                if let Err(e) = comm.all_to_all(&send, &mut recv) {
+                    eprintln!("ERROR: {e}");
+                    std::process::exit(7);
+                }
             }
         }
         other => panic!("unknown role {other}"),
@@ -204,6 +231,26 @@ fn shm_collectives_4_ranks() {
 }
 
 #[test]
+fn shm_chunked_rooted_and_movement_2_ranks() {
+    run_tester(2, "chunks");
+}
+
+#[test]
+fn shm_chunked_rooted_and_movement_3_ranks() {
+    run_tester(3, "chunks");
+}
+
+#[test]
+fn shm_chunked_rooted_and_movement_4_ranks() {
+    run_tester(4, "chunks");
+}
+
+#[test]
+fn shm_chunked_rooted_and_movement_8_ranks_on_2_cores() {
+    run_tester(8, "chunks_f32");
+}
+
+#[test]
 fn shm_collectives_8_ranks_on_2_cores() {
     run_tester(8, "quick");
 }
@@ -234,9 +281,19 @@ fn wait_ready(job: &mut Job, settle: Duration) {
 
 #[test]
 fn killed_rank_is_named_by_every_survivor_within_2s() {
-    let mut job = spawn_job(4, "loop", "60");
+    killed_rank_is_named(4, "loop", 2);
+}
+
+#[test]
+fn killed_rank_mid_direct_all_to_all_is_named_by_every_survivor() {
+    killed_rank_is_named(3, "loop_all_to_all", 1);
+}
+
+/// Kills `victim` of `n` ranks running `role` mid-op; every survivor must fail naming it
+/// within 2 s.
+fn killed_rank_is_named(n: usize, role: &str, victim: usize) {
+    let mut job = spawn_job(n, role, "60");
     wait_ready(&mut job, Duration::from_millis(1500));
-    let victim = 2;
     let pid = job.children[victim].id() as i32;
     let killed_at = Instant::now();
     // SAFETY: plain syscall on a child we own.
@@ -250,7 +307,7 @@ fn killed_rank_is_named_by_every_survivor_within_2s() {
             continue;
         }
         assert_eq!(*code, Some(7), "rank {r}:\n{out}");
-        assert!(out.contains("rank 2"), "rank {r} does not name rank 2:\n{out}");
+        assert!(out.contains(&format!("rank {victim}")), "rank {r} does not name rank {victim}:\n{out}");
     }
     assert!(took < Duration::from_secs(2), "survivors took {took:?}");
     assert!(leftovers(&job.job_id).is_empty(), "segments left: {:?}", leftovers(&job.job_id));

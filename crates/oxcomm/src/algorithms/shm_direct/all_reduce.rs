@@ -14,6 +14,8 @@
 //! ([`ReduceBuffers::Apart`]) the same steps read the input and write the output, each
 //! reduced piece being copied from the input into the output just before it is reduced there.
 
+use std::ops::Range;
+
 use super::{arrive, is_small, wait_counter, Direct};
 use crate::algorithms::schedule::chunk;
 use crate::algorithms::ReduceBuffers;
@@ -22,11 +24,84 @@ use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
 use crate::error::Result;
 use crate::reduce::{self, ReduceOp};
-use crate::transport::shm::workspace::{Counter, CHUNK_BYTES};
+use crate::transport::shm::workspace::{Counter, ShmDirect, CHUNK_BYTES};
 use crate::wire::Fingerprint;
 
 /// Bytes reduced at a time in the reduce step (fits in L1 with its inputs).
-const REDUCE_PIECE_BYTES: usize = 16 * 1024;
+pub(super) const REDUCE_PIECE_BYTES: usize = 16 * 1024;
+
+/// Slice `r` of `n` of the chunk of `len` elements at `start`, as a range of the whole buffer.
+pub(super) fn slice(start: usize, len: usize, n: usize, r: usize) -> Range<usize> {
+    let s = chunk(len, n, r);
+    start + s.start..start + s.end
+}
+
+/// The copy-in step of chunk `g` (the `len` elements of `input` at `start`): waits until its
+/// half is free (every rank published `CopiedOut` = g − 1), copies every other rank's slice
+/// into it, publishes `CopiedIn` = g + 1 and waits for every rank's.
+pub(super) fn copy_in<T: Element>(
+    ctx: &mut Ctx<'_>,
+    shm: &ShmDirect,
+    g: u64,
+    start: usize,
+    len: usize,
+    input: &[T],
+) -> Result<()> {
+    let (n, me, size) = (ctx.size, ctx.rank, std::mem::size_of::<T>());
+    // Half `g & 1` was last used by chunk g-2: everyone must be done reading it.
+    wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
+    for r in (0..n).filter(|r| *r != me) {
+        let s = slice(start, len, n, r);
+        let off = (s.start - start) * size;
+        // SAFETY: others read slice r of my buffer only after I publish CopiedIn = g+1, and
+        // they finished with chunk g-2 (waited above).
+        copy(unsafe { shm.chunk_mut((g & 1) as usize, off, s.len() * size) }, as_bytes(&input[s]));
+    }
+    shm.publish(Counter::CopiedIn, g + 1);
+    wait_counter(ctx, shm, Counter::CopiedIn, g + 1)
+}
+
+/// The copy-out step of chunk `g` (the `len` elements of `output` at `start`): waits for every
+/// rank's `Reduced` = g + 1 and copies every other rank's reduced slice into `output`.
+pub(super) fn copy_out<T: Element>(
+    ctx: &mut Ctx<'_>,
+    shm: &ShmDirect,
+    g: u64,
+    start: usize,
+    len: usize,
+    output: &mut [T],
+) -> Result<()> {
+    let (n, me, size) = (ctx.size, ctx.rank, std::mem::size_of::<T>());
+    wait_counter(ctx, shm, Counter::Reduced, g + 1)?;
+    for r in (0..n).filter(|r| *r != me) {
+        let s = slice(start, len, n, r);
+        if s.is_empty() {
+            continue;
+        }
+        let off = (s.start - start) * size;
+        // SAFETY: rank r published its reduced slice for chunk g and rewrites it only after
+        // everyone (me included) published CopiedOut = g+1.
+        let src = unsafe { shm.chunk(r, (g & 1) as usize, off, s.len() * size) };
+        copy(as_bytes_mut(&mut output[s]), src);
+    }
+    Ok(())
+}
+
+/// `out` = the `n` ranks' payloads in the slots of this op's `parity` (each `out`'s size),
+/// reduced in rank order.
+pub(super) fn reduce_slots<T: Element>(d: &Direct<'_>, parity: usize, n: usize, out: &mut [T], op: ReduceOp) {
+    let bytes = std::mem::size_of_val(out);
+    for r in 0..n {
+        // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
+        // reused (two ops later).
+        let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
+        if r == 0 {
+            copy(as_bytes_mut(out), payload);
+        } else {
+            reduce::reduce_into(out, bytemuck::cast_slice(payload), op);
+        }
+    }
+}
 
 /// Direct all-reduce (`op` is the combiner; `Avg` is finished by the caller).
 pub(crate) fn all_reduce<'b, T: Element>(
@@ -41,16 +116,7 @@ pub(crate) fn all_reduce<'b, T: Element>(
     if is_small(bytes) {
         let parity = arrive(ctx, d, fp, as_bytes(io.input(0..total)))?;
         let out = io.into_output();
-        for r in 0..ctx.size {
-            // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
-            // reused (two ops later).
-            let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
-            if r == 0 {
-                copy(as_bytes_mut(out), payload);
-            } else {
-                reduce::reduce_into(out, bytemuck::cast_slice(payload), op);
-            }
-        }
+        reduce_slots(d, parity, ctx.size, out, op);
         return Ok(out);
     }
     arrive(ctx, d, fp, &[])?;
@@ -61,22 +127,8 @@ pub(crate) fn all_reduce<'b, T: Element>(
         let g = d.state.chunks;
         let half = (g & 1) as usize;
         let shm = d.shm;
-        // Slice r of this chunk, as a range of the whole buffer.
-        let slice = |r: usize| {
-            let s = chunk(part_len, n, r);
-            start + s.start..start + s.end
-        };
-        // Half `half` was last used by chunk g-2: everyone must be done reading it.
-        wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
-        for r in (0..n).filter(|r| *r != me) {
-            let s = slice(r);
-            let off = (s.start - start) * size;
-            // SAFETY: others read slice r of my buffer only after I publish CopiedIn = g+1, and
-            // they finished with chunk g-2 (waited above).
-            copy(unsafe { shm.chunk_mut(half, off, s.len() * size) }, as_bytes(io.input(s)));
-        }
-        shm.publish(Counter::CopiedIn, g + 1);
-        wait_counter(ctx, shm, Counter::CopiedIn, g + 1)?;
+        let slice = |r: usize| slice(start, part_len, n, r);
+        copy_in(ctx, shm, g, start, part_len, io.input(0..total))?;
         let mine = slice(me);
         if !mine.is_empty() {
             let (off, len) = ((mine.start - start) * size, mine.len() * size);
@@ -100,18 +152,7 @@ pub(crate) fn all_reduce<'b, T: Element>(
             }
         }
         shm.publish(Counter::Reduced, g + 1);
-        wait_counter(ctx, shm, Counter::Reduced, g + 1)?;
-        for r in (0..n).filter(|r| *r != me) {
-            let s = slice(r);
-            if s.is_empty() {
-                continue;
-            }
-            let off = (s.start - start) * size;
-            // SAFETY: rank r published its reduced slice for chunk g and rewrites it only after
-            // everyone (me included) published CopiedOut = g+1.
-            let src = unsafe { shm.chunk(r, half, off, s.len() * size) };
-            copy(as_bytes_mut(io.output(s)), src);
-        }
+        copy_out(ctx, shm, g, start, part_len, io.output(0..total))?;
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;
     }

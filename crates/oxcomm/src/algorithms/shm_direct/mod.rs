@@ -14,7 +14,9 @@
 //! direct op at the latest. Back-to-back rooted ops overlap by one op this way, as MPI's eager
 //! sends do, instead of each paying a full arrival round.
 //!
-//! Each op's own steps are in its file: [`all_reduce`], [`broadcast`].
+//! Each op's own steps are in its file: [`all_reduce`], [`broadcast`], `all_to_all.rs`
+//! (all_to_all, all_to_all_v and the exchange through the halves), `rooted.rs` (gather,
+//! scatter, reduce).
 //!
 //! Progress counters (`copied_in`, `reduced`, `copied_out`) count chunks over the life of the
 //! communicator; every rank moves each of them by the same amount in every op.
@@ -29,10 +31,14 @@
 //! while a peer is late.
 
 mod all_reduce;
+mod all_to_all;
 mod broadcast;
+mod rooted;
 
 pub(crate) use all_reduce::all_reduce;
+pub(crate) use all_to_all::all_to_all;
 pub(crate) use broadcast::broadcast;
+pub(crate) use rooted::{gather, reduce, scatter};
 
 use crate::engine::{Ctx, Watch};
 use crate::error::{Error, ErrorKind, Result};

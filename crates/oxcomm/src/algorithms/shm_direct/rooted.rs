@@ -1,0 +1,178 @@
+//! Direct gather, scatter and reduce to or from `root`. S is one rank's block (gather's input,
+//! scatter's output, reduce's buffer); chunks, lanes and pieces are as in `all_to_all.rs`.
+//!
+//! **Gather.** Small (S ≤ [`SMALL_BYTES`]): arrival carries every non-root's block; the root
+//! copies each out of its slot (one step; the root reads (n − 1) · S). Large: the exchange with
+//! one lane (each non-root sends to the root only): ⌈S / [`CHUNK_BYTES`]⌉ steps, in each a
+//! non-root copies its next piece into its half and the root copies every published piece out;
+//! per non-root S copied in, at the root (n − 1) · S copied out.
+//!
+//! **Scatter.** Small (n · S ≤ [`SMALL_BYTES`]): arrival carries the root's whole input, each
+//! rank copies its block out of the root's slot. Large: the exchange with n − 1 lanes at the
+//! root: ⌈S / lane⌉ steps, in each the root copies the next piece of every block into its half
+//! and every rank copies its own out; at the root (n − 1) · S copied in, per rank S copied
+//! out.
+//!
+//! **Reduce.** Small: arrival carries every buffer; the root reduces the n payloads in rank
+//! order. Large, per chunk: the reduce of the direct all-reduce, with only the root copying
+//! out: every rank copies every slice but its own into its half → reduces its 1/n slice in
+//! rank order 0..n, 16 KiB at a time (non-roots into their half, where the root reads it; the
+//! root straight into its buffer) → the root copies the other n − 1 reduced slices into its
+//! buffer. Per rank (n − 1)/n · S copied in, S read and S/n written by the reduction; the root
+//! also copies (n − 1)/n · S out, so its critical path per chunk is about 3 · C.
+//!
+//! Why not let the root reduce everyone's published chunk alone (each rank copies its chunk
+//! in, the root reads n − 1 chunks and reduces)? That costs the root C + (n − 1) · C per chunk
+//! of C bytes, against about 3 · C here where n ranks share the reduction; the two are equal at
+//! n = 2 and the shared reduction wins from n = 3. Non-roots keep their buffers unchanged:
+//! their share of the result goes into their half, not into their buffer.
+
+use super::all_reduce::{copy_in, copy_out, reduce_slots, slice, REDUCE_PIECE_BYTES};
+use super::all_to_all::{exchange, steps, Blocks, Lanes};
+use super::{arrive, is_small, Direct};
+use crate::copy::copy;
+use crate::dtype::{as_bytes, as_bytes_mut, Element};
+use crate::engine::Ctx;
+use crate::error::Result;
+use crate::reduce::{self, ReduceOp};
+use crate::transport::shm::workspace::{Counter, CHUNK_BYTES};
+use crate::wire::Fingerprint;
+
+/// Direct gather to group rank `root`; `output` is `Some` at the root only.
+pub(crate) fn gather<T: Element>(
+    ctx: &mut Ctx<'_>,
+    d: &mut Direct<'_>,
+    fp: &Fingerprint,
+    input: &[T],
+    output: Option<&mut [T]>,
+    root: usize,
+) -> Result<()> {
+    let (n, me) = (ctx.size, ctx.rank);
+    let s = std::mem::size_of_val(input);
+    let small = is_small(s);
+    let parity = arrive(ctx, d, fp, if small && me != root { as_bytes(input) } else { &[] })?;
+    let mut empty = [];
+    let dst = match output {
+        Some(out) => {
+            let out = as_bytes_mut(out);
+            copy(&mut out[me * s..(me + 1) * s], as_bytes(input));
+            out
+        }
+        None => &mut empty[..],
+    };
+    let blocks = |r: usize| if me == root && r != me { r * s..(r + 1) * s } else { 0..0 };
+    if small {
+        for r in (0..n).filter(|r| *r != me && me == root) {
+            // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
+            // reused (two ops later).
+            let (_, payload) = unsafe { d.shm.slot(r, parity, s) };
+            copy(&mut dst[blocks(r)], payload);
+        }
+        return Ok(());
+    }
+    let send = (0..n).map(|p| if p == root && me != root { 0..s } else { 0..0 }).collect();
+    let b = Blocks { src: as_bytes(input), send, dst, recv: (0..n).map(blocks).collect() };
+    exchange(ctx, d, b, Lanes::One, steps(s, Lanes::One.bytes(n)))
+}
+
+/// Direct scatter from group rank `root`; `input` is `Some` at the root only.
+pub(crate) fn scatter<T: Element>(
+    ctx: &mut Ctx<'_>,
+    d: &mut Direct<'_>,
+    fp: &Fingerprint,
+    input: Option<&[T]>,
+    output: &mut [T],
+    root: usize,
+) -> Result<()> {
+    let (n, me) = (ctx.size, ctx.rank);
+    let s = std::mem::size_of_val(output);
+    let src = input.map_or(&[][..], as_bytes);
+    let small = is_small(n * s);
+    let parity = arrive(ctx, d, fp, if small && me == root { src } else { &[] })?;
+    let dst = as_bytes_mut(output);
+    if me == root {
+        copy(dst, &src[me * s..(me + 1) * s]);
+    } else if small {
+        // SAFETY: the root stamped its slot for this op; it is reused two ops later.
+        let (_, payload) = unsafe { d.shm.slot(root, parity, n * s) };
+        copy(dst, &payload[me * s..(me + 1) * s]);
+    }
+    if small {
+        return Ok(());
+    }
+    let send = (0..n).map(|p| if me == root && p != me { p * s..(p + 1) * s } else { 0..0 }).collect();
+    let recv = (0..n).map(|r| if r == root && me != root { 0..s } else { 0..0 }).collect();
+    let b = Blocks { src, send, dst, recv };
+    exchange(ctx, d, b, Lanes::PerPeer, steps(s, Lanes::PerPeer.bytes(n)))
+}
+
+/// Direct reduce to group rank `root` (`op` is the combiner; `Avg` is finished by the
+/// caller). Other ranks' buffers are left as they are.
+pub(crate) fn reduce<T: Element>(
+    ctx: &mut Ctx<'_>,
+    d: &mut Direct<'_>,
+    fp: &Fingerprint,
+    buf: &mut [T],
+    root: usize,
+    op: ReduceOp,
+) -> Result<()> {
+    let (n, me, size) = (ctx.size, ctx.rank, std::mem::size_of::<T>());
+    let total = buf.len();
+    let bytes = std::mem::size_of_val(buf);
+    if is_small(bytes) {
+        let parity = arrive(ctx, d, fp, as_bytes(buf))?;
+        if me == root {
+            reduce_slots(d, parity, n, buf, op);
+        }
+        return Ok(());
+    }
+    arrive(ctx, d, fp, &[])?;
+    let per_chunk = CHUNK_BYTES / size;
+    let piece = (REDUCE_PIECE_BYTES / size).max(1);
+    // The root's own piece, saved before the result overwrites it in its buffer.
+    let mut own: Vec<T> = if me == root { vec![T::default(); piece] } else { Vec::new() };
+    for start in (0..total).step_by(per_chunk) {
+        let part_len = (start + per_chunk).min(total) - start;
+        let g = d.state.chunks;
+        let half = (g & 1) as usize;
+        let shm = d.shm;
+        let slice = |r: usize| slice(start, part_len, n, r);
+        copy_in(ctx, shm, g, start, part_len, buf)?;
+        let mine = slice(me);
+        let (off, len) = ((mine.start - start) * size, mine.len() * size);
+        // SAFETY: the other ranks' slices `me` were published for chunk g and are not
+        // rewritten before everyone published CopiedOut = g+1.
+        let theirs = |r: usize| -> &[T] { bytemuck::cast_slice(unsafe { shm.chunk(r, half, off, len) }) };
+        for lo in (0..mine.len()).step_by(piece) {
+            let hi = (lo + piece).min(mine.len());
+            let at = mine.start + lo..mine.start + hi;
+            if me == root {
+                own[..hi - lo].copy_from_slice(&buf[at.clone()]);
+                let own = &own[..hi - lo];
+                let out = &mut buf[at];
+                reduce_in_rank_order(out, n, |r| if r == me { own } else { &theirs(r)[lo..hi] }, op);
+            } else {
+                // SAFETY: slice `me` of my half is read by the root only after I publish
+                // Reduced = g+1, and by no one else.
+                let dst: &mut [T] = bytemuck::cast_slice_mut(unsafe { shm.chunk_mut(half, off, len) });
+                let mine_now = &buf[at];
+                reduce_in_rank_order(&mut dst[lo..hi], n, |r| if r == me { mine_now } else { &theirs(r)[lo..hi] }, op);
+            }
+        }
+        shm.publish(Counter::Reduced, g + 1);
+        if me == root {
+            copy_out(ctx, shm, g, start, part_len, buf)?;
+        }
+        shm.publish(Counter::CopiedOut, g + 1);
+        d.state.chunks += 1;
+    }
+    Ok(())
+}
+
+/// `out` = `src(0)` op `src(1)` op … op `src(n − 1)`, left to right (the reference order).
+fn reduce_in_rank_order<'a, T: Element>(out: &mut [T], n: usize, src: impl Fn(usize) -> &'a [T], op: ReduceOp) {
+    copy(as_bytes_mut(out), as_bytes(src(0)));
+    for r in 1..n {
+        reduce::reduce_into(out, src(r), op);
+    }
+}
