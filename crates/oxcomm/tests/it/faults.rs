@@ -158,7 +158,10 @@ fn child_entry() {
         "all_reduce_vs_reduce" => report(|| {
             let mut buf = vec![1.0f32; 256];
             if me == 1 {
-                comm.reduce(&mut buf, 0, ReduceOp::Sum)
+                // A small reduce's non-root publishes and leaves (a loose arrival on the
+                // direct path): it learns of the mismatch at its next op.
+                comm.reduce(&mut buf, 0, ReduceOp::Sum)?;
+                comm.barrier()
             } else {
                 comm.all_reduce(&mut buf, ReduceOp::Sum)
             }

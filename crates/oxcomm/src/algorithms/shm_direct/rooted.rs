@@ -1,6 +1,10 @@
 //! Direct gather, scatter and reduce to or from `root`. S is one rank's block (gather's input,
 //! scatter's output, reduce's buffer); chunks, lanes and pieces are as in `all_to_all.rs`.
 //!
+//! Small rooted ops use loose arrivals (see the module docs): a rank that only publishes (a
+//! gather's or reduce's non-root, a scatter's root) leaves once its slot is written, and a
+//! scatter's non-root waits for the root alone, so back-to-back small ops overlap by one op.
+//!
 //! **Gather.** Small (S ≤ [`SMALL_BYTES`]): arrival carries every non-root's block; the root
 //! copies each out of its slot (one step; the root reads (n − 1) · S). Large: the exchange with
 //! one lane (each non-root sends to the root only): ⌈S / [`CHUNK_BYTES`]⌉ steps, in each a
@@ -29,7 +33,7 @@
 
 use super::all_reduce::{copy_in, copy_out, reduce_slots, slice, REDUCE_PIECE_BYTES};
 use super::all_to_all::{exchange, steps, Blocks, Lanes};
-use super::{arrive, is_small, Direct};
+use super::{arrive, arrive_for, is_small, Direct, Wait};
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
@@ -50,7 +54,12 @@ pub(crate) fn gather<T: Element>(
     let (n, me) = (ctx.size, ctx.rank);
     let s = std::mem::size_of_val(input);
     let small = is_small(s);
-    let parity = arrive(ctx, d, fp, if small && me != root { as_bytes(input) } else { &[] })?;
+    // Small: a non-root publishes its block and leaves; the root waits for everyone.
+    let parity = if small && me != root {
+        arrive_for(ctx, d, fp, as_bytes(input), Wait::Nobody)?
+    } else {
+        arrive(ctx, d, fp, &[])?
+    };
     let mut empty = [];
     let dst = match output {
         Some(out) => {
@@ -88,7 +97,12 @@ pub(crate) fn scatter<T: Element>(
     let s = std::mem::size_of_val(output);
     let src = input.map_or(&[][..], as_bytes);
     let small = is_small(n * s);
-    let parity = arrive(ctx, d, fp, if small && me == root { src } else { &[] })?;
+    // Small: the root publishes the whole input and leaves; the others wait for the root alone.
+    let parity = match (small, me == root) {
+        (true, true) => arrive_for(ctx, d, fp, src, Wait::Nobody)?,
+        (true, false) => arrive_for(ctx, d, fp, &[], Wait::Root(root))?,
+        (false, _) => arrive(ctx, d, fp, &[])?,
+    };
     let dst = as_bytes_mut(output);
     if me == root {
         copy(dst, &src[me * s..(me + 1) * s]);
@@ -120,7 +134,9 @@ pub(crate) fn reduce<T: Element>(
     let total = buf.len();
     let bytes = std::mem::size_of_val(buf);
     if is_small(bytes) {
-        let parity = arrive(ctx, d, fp, as_bytes(buf))?;
+        // A non-root publishes its buffer and leaves; the root waits for everyone.
+        let wait = if me == root { Wait::Everyone } else { Wait::Nobody };
+        let parity = arrive_for(ctx, d, fp, as_bytes(buf), wait)?;
         if me == root {
             reduce_slots(d, parity, n, buf, op);
         }

@@ -10,7 +10,7 @@
 //! | --- | --- |
 //! | 0 | [`COUNTERS`] lines of progress counters, one 128-byte line each |
 //! | [`ANNOUNCE_OFFSET`] | the announcement line (a fingerprint, [`ANNOUNCE_BYTES`]) |
-//! | [`SLOTS_OFFSET`] | two slots: a line with an 8-byte stamp, an 8-byte check word and up to [`INLINE_BYTES`] of payload; a line with the [`SLOT_HEADER`]-byte header; up to [`SMALL_BYTES`] of payload (when it is not inline) |
+//! | [`SLOTS_OFFSET`] | two slots: a line with an 8-byte stamp, an 8-byte check word, the payload's length and up to [`INLINE_BYTES`] of payload; a line with the [`SLOT_HEADER`]-byte header; up to [`SMALL_BYTES`] of payload (when it is not inline) |
 //! | [`BIG_OFFSET`] (page-aligned) | two chunk buffers of [`CHUNK_BYTES`] |
 
 use std::sync::atomic::AtomicU32;
@@ -49,8 +49,11 @@ pub const SLOTS_OFFSET: usize = ANNOUNCE_OFFSET + LINE;
 pub const SLOT_HEADER: usize = 56;
 /// Offset of the check word in a slot (after the stamp, on the same line).
 pub(super) const SLOT_CHECK: usize = 8;
-/// Offset of the inline payload in a slot (after the check word, on the same line).
-pub(super) const SLOT_INLINE: usize = 16;
+/// Offset of the payload's length in a slot (after the check word, on the same line): where
+/// the payload is follows from it, so readers of a prefix find it too.
+pub(super) const SLOT_LEN: usize = 16;
+/// Offset of the inline payload in a slot (after the length, on the same line).
+pub(super) const SLOT_INLINE: usize = 24;
 /// Largest payload that travels on the stamp's own line, so a reader of a tiny op (an 8-byte
 /// all-reduce) takes one cache line from the writer instead of two.
 pub const INLINE_BYTES: usize = 64 - SLOT_INLINE;

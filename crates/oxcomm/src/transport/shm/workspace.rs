@@ -31,7 +31,7 @@ pub use super::layout::{
     ANNOUNCE_BYTES, ANNOUNCE_OFFSET, BIG_OFFSET, CHUNK_BYTES, INLINE_BYTES, SLOTS_OFFSET, SLOT_HEADER, SMALL_BYTES,
     WORKSPACE_BYTES,
 };
-use super::layout::{LINE, SLOT_BYTES, SLOT_CHECK, SLOT_HEADER_AT, SLOT_INLINE, SLOT_PAYLOAD};
+use super::layout::{LINE, SLOT_BYTES, SLOT_CHECK, SLOT_HEADER_AT, SLOT_INLINE, SLOT_LEN, SLOT_PAYLOAD};
 
 /// The counters of one rank's workspace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +148,7 @@ impl ShmDirect {
         unsafe {
             std::ptr::copy_nonoverlapping(header.as_ptr(), base.as_ptr().add(SLOT_HEADER_AT), header.len());
             base.as_ptr().add(SLOT_CHECK).cast::<u64>().write(check);
+            base.as_ptr().add(SLOT_LEN).cast::<u64>().write(payload.len() as u64);
             crate::copy::copy_raw(base.as_ptr().add(at), payload.as_ptr(), payload.len());
         }
         self.stamp(self.rank, parity).store(stamp, Ordering::Release);
@@ -219,8 +220,8 @@ impl ShmDirect {
         self.stamp(rank, parity).load(Ordering::Acquire)
     }
 
-    /// `rank`'s slot `parity`: its header ([`SLOT_HEADER`] bytes) and `len` bytes of payload
-    /// (inline when `len` ≤ [`INLINE_BYTES`], as [`ShmDirect::write_slot`] put it).
+    /// `rank`'s slot `parity`: its header ([`SLOT_HEADER`] bytes) and the first `len` bytes of
+    /// its payload (inline or not, as the writer's payload length says).
     ///
     /// # Safety
     /// The caller has seen the slot's stamp for the current op (so the writer is done) and
@@ -228,7 +229,13 @@ impl ShmDirect {
     pub unsafe fn slot(&self, rank: usize, parity: usize, len: usize) -> (&[u8], &[u8]) {
         assert!(len <= SMALL_BYTES);
         let base = self.slot_base(rank, parity);
-        let at = if len <= INLINE_BYTES { SLOT_INLINE } else { SLOT_PAYLOAD };
+        // SAFETY: the length word is 8-aligned inside the slot; not written concurrently by the
+        // caller's contract.
+        let written = unsafe { base.as_ptr().add(SLOT_LEN).cast::<u64>().read() };
+        // A prefix longer than the inline room (a peer's bad length) reads the other region:
+        // wrong bytes, which the caller's checks catch, never past the slot.
+        let inline = written <= INLINE_BYTES as u64 && len <= INLINE_BYTES;
+        let at = if inline { SLOT_INLINE } else { SLOT_PAYLOAD };
         // SAFETY: inside the slot; not written concurrently by the caller's contract.
         unsafe {
             (
