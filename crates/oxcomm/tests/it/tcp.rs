@@ -211,6 +211,57 @@ fn small_frames_and_recv_with_deliver_every_byte() {
     drop(sender.join().unwrap());
 }
 
+#[test]
+fn reads_that_end_a_frame_take_the_next_header_and_lose_no_byte() {
+    // Messages of sizes around the direct-read threshold (16 KiB) and the stage (64 KiB), one
+    // frame each: received once in pieces of exactly the message sizes (every read ends a
+    // frame, so it also takes the next header) and once in pieces that straddle frames.
+    let sizes = [1 << 20, 5, 40 << 10, 16 << 10, (16 << 10) - 1, 70 << 10, 3, (1 << 20) + 7, 64 << 10, 1];
+    let total: usize = sizes.iter().sum();
+    let ((mut l0, b0), (mut l1, b1)) = pair(&job("tails"), &TcpConfig::default());
+    let data = pattern(0, 1, 2 * total);
+    let until = deadline(60);
+    let sender = std::thread::spawn(move || {
+        let link = l0[1].as_mut().unwrap();
+        let mut at = 0;
+        for len in sizes.iter().chain(&sizes) {
+            let end = at + len;
+            while at < end {
+                let epoch = b0.epoch();
+                let n = link.try_send(&data[at..end]).unwrap();
+                at += n;
+                if n == 0 {
+                    assert!(Instant::now() < until, "sending timed out");
+                    b0.wait(epoch, until);
+                }
+            }
+        }
+        (l0, b0)
+    });
+    let link = l1[0].as_mut().unwrap();
+    let mut got = vec![0u8; 2 * total];
+    let straddling = [50 << 10, 7, 1 << 20, 20 << 10, 3 << 20];
+    let pieces = sizes.iter().copied().chain(straddling.iter().copied().cycle());
+    let mut at = 0;
+    for piece in pieces {
+        if at == got.len() {
+            break;
+        }
+        let end = (at + piece).min(got.len());
+        while at < end {
+            let epoch = b1.epoch();
+            let n = link.try_recv(&mut got[at..end]).unwrap();
+            at += n;
+            if n == 0 {
+                assert!(Instant::now() < until, "receiving timed out at byte {at}");
+                b1.wait(epoch, until);
+            }
+        }
+    }
+    assert!(got == pattern(0, 1, 2 * total), "bytes differ");
+    drop(sender.join().unwrap());
+}
+
 /// Runs `f(rank, communicator)` on a TCP communicator per rank of `parts`, one thread each,
 /// and fails the test naming the rank whose `f` panicked or returned an error.
 fn on_tcp_ranks(parts: Vec<Parts>, config: CommConfig, f: impl Fn(usize, Communicator) -> Result<()> + Sync) {

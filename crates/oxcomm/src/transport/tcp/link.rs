@@ -8,7 +8,7 @@
 //! The design (no I/O threads, one-shot interest polled by the doorbell) is described in the
 //! [TCP module docs](crate::transport::tcp).
 
-use std::io::{IoSlice, Read, Write};
+use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
-use rustix::net::{RecvFlags, SendAncillaryBuffer, SendFlags};
+use rustix::net::{RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendFlags};
 
 use super::frame::{self, HEADER_BYTES};
 use crate::error::{Error, ErrorKind, Result};
@@ -272,27 +272,58 @@ impl TcpLink {
                 continue;
             }
             if want < DIRECT_MIN {
+                // Small pieces come through the stage, many frames per call.
                 if !self.fill_stage()? {
                     break;
                 }
                 continue;
             }
             // Large piece with nothing staged: straight into the caller's buffer.
-            match rustix::net::recv(&self.shared.sock, &mut buf[got..got + want], RecvFlags::DONTWAIT) {
-                Ok((0, _)) => return Err(self.closed()),
-                Ok((n, _)) => {
-                    self.recv_left -= n;
-                    got += n;
-                    if n < want {
-                        break; // the socket is drained; don't pay a syscall to learn that
-                    }
+            let tail = want == self.recv_left;
+            let n = self.recv_direct(&mut buf[got..got + want], tail)?;
+            self.recv_left -= n;
+            got += n;
+            if n < want {
+                break; // the socket is drained; don't pay a syscall to learn that
+            }
+        }
+        Ok(got)
+    }
+
+    /// Reads up to `dst.len()` payload bytes straight into `dst` (nothing is staged). With
+    /// `tail` (`dst` ends the open frame), the same call reads the next frame's header, as
+    /// far as it has arrived, into the empty stage, so that a stream of large frames never
+    /// passes payload through the stage (one `recvmsg` per piece, no copy but the kernel's).
+    /// Returns the payload bytes read (0: none available now).
+    fn recv_direct(&mut self, dst: &mut [u8], tail: bool) -> Result<usize> {
+        debug_assert_eq!(self.staged(), 0);
+        self.stage_at = 0;
+        self.stage_end = 0;
+        loop {
+            let res = if tail {
+                let mut iov = [IoSliceMut::new(&mut *dst), IoSliceMut::new(&mut self.stage[..HEADER_BYTES])];
+                rustix::net::recvmsg(
+                    &self.shared.sock,
+                    &mut iov,
+                    &mut RecvAncillaryBuffer::default(),
+                    RecvFlags::DONTWAIT,
+                )
+                .map(|m| m.bytes)
+            } else {
+                rustix::net::recv(&self.shared.sock, &mut *dst, RecvFlags::DONTWAIT).map(|(n, _)| n)
+            };
+            match res {
+                Ok(0) => return Err(self.closed()),
+                Ok(n) => {
+                    let payload = n.min(dst.len());
+                    self.stage_end = n - payload;
+                    return Ok(payload);
                 }
-                Err(Errno::AGAIN) => break,
+                Err(Errno::AGAIN) => return Ok(0),
                 Err(Errno::INTR) => {}
                 Err(e) => return Err(self.os_error("receiving from", e)),
             }
         }
-        Ok(got)
     }
 
     fn send_inner(&mut self, data: &[u8]) -> Result<usize> {

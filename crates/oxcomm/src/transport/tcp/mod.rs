@@ -40,7 +40,9 @@
 //! `try_send` is one `sendmsg(MSG_DONTWAIT | MSG_NOSIGNAL)` gathering a header and the payload
 //! (a small message is one syscall and one TCP segment); `try_recv` reads large pieces straight
 //! into the caller's buffer and headers and small pieces through a 64 KiB staging buffer per
-//! link, allocated once. Nothing is allocated per message.
+//! link, allocated once; a read that ends a frame takes the next frame's header into the
+//! stage in the same `recvmsg`, so a stream of large frames passes no payload through the
+//! stage. Nothing is allocated per message.
 //!
 //! Every receive call, and every send call that could not take all its bytes, registers
 //! *interest* (readable or writable) on its socket (a caller may wait for more after partial
