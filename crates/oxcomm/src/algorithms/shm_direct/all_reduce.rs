@@ -26,7 +26,7 @@ use crate::transport::shm::workspace::{Counter, CHUNK_BYTES};
 use crate::wire::Fingerprint;
 
 /// Bytes reduced at a time in the reduce step (fits in L1 with its inputs).
-const REDUCE_PIECE_BYTES: usize = 16 * 1024;
+pub(super) const REDUCE_PIECE_BYTES: usize = 16 * 1024;
 
 /// Direct all-reduce (`op` is the combiner; `Avg` is finished by the caller).
 pub(crate) fn all_reduce<'b, T: Element>(

@@ -8,7 +8,8 @@
 //! is safe because finishing the op in between required every rank to arrive at it (so it had
 //! finished reading the older slot).
 //!
-//! Each op's own steps are in its file: [`all_reduce`], [`broadcast`].
+//! Each op's own steps are in its file: [`all_reduce`], [`broadcast`], [`all_gather`],
+//! [`reduce_scatter`].
 //!
 //! Progress counters (`copied_in`, `reduced`, `copied_out`) count chunks over the life of the
 //! communicator; every rank moves each of them by the same amount in every op.
@@ -22,11 +23,15 @@
 //! deadline. The direct ops' fast path pays one load of the peer's announcement line, and only
 //! while a peer is late.
 
+mod all_gather;
 mod all_reduce;
 mod broadcast;
+mod reduce_scatter;
 
+pub(crate) use all_gather::all_gather;
 pub(crate) use all_reduce::all_reduce;
 pub(crate) use broadcast::broadcast;
+pub(crate) use reduce_scatter::reduce_scatter;
 
 use crate::engine::{Ctx, Watch};
 use crate::error::{Error, ErrorKind, Result};
@@ -184,6 +189,11 @@ pub(crate) fn no_direct_peer(shm: &ShmDirect, me: usize, fp: &Fingerprint) -> Re
 pub(super) fn wait_counter(ctx: &mut Ctx<'_>, shm: &ShmDirect, c: Counter, value: u64) -> Result<()> {
     let n = ctx.size;
     ctx.wait_until(|| (0..n).find(|r| shm.counter(*r, c) < value))
+}
+
+/// Waits until rank `r`'s counter `c` is at least `value`.
+pub(super) fn wait_peer_counter(ctx: &mut Ctx<'_>, shm: &ShmDirect, r: usize, c: Counter, value: u64) -> Result<()> {
+    ctx.wait_until(|| (shm.counter(r, c) < value).then_some(r))
 }
 
 /// Direct barrier: arrival alone.
