@@ -564,6 +564,27 @@ fn all_reduce_into_rejects_unequal_lengths_before_sending() {
     }
 }
 
+#[test]
+fn in_place_all_gather_and_reduce_scatter_reject_ragged_buffers_before_sending() {
+    let out = threads::run(2, |comm| {
+        let mut ragged = vec![1.0f32; 3];
+        let gather = comm.all_gather_in_place(&mut ragged).unwrap_err();
+        let scatter = comm.reduce_scatter_in_place(&mut ragged, ReduceOp::Sum).unwrap_err();
+        // Nothing was sent: the next op still pairs up.
+        let mut ok = [comm.rank() as f32; 2];
+        comm.reduce_scatter_in_place(&mut ok, ReduceOp::Sum).unwrap();
+        (gather, scatter, ragged, ok[comm.rank()])
+    })
+    .unwrap();
+    for (gather, scatter, ragged, ok) in out {
+        for (e, op) in [(gather, "all_gather"), (scatter, "reduce_scatter")] {
+            assert_eq!(e.kind(), oxcomm::ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains(op) && e.to_string().contains("multiple of the group size"), "{e}");
+        }
+        assert_eq!((ragged, ok), (vec![1.0; 3], 1.0));
+    }
+}
+
 /// Issue 15: async ops take any owned buffer (here `Box<[T]>` and a caller's wrapper) and
 /// cover gather, scatter, all_to_all_v and the coalesced ops; results are exact.
 #[test]
