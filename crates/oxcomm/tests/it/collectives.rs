@@ -253,10 +253,18 @@ impl CollectiveTester {
         self.each_world(|comm| self.rank_gather_scatter(&comm));
     }
 
-    /// The algorithms that can run all_gather and reduce_scatter on `comm` (direct on shm,
-    /// hierarchical when the world spans hosts evenly), so each one the planner may pick is
-    /// tested.
-    fn block_algorithms(comm: &Communicator) -> Vec<Algorithm> {
+    /// Runs `case` on one rank for every case of `cases` whose label `label(d, op, count)`
+    /// (completed with the algorithm and segment size) the filter wants, with every algorithm
+    /// that can run all_gather and reduce_scatter on `comm` forced (direct on shm, hierarchical
+    /// when the world spans hosts evenly), so each one the planner may pick is tested; returns
+    /// the failures.
+    fn rank_block_op(
+        &self,
+        comm: &Communicator,
+        cases: &[(usize, DType, ReduceOp, usize)],
+        label: impl Fn(DType, ReduceOp, usize) -> String,
+        case: impl Fn(DType, ReduceOp, usize, &OpOptions) -> Result<(), String>,
+    ) -> Vec<String> {
         let mut algos = vec![Algorithm::Ring];
         if comm.transport() == "shm" {
             algos.push(Algorithm::ShmDirect);
@@ -264,31 +272,36 @@ impl CollectiveTester {
         if comm.host_layout().is_some() {
             algos.push(Algorithm::Hierarchical);
         }
-        algos
+        let mut bad = Vec::new();
+        for &(count, d, op, seg) in cases {
+            for &algo in &algos {
+                // The direct path has no segments.
+                if algo == Algorithm::ShmDirect && seg < 4096 {
+                    continue;
+                }
+                let label = format!("{} {algo} seg={seg}", label(d, op, count));
+                if !self.wants(&label) {
+                    continue;
+                }
+                let opts = OpOptions { algorithm: Some(algo), max_segment_bytes: Some(seg), ..Default::default() };
+                if let Err(e) = case(d, op, count, &opts) {
+                    bad.push(format!("{label}: {e}"));
+                }
+            }
+        }
+        bad
     }
 
     /// Runs the all_gather cases on one rank (every algorithm, out of place and in place);
     /// returns the failures.
     pub fn rank_all_gather(&self, comm: &Communicator) -> Vec<String> {
         let cases = self.cases(|_| vec![ReduceOp::Sum]);
-        let mut bad = Vec::new();
-        for &(count, d, _, seg) in &cases {
-            for algo in Self::block_algorithms(comm) {
-                // The direct path has no segments.
-                if algo == Algorithm::ShmDirect && seg < 4096 {
-                    continue;
-                }
-                let label = format!("all_gather n={} {d} block={count} {algo} seg={seg}", comm.size());
-                if !self.wants(&label) {
-                    continue;
-                }
-                let opts = OpOptions { algorithm: Some(algo), max_segment_bytes: Some(seg), ..Default::default() };
-                if let Err(e) = with_dtype!(d, all_gather_case(comm, count, &opts)) {
-                    bad.push(format!("{label}: {e}"));
-                }
-            }
-        }
-        bad
+        self.rank_block_op(
+            comm,
+            &cases,
+            |d, _, count| format!("all_gather n={} {d} block={count}", comm.size()),
+            |d, _, count, opts| with_dtype!(d, all_gather_case(comm, count, opts)),
+        )
     }
 
     pub fn run_all_gather(&self) {
@@ -299,27 +312,14 @@ impl CollectiveTester {
     /// place); returns the failures. Blocks above 10 000 elements only where the direct path
     /// runs (on threads they add minutes and no code).
     pub fn rank_reduce_scatter(&self, comm: &Communicator) -> Vec<String> {
-        let cases = self.cases(|d| ReduceOp::ALL.into_iter().filter(|o| o.fits(d)).collect());
-        let mut bad = Vec::new();
-        for &(count, d, op, seg) in &cases {
-            if count > 10_000 && comm.transport() != "shm" {
-                continue;
-            }
-            for algo in Self::block_algorithms(comm) {
-                if algo == Algorithm::ShmDirect && seg < 4096 {
-                    continue;
-                }
-                let label = format!("reduce_scatter n={} {d} {op} block={count} {algo} seg={seg}", comm.size());
-                if !self.wants(&label) {
-                    continue;
-                }
-                let opts = OpOptions { algorithm: Some(algo), max_segment_bytes: Some(seg), ..Default::default() };
-                if let Err(e) = with_dtype!(d, reduce_scatter_case(comm, count, op, &opts)) {
-                    bad.push(format!("{label}: {e}"));
-                }
-            }
-        }
-        bad
+        let mut cases = self.cases(|d| ReduceOp::ALL.into_iter().filter(|o| o.fits(d)).collect());
+        cases.retain(|c| c.0 <= 10_000 || comm.transport() == "shm");
+        self.rank_block_op(
+            comm,
+            &cases,
+            |d, op, count| format!("reduce_scatter n={} {d} {op} block={count}", comm.size()),
+            |d, op, count, opts| with_dtype!(d, reduce_scatter_case(comm, count, op, opts)),
+        )
     }
 
     pub fn run_reduce_scatter(&self) {
