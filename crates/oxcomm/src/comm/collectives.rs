@@ -159,9 +159,9 @@ impl Communicator {
     ///
     /// ```
     /// let out = oxcomm::threads::run(3, |comm| {
-    ///     let mut buf = vec![0u32; 2 * comm.size()];
+    ///     let mut buf = vec![0i32; 2 * comm.size()];
     ///     let me = comm.rank();
-    ///     buf[2 * me..2 * me + 2].fill(me as u32 + 1);
+    ///     buf[2 * me..2 * me + 2].fill(me as i32 + 1);
     ///     comm.all_gather_in_place(&mut buf)?;
     ///     Ok::<_, oxcomm::Error>(buf)
     /// })
