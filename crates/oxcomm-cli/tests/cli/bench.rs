@@ -325,7 +325,9 @@ fn onebit_and_quant_reduce_scatter_are_right_on_threads_and_shm() {
             for r in rows {
                 assert_eq!((r.wrong_oop.as_str(), r.wrong_ip.as_str()), ("0", "0"), "{transport} {op} {r:?}");
                 assert_eq!(r.redop, "avg");
-                if r.size > 0 {
+                // On shm every op under the compressed ones reads peers' memory (direct path):
+                // nothing goes through links there.
+                if r.size > 0 && transport != "shm" {
                     assert!(r.wire > 0, "{transport} {op} {r:?}");
                 }
             }

@@ -9,7 +9,7 @@
 use std::ops::Range;
 
 use super::hierarchical::HostLayout;
-use super::{Algorithm, ReduceBuffers};
+use super::{Algorithm, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::dtype::Element;
 use crate::engine::Ctx;
 use crate::error::{Error, Result};
@@ -99,40 +99,70 @@ pub(crate) fn broadcast<T: Element>(
     }
 }
 
-/// All-gather with `algo` (hierarchical, else ring).
-#[allow(clippy::too_many_arguments)] // the op's buffers plus what the route hands every algorithm
+/// All-gather with `algo` (direct, hierarchical, else ring). In place, the direct path and
+/// the ring work on the buffer itself; hierarchical copies this rank's block out first.
 pub(crate) fn all_gather<T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
     layout: Option<&HostLayout>,
     fp: &Fingerprint,
-    input: &[T],
-    output: &mut [T],
+    io: GatherBuffers<'_, T>,
     d: Option<&mut Direct<'_>>,
 ) -> Result<()> {
+    #[cfg(not(target_os = "linux"))]
     let _ = (fp, d);
+    let (n, me) = (ctx.size, ctx.rank);
     match (algo, layout) {
-        (Algorithm::Hierarchical, Some(l)) => super::hierarchical::all_gather(ctx, l, input, output),
-        _ => super::ring::all_gather(ctx, input, output),
+        #[cfg(target_os = "linux")]
+        (Algorithm::ShmDirect, _) => super::shm_direct::all_gather(ctx, direct(d)?, fp, io),
+        (Algorithm::Hierarchical, Some(l)) => {
+            let (input, output) = io.into_apart(me, n);
+            super::hierarchical::all_gather(ctx, l, &input, output)
+        }
+        _ => super::ring::all_gather_in_place(ctx, io.into_whole(me)),
     }
 }
 
-/// Reduce-scatter with `algo` (hierarchical, else ring); `op` is the combiner.
-#[allow(clippy::too_many_arguments)] // the op's buffers plus what the route hands every algorithm
-pub(crate) fn reduce_scatter<T: Element>(
+/// Reduce-scatter with `algo` (direct, hierarchical, else ring); `op` is the combiner (`Avg`
+/// is finished by the caller on the returned block, which holds the result). In place, the
+/// direct path and the ring work on the buffer itself (the ring leaves partial results in the
+/// other blocks); hierarchical reduces into a scratch block and copies it in.
+pub(crate) fn reduce_scatter<'b, T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
     layout: Option<&HostLayout>,
     fp: &Fingerprint,
-    input: &[T],
-    output: &mut [T],
+    io: ScatterBuffers<'b, T>,
     op: ReduceOp,
     d: Option<&mut Direct<'_>>,
-) -> Result<()> {
+) -> Result<&'b mut [T]> {
+    #[cfg(not(target_os = "linux"))]
     let _ = (fp, d);
-    match (algo, layout) {
-        (Algorithm::Hierarchical, Some(l)) => super::hierarchical::reduce_scatter(ctx, l, input, output, op),
-        _ => super::ring::reduce_scatter(ctx, input, output, op),
+    let (n, me) = (ctx.size, ctx.rank);
+    match (algo, layout, io) {
+        #[cfg(target_os = "linux")]
+        (Algorithm::ShmDirect, _, io) => super::shm_direct::reduce_scatter(ctx, direct(d)?, fp, io, op),
+        (Algorithm::Hierarchical, Some(l), ScatterBuffers::Apart { input, output }) => {
+            super::hierarchical::reduce_scatter(ctx, l, input, output, op)?;
+            Ok(output)
+        }
+        (Algorithm::Hierarchical, Some(l), ScatterBuffers::InPlace(buf)) => {
+            let m = buf.len() / n;
+            let mut result = vec![T::default(); m];
+            super::hierarchical::reduce_scatter(ctx, l, buf, &mut result, op)?;
+            let out = &mut buf[me * m..(me + 1) * m];
+            out.copy_from_slice(&result);
+            Ok(out)
+        }
+        (_, _, ScatterBuffers::Apart { input, output }) => {
+            super::ring::reduce_scatter(ctx, input, output, op)?;
+            Ok(output)
+        }
+        (_, _, ScatterBuffers::InPlace(buf)) => {
+            super::ring::reduce_scatter_in_place(ctx, buf, op)?;
+            let m = buf.len() / n;
+            Ok(&mut buf[me * m..(me + 1) * m])
+        }
     }
 }
 

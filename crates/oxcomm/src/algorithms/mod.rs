@@ -18,6 +18,7 @@ pub(crate) mod shm_direct;
 pub(crate) mod star;
 pub(crate) mod tree;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
 
@@ -96,6 +97,124 @@ impl<'a, T: Element> ReduceBuffers<'a, T> {
     }
 }
 
+/// The buffers of an all-gather of one block per rank: one buffer of `n` blocks whose block
+/// `rank` already holds this rank's contribution (NCCL's in-place form), or an input block that
+/// is only read and an output of `n` blocks.
+pub(crate) enum GatherBuffers<'a, T> {
+    /// `all_gather_in_place(buf)`.
+    InPlace(&'a mut [T]),
+    /// `all_gather(input, output)`.
+    Apart { input: &'a [T], output: &'a mut [T] },
+}
+
+impl<'a, T: Element> GatherBuffers<'a, T> {
+    /// Elements in one block (one rank's contribution) in a group of `n`.
+    pub(crate) fn block_len(&self, n: usize) -> usize {
+        match self {
+            GatherBuffers::InPlace(b) => b.len() / n.max(1),
+            GatherBuffers::Apart { input, .. } => input.len(),
+        }
+    }
+
+    /// Elements `r` of the contribution of this rank (`me`; blocks of `m`).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn own(&self, me: usize, m: usize, r: Range<usize>) -> &[T] {
+        match self {
+            GatherBuffers::InPlace(b) => &b[me * m..][r],
+            GatherBuffers::Apart { input, .. } => &input[r],
+        }
+    }
+
+    /// Elements `r` of block `block` of the output (blocks of `m`).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn block_mut(&mut self, m: usize, block: usize, r: Range<usize>) -> &mut [T] {
+        match self {
+            GatherBuffers::InPlace(b) => &mut b[block * m..][r],
+            GatherBuffers::Apart { output, .. } => &mut output[block * m..][r],
+        }
+    }
+
+    /// The output, with this rank's block in place (apart: copied from the input).
+    pub(crate) fn into_whole(self, me: usize) -> &'a mut [T] {
+        match self {
+            GatherBuffers::InPlace(b) => b,
+            GatherBuffers::Apart { input, output } => {
+                let m = input.len();
+                copy(as_bytes_mut(&mut output[me * m..(me + 1) * m]), as_bytes(input));
+                output
+            }
+        }
+    }
+
+    /// The contribution and the output as two buffers, for algorithms that take them apart
+    /// (in place: the contribution is copied out first).
+    pub(crate) fn into_apart(self, me: usize, n: usize) -> (Cow<'a, [T]>, &'a mut [T]) {
+        match self {
+            GatherBuffers::InPlace(b) => {
+                let m = b.len() / n.max(1);
+                (Cow::Owned(b[me * m..(me + 1) * m].to_vec()), b)
+            }
+            GatherBuffers::Apart { input, output } => (Cow::Borrowed(input), output),
+        }
+    }
+}
+
+/// The buffers of a reduce-scatter of one block per rank: one buffer of `n` blocks whose block
+/// `rank` receives the result (NCCL's in-place form; the other blocks are left unspecified),
+/// or an input of `n` blocks that is only read and an output block.
+pub(crate) enum ScatterBuffers<'a, T> {
+    /// `reduce_scatter_in_place(buf)`.
+    InPlace(&'a mut [T]),
+    /// `reduce_scatter(input, output)`.
+    Apart { input: &'a [T], output: &'a mut [T] },
+}
+
+impl<'a, T: Element> ScatterBuffers<'a, T> {
+    /// Elements in one block (one rank's result) in a group of `n`.
+    pub(crate) fn block_len(&self, n: usize) -> usize {
+        match self {
+            ScatterBuffers::InPlace(b) => b.len() / n.max(1),
+            ScatterBuffers::Apart { output, .. } => output.len(),
+        }
+    }
+
+    /// Elements in this rank's input (all `n` blocks).
+    pub(crate) fn input_len(&self) -> usize {
+        match self {
+            ScatterBuffers::InPlace(b) => b.len(),
+            ScatterBuffers::Apart { input, .. } => input.len(),
+        }
+    }
+
+    /// Elements `r` of this rank's input (all `n` blocks).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn input(&self, r: Range<usize>) -> &[T] {
+        match self {
+            ScatterBuffers::InPlace(b) => &b[r],
+            ScatterBuffers::Apart { input, .. } => &input[r],
+        }
+    }
+
+    /// Elements `r` of this rank's (`me`'s) result block (blocks of `m`), and the same
+    /// elements of this rank's own input block where they are elsewhere (`None` in place: the
+    /// result's elements hold them until written).
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn result_and_own(&mut self, me: usize, m: usize, r: Range<usize>) -> (&mut [T], Option<&[T]>) {
+        match self {
+            ScatterBuffers::InPlace(b) => (&mut b[me * m..][r], None),
+            ScatterBuffers::Apart { input, output } => (&mut output[r.clone()], Some(&input[me * m..][r])),
+        }
+    }
+
+    /// This rank's result block (blocks of `m`).
+    pub(crate) fn into_result(self, me: usize, m: usize) -> &'a mut [T] {
+        match self {
+            ScatterBuffers::InPlace(b) => &mut b[me * m..(me + 1) * m],
+            ScatterBuffers::Apart { output, .. } => output,
+        }
+    }
+}
+
 /// An algorithm a collective can run with. Not every algorithm applies to every op; forcing
 /// one that does not is an [`crate::ErrorKind::InvalidArgument`] error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -116,7 +235,7 @@ pub enum Algorithm {
     /// Root talks to every rank directly (gather, scatter).
     Flat,
     /// Ranks on one host read each other's shared memory directly (all_reduce, broadcast,
-    /// barrier); only on the shm transport, for the world group.
+    /// all_gather, reduce_scatter, barrier); only on the shm transport, for the world group.
     ShmDirect,
     /// Inside each host, then across hosts, then back (all_reduce, reduce_scatter, all_gather,
     /// broadcast); for groups with the same number (≥ 2) of ranks on each of ≥ 2 hosts.

@@ -3,7 +3,7 @@
 //! | op | choice |
 //! | --- | --- |
 //! | all_reduce | recursive doubling below [`SMALL_ALL_REDUCE_BYTES`] (or fewer elements than ranks); above, hierarchical when the group spans hosts evenly, else ring |
-//! | all_gather, reduce_scatter | hierarchical when the group spans hosts evenly, else ring |
+//! | all_gather, reduce_scatter | shm direct on one host (shm transport), else hierarchical when the group spans hosts evenly, else ring |
 //! | broadcast | hierarchical when the group spans hosts evenly, else binomial tree |
 //! | reduce | binomial tree; direct on one host (shm) |
 //! | all_to_all(_v) | pairwise exchange; direct on one host (shm) |
@@ -32,7 +32,7 @@ pub fn candidates(kind: OpKind) -> &'static [Algorithm] {
             Algorithm::Hierarchical,
         ],
         OpKind::AllReduceCoalesced => &[Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Star],
-        OpKind::AllGather | OpKind::ReduceScatter => &[Algorithm::Ring, Algorithm::Hierarchical],
+        OpKind::AllGather | OpKind::ReduceScatter => &[Algorithm::Ring, Algorithm::ShmDirect, Algorithm::Hierarchical],
         OpKind::AllGatherCoalesced => &[Algorithm::Ring],
         OpKind::Broadcast => &[Algorithm::BinomialTree, Algorithm::ShmDirect, Algorithm::Hierarchical],
         OpKind::Reduce => &[Algorithm::BinomialTree, Algorithm::ShmDirect],
@@ -125,5 +125,12 @@ mod tests {
         assert_eq!(choose(OpKind::Reduce, 8, 2, 4, None, false, true).unwrap(), Algorithm::BinomialTree);
         assert!(choose(OpKind::AllGather, 8, 2, 4, Some(Algorithm::Hierarchical), false, false).is_err());
         assert_eq!(choose(OpKind::AllGather, 8, 2, 4, Some(Algorithm::Ring), false, true).unwrap(), Algorithm::Ring);
+        // One host on shm: the direct path for all-gather and reduce-scatter of any size.
+        for kind in [OpKind::AllGather, OpKind::ReduceScatter] {
+            assert_eq!(choose(kind, 8, 2, 4, None, true, false).unwrap(), Algorithm::ShmDirect);
+            assert_eq!(choose(kind, 1 << 24, 1 << 22, 4, None, true, false).unwrap(), Algorithm::ShmDirect);
+            assert_eq!(choose(kind, 8, 2, 4, Some(Algorithm::Ring), true, false).unwrap(), Algorithm::Ring);
+            assert!(choose(kind, 8, 2, 4, Some(Algorithm::ShmDirect), false, false).is_err());
+        }
     }
 }

@@ -26,7 +26,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::algorithms::hierarchical::HostLayout;
-use crate::algorithms::{Algorithm, ReduceBuffers};
+use crate::algorithms::{Algorithm, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::dtype::Element;
 use crate::engine::LinkStats;
 use crate::error::{Error, ErrorKind, Result};
@@ -170,15 +170,15 @@ pub(crate) trait Backend {
     ) -> Result<()>;
     /// Broadcast of `root`'s `buf`.
     fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, buf: &mut [T], root: usize) -> Result<()>;
-    /// All-gather of `input` into `output` (size × input).
-    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, input: &[T], output: &mut [T]) -> Result<()>;
-    /// Reduce-scatter of `input` (size × output) into `output` (finishing `Avg`).
+    /// All-gather of `io` (in place: this rank's block of the buffer is its contribution).
+    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: GatherBuffers<'_, T>) -> Result<()>;
+    /// Reduce-scatter of `io` (in place: the result lands in this rank's block of the buffer),
+    /// finishing `Avg`.
     fn reduce_scatter<T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        input: &[T],
-        output: &mut [T],
+        io: ScatterBuffers<'_, T>,
         op: ReduceOp,
     ) -> Result<()>;
     /// All-to-all with equal blocks.
@@ -347,19 +347,18 @@ impl Backend for AnyBackend {
         forward!(self, b => b.broadcast(env, route, buf, root))
     }
 
-    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, input: &[T], output: &mut [T]) -> Result<()> {
-        forward!(self, b => b.all_gather(env, route, input, output))
+    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: GatherBuffers<'_, T>) -> Result<()> {
+        forward!(self, b => b.all_gather(env, route, io))
     }
 
     fn reduce_scatter<T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        input: &[T],
-        output: &mut [T],
+        io: ScatterBuffers<'_, T>,
         op: ReduceOp,
     ) -> Result<()> {
-        forward!(self, b => b.reduce_scatter(env, route, input, output, op))
+        forward!(self, b => b.reduce_scatter(env, route, io, op))
     }
 
     fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, send: &[T], recv: &mut [T]) -> Result<()> {

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use super::{concat, split_back, unpack_gathered, Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route};
 use crate::algorithms::dispatch::Direct;
-use crate::algorithms::{self, dispatch, plan, Algorithm, ReduceBuffers};
+use crate::algorithms::{self, dispatch, plan, Algorithm, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::dtype::Element;
 use crate::engine::{Ctx, Xfer};
 use crate::error::{ErrorKind, Result};
@@ -200,23 +200,22 @@ impl Backend for NativeBackend {
         self.run_direct(env, route, |ctx, d| dispatch::broadcast(ctx, algo(route), layout, fp, buf, root, d))
     }
 
-    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, input: &[T], output: &mut [T]) -> Result<()> {
+    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: GatherBuffers<'_, T>) -> Result<()> {
         let (layout, fp) = (env.group.layout, env.fp);
-        self.run_direct(env, route, |ctx, d| dispatch::all_gather(ctx, algo(route), layout, fp, input, output, d))
+        self.run_direct(env, route, |ctx, d| dispatch::all_gather(ctx, algo(route), layout, fp, io, d))
     }
 
     fn reduce_scatter<T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        input: &[T],
-        output: &mut [T],
+        io: ScatterBuffers<'_, T>,
         op: ReduceOp,
     ) -> Result<()> {
         let (n, layout, fp) = (env.group.size(), env.group.layout, env.fp);
         self.run_direct(env, route, |ctx, d| {
-            dispatch::reduce_scatter(ctx, algo(route), layout, fp, input, output, op.combiner(), d)?;
-            reduce::finish_avg(output, op, n);
+            let out = dispatch::reduce_scatter(ctx, algo(route), layout, fp, io, op.combiner(), d)?;
+            reduce::finish_avg(out, op, n);
             Ok(())
         })
     }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::{Communicator, OpOptions};
-use crate::algorithms::{plan, ReduceBuffers};
+use crate::algorithms::{plan, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::backend::{Backend, Route};
 use crate::dtype::Element;
 use crate::error::Result;
@@ -143,20 +143,59 @@ impl Communicator {
     /// [`Communicator::all_gather`] with per-op options.
     #[track_caller]
     pub fn all_gather_with<T: Element>(&self, input: &[T], output: &mut [T], opts: &OpOptions) -> Result<()> {
-        let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllGather), input.len());
-        if output.len() != input.len() * self.size() {
-            return Err(self.arg_error(
-                &fp,
-                format!(
-                    "output has {} elements, expected size × input = {} × {}",
-                    output.len(),
-                    self.size(),
-                    input.len()
-                ),
-            ));
+        self.all_gather_buffers(GatherBuffers::Apart { input, output }, opts)
+    }
+
+    /// All-gather in place (NCCL's in-place `ncclAllGather`, `sendbuff = recvbuff + rank ×
+    /// count`): `buf` holds one block of `buf.len() / size` elements per rank, this rank's
+    /// block (`rank × block ..`) holding its contribution on entry; on return every block holds
+    /// its rank's contribution.
+    ///
+    /// The shared-memory direct algorithm and the ring work on `buf` itself, so this costs no
+    /// copy that [`Communicator::all_gather`] does not; the hierarchical algorithm copies this
+    /// rank's block out first. Ranks may mix this and `all_gather` in one op. On error `buf`
+    /// holds garbage. A length that is not a multiple of the group size is
+    /// [`crate::ErrorKind::InvalidArgument`] before any communication.
+    ///
+    /// ```
+    /// let out = oxcomm::threads::run(3, |comm| {
+    ///     let mut buf = vec![0i32; 2 * comm.size()];
+    ///     let me = comm.rank();
+    ///     buf[2 * me..2 * me + 2].fill(me as i32 + 1);
+    ///     comm.all_gather_in_place(&mut buf)?;
+    ///     Ok::<_, oxcomm::Error>(buf)
+    /// })
+    /// .unwrap();
+    /// assert_eq!(out[0].as_ref().unwrap(), &[1, 1, 2, 2, 3, 3]);
+    /// ```
+    #[track_caller]
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        self.all_gather_in_place_with(buf, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_gather_in_place`] with per-op options.
+    #[track_caller]
+    pub fn all_gather_in_place_with<T: Element>(&self, buf: &mut [T], opts: &OpOptions) -> Result<()> {
+        self.all_gather_buffers(GatherBuffers::InPlace(buf), opts)
+    }
+
+    #[track_caller]
+    fn all_gather_buffers<T: Element>(&self, io: GatherBuffers<'_, T>, opts: &OpOptions) -> Result<()> {
+        let n = self.size();
+        let block = io.block_len(n);
+        let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllGather), block);
+        let bad = match &io {
+            GatherBuffers::Apart { input, output } => (output.len() != input.len() * n).then(|| {
+                format!("output has {} elements, expected size × input = {n} × {}", output.len(), input.len())
+            }),
+            GatherBuffers::InPlace(buf) => (buf.len() % n != 0)
+                .then(|| format!("buffer has {} elements, not a multiple of the group size {n}", buf.len())),
+        };
+        if let Some(msg) = bad {
+            return Err(self.arg_error(&fp, msg));
         }
-        let route = self.route(&fp, opts, std::mem::size_of_val(input), input.len())?;
-        self.run_op(fp, opts, route, |b, env| b.all_gather(env, route, input, output))
+        let route = self.route(&fp, opts, block * std::mem::size_of::<T>(), block)?;
+        self.run_op(fp, opts, route, |b, env| b.all_gather(env, route, io))
     }
 
     /// Reduces `input` (size × output.len()) across the group; rank r gets block r of the
@@ -175,22 +214,77 @@ impl Communicator {
         op: ReduceOp,
         opts: &OpOptions,
     ) -> Result<()> {
-        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::ReduceScatter), input.len());
+        self.reduce_scatter_buffers(ScatterBuffers::Apart { input, output }, op, opts)
+    }
+
+    /// Reduce-scatter in place (NCCL's in-place `ncclReduceScatter`, `recvbuff = sendbuff +
+    /// rank × recvcount`): `buf` is this rank's input, one block of `buf.len() / size` elements
+    /// per rank; on return this rank's block (`rank × block ..`) holds the reduction of every
+    /// rank's block `rank`. The other blocks hold unspecified values afterwards.
+    ///
+    /// The shared-memory direct algorithm and the ring work on `buf` itself, so this costs no
+    /// copy that [`Communicator::reduce_scatter`] does not (the ring leaves partial results in
+    /// the other blocks; direct leaves them as they were); the hierarchical algorithm reduces
+    /// into a scratch block and copies it in. Ranks may mix this and `reduce_scatter` in one
+    /// op. On error `buf` holds garbage. A length that is not a multiple of the group size is
+    /// [`crate::ErrorKind::InvalidArgument`] before any communication.
+    ///
+    /// ```
+    /// use oxcomm::ReduceOp;
+    /// let out = oxcomm::threads::run(2, |comm| {
+    ///     let mut buf = vec![comm.rank() as f32 + 1.0; 4];
+    ///     comm.reduce_scatter_in_place(&mut buf, ReduceOp::Sum)?;
+    ///     let me = comm.rank();
+    ///     Ok::<_, oxcomm::Error>(buf[2 * me..2 * me + 2].to_vec())
+    /// })
+    /// .unwrap();
+    /// assert_eq!(out[1].as_ref().unwrap(), &[3.0, 3.0]);
+    /// ```
+    #[track_caller]
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        self.reduce_scatter_in_place_with(buf, op, &OpOptions::default())
+    }
+
+    /// [`Communicator::reduce_scatter_in_place`] with per-op options.
+    #[track_caller]
+    pub fn reduce_scatter_in_place_with<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        self.reduce_scatter_buffers(ScatterBuffers::InPlace(buf), op, opts)
+    }
+
+    #[track_caller]
+    fn reduce_scatter_buffers<T: Element>(
+        &self,
+        io: ScatterBuffers<'_, T>,
+        op: ReduceOp,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        let n = self.size();
+        let total = io.input_len();
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::ReduceScatter), total);
         fp.op = Some(op);
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
-        if input.len() != output.len() * self.size() {
-            return Err(self.arg_error(
-                &fp,
+        let bad = match &io {
+            ScatterBuffers::Apart { input, output } => (input.len() != output.len() * n).then(|| {
                 format!(
-                    "input has {} elements, expected size × output = {} × {} (the input length must be a multiple of the group size)",
+                    "input has {} elements, expected size × output = {n} × {} (the input length must be a multiple of the group size)",
                     input.len(),
-                    self.size(),
                     output.len()
-                ),
-            ));
+                )
+            }),
+            ScatterBuffers::InPlace(buf) => (buf.len() % n != 0).then(|| {
+                format!("buffer has {} elements, not a multiple of the group size {n}", buf.len())
+            }),
+        };
+        if let Some(msg) = bad {
+            return Err(self.arg_error(&fp, msg));
         }
-        let route = self.route(&fp, opts, std::mem::size_of_val(input), input.len())?;
-        self.run_op(fp, opts, route, |b, env| b.reduce_scatter(env, route, input, output, op))
+        let route = self.route(&fp, opts, total * std::mem::size_of::<T>(), total)?;
+        self.run_op(fp, opts, route, |b, env| b.reduce_scatter(env, route, io, op))
     }
 
     /// All-to-all with equal blocks: block p of `send` goes to rank p; block p of `recv`

@@ -255,22 +255,73 @@ impl CollectiveTester {
         self.each_world(|comm| self.rank_gather_scatter(&comm));
     }
 
-    /// Runs the reduce_scatter cases on one rank; returns the failures.
-    pub fn rank_reduce_scatter(&self, comm: &Communicator) -> Vec<String> {
-        let cases = self.cases(|d| ReduceOp::ALL.into_iter().filter(|o| o.fits(d)).collect());
-        let comm = comm.clone();
+    /// Runs `case` on one rank for every case of `cases` whose label `label(d, op, count)`
+    /// (completed with the algorithm and segment size) the filter wants, with every algorithm
+    /// that can run all_gather and reduce_scatter on `comm` forced (direct on shm, hierarchical
+    /// when the world spans hosts evenly), so each one the planner may pick is tested; returns
+    /// the failures.
+    fn rank_block_op(
+        &self,
+        comm: &Communicator,
+        cases: &[(usize, DType, ReduceOp, usize)],
+        label: impl Fn(DType, ReduceOp, usize) -> String,
+        case: impl Fn(DType, ReduceOp, usize, &OpOptions) -> Result<(), String>,
+    ) -> Vec<String> {
+        let mut algos = vec![Algorithm::Ring];
+        if comm.transport() == "shm" {
+            algos.push(Algorithm::ShmDirect);
+        }
+        if comm.host_layout().is_some() {
+            algos.push(Algorithm::Hierarchical);
+        }
         let mut bad = Vec::new();
-        for &(count, d, op, seg) in &cases {
-            let label = format!("reduce_scatter n={} {d} {op} block={count} seg={seg}", comm.size());
-            if !self.wants(&label) || count > 10_000 {
-                continue;
-            }
-            let opts = OpOptions { max_segment_bytes: Some(seg), ..Default::default() };
-            if let Err(e) = with_dtype!(d, reduce_scatter_case(&comm, count, op, &opts)) {
-                bad.push(format!("{label}: {e}"));
+        for &(count, d, op, seg) in cases {
+            for &algo in &algos {
+                // The direct path has no segments.
+                if algo == Algorithm::ShmDirect && seg < 4096 {
+                    continue;
+                }
+                let label = format!("{} {algo} seg={seg}", label(d, op, count));
+                if !self.wants(&label) {
+                    continue;
+                }
+                let opts = OpOptions { algorithm: Some(algo), max_segment_bytes: Some(seg), ..Default::default() };
+                if let Err(e) = case(d, op, count, &opts) {
+                    bad.push(format!("{label}: {e}"));
+                }
             }
         }
         bad
+    }
+
+    /// Runs the all_gather cases on one rank (every algorithm, out of place and in place);
+    /// returns the failures.
+    pub fn rank_all_gather(&self, comm: &Communicator) -> Vec<String> {
+        let cases = self.cases(|_| vec![ReduceOp::Sum]);
+        self.rank_block_op(
+            comm,
+            &cases,
+            |d, _, count| format!("all_gather n={} {d} block={count}", comm.size()),
+            |d, _, count, opts| with_dtype!(d, all_gather_case(comm, count, opts)),
+        )
+    }
+
+    pub fn run_all_gather(&self) {
+        self.each_world(|comm| self.rank_all_gather(&comm));
+    }
+
+    /// Runs the reduce_scatter cases on one rank (every algorithm, out of place and in
+    /// place); returns the failures. Blocks above 10 000 elements only where the direct path
+    /// runs (on threads they add minutes and no code).
+    pub fn rank_reduce_scatter(&self, comm: &Communicator) -> Vec<String> {
+        let mut cases = self.cases(|d| ReduceOp::ALL.into_iter().filter(|o| o.fits(d)).collect());
+        cases.retain(|c| c.0 <= 10_000 || comm.transport() == "shm");
+        self.rank_block_op(
+            comm,
+            &cases,
+            |d, op, count| format!("reduce_scatter n={} {d} {op} block={count}", comm.size()),
+            |d, op, count, opts| with_dtype!(d, reduce_scatter_case(comm, count, op, opts)),
+        )
     }
 
     pub fn run_reduce_scatter(&self) {
@@ -401,6 +452,31 @@ fn movement_case<T: Element>(comm: &Communicator, count: usize, opts: &OpOptions
     Ok(())
 }
 
+/// All-gather out of place (into garbage), then once more with even ranks in place and odd
+/// ranks out of place in the same op.
+fn all_gather_case<T: Element>(comm: &Communicator, block: usize, opts: &OpOptions) -> Result<(), String> {
+    let (n, r) = (comm.size(), comm.rank());
+    let op = ReduceOp::Sum;
+    let mine = inputs::<T>(r, block, op);
+    let all: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p, block, op)).collect();
+    let mut out = vec![T::from_f64(77.0); n * block];
+    comm.all_gather_with(&mine, &mut out, opts).map_err(|e| e.to_string())?;
+    check("all_gather", &out, &all)?;
+    check("all_gather (input untouched)", &mine, &inputs::<T>(r, block, op))?;
+    if r % 2 == 0 {
+        let mut buf = vec![T::from_f64(77.0); n * block];
+        buf[r * block..(r + 1) * block].copy_from_slice(&mine);
+        comm.all_gather_in_place_with(&mut buf, opts).map_err(|e| e.to_string())?;
+        check("all_gather_in_place", &buf, &all)
+    } else {
+        let mut out = vec![T::from_f64(77.0); n * block];
+        comm.all_gather_with(&mine, &mut out, opts).map_err(|e| e.to_string())?;
+        check("all_gather beside all_gather_in_place", &out, &all)
+    }
+}
+
+/// Reduce-scatter out of place (into garbage), then once more with even ranks in place and
+/// odd ranks out of place in the same op.
 fn reduce_scatter_case<T: Element>(
     comm: &Communicator,
     block: usize,
@@ -409,10 +485,21 @@ fn reduce_scatter_case<T: Element>(
 ) -> Result<(), String> {
     let (n, r) = (comm.size(), comm.rank());
     let input = inputs::<T>(r, block * n, op);
-    let mut out = vec![T::default(); block];
+    let mut out = vec![T::from_f64(77.0); block];
     comm.reduce_scatter_with(&input, &mut out, op, opts).map_err(|e| e.to_string())?;
     let full = expected::<T>(n, block * n, op);
-    check("reduce_scatter", &out, &full[r * block..(r + 1) * block])
+    let want = &full[r * block..(r + 1) * block];
+    check("reduce_scatter", &out, want)?;
+    check("reduce_scatter (input untouched)", &input, &inputs::<T>(r, block * n, op))?;
+    if r % 2 == 0 {
+        let mut buf = input;
+        comm.reduce_scatter_in_place_with(&mut buf, op, opts).map_err(|e| e.to_string())?;
+        check("reduce_scatter_in_place", &buf[r * block..(r + 1) * block], want)
+    } else {
+        let mut out = vec![T::from_f64(77.0); block];
+        comm.reduce_scatter_with(&input, &mut out, op, opts).map_err(|e| e.to_string())?;
+        check("reduce_scatter beside reduce_scatter_in_place", &out, want)
+    }
 }
 
 #[test]
@@ -441,12 +528,18 @@ fn movement_matrix() {
 }
 
 #[test]
+fn all_gather_matrix() {
+    CollectiveTester::new().run_all_gather();
+}
+
+#[test]
 fn reduce_scatter_matrix() {
     CollectiveTester::new().run_reduce_scatter();
 }
 
 /// Thread ranks on simulated hosts: the planner picks the hierarchical algorithms for
-/// all_gather, reduce_scatter and broadcast, and all_reduce runs them forced; uneven layouts
+/// all_gather, reduce_scatter and broadcast, and all_reduce runs them forced (all_gather and
+/// reduce_scatter also run every algorithm forced); uneven layouts
 /// fall back to the flat ones. Every result is exact.
 #[test]
 fn hierarchical_matrix() {
@@ -455,6 +548,7 @@ fn hierarchical_matrix() {
     t.clone().run_all_reduce();
     t.clone().run_rooted();
     t.clone().run_gather_scatter();
+    t.clone().run_all_gather();
     t.run_reduce_scatter();
 }
 
@@ -496,6 +590,27 @@ fn all_reduce_into_rejects_unequal_lengths_before_sending() {
         assert_eq!(kind, oxcomm::ErrorKind::InvalidArgument);
         assert!(msg.contains("all_reduce") && msg.contains("must be equal"), "{msg}");
         assert_eq!((short, ok), (vec![0.0; 3], [1.0; 2]));
+    }
+}
+
+#[test]
+fn in_place_all_gather_and_reduce_scatter_reject_ragged_buffers_before_sending() {
+    let out = threads::run(2, |comm| {
+        let mut ragged = vec![1.0f32; 3];
+        let gather = comm.all_gather_in_place(&mut ragged).unwrap_err();
+        let scatter = comm.reduce_scatter_in_place(&mut ragged, ReduceOp::Sum).unwrap_err();
+        // Nothing was sent: the next op still pairs up.
+        let mut ok = [comm.rank() as f32; 2];
+        comm.reduce_scatter_in_place(&mut ok, ReduceOp::Sum).unwrap();
+        (gather, scatter, ragged, ok[comm.rank()])
+    })
+    .unwrap();
+    for (gather, scatter, ragged, ok) in out {
+        for (e, op) in [(gather, "all_gather"), (scatter, "reduce_scatter")] {
+            assert_eq!(e.kind(), oxcomm::ErrorKind::InvalidArgument);
+            assert!(e.to_string().contains(op) && e.to_string().contains("multiple of the group size"), "{e}");
+        }
+        assert_eq!((ragged, ok), (vec![1.0; 3], 1.0));
     }
 }
 

@@ -135,13 +135,15 @@ fn child_entry() {
         std::process::exit(3)
     });
     let me = comm.rank();
+    let ring = OpOptions { algorithm: Some(Algorithm::Ring), ..OpOptions::default() };
     // Warm up: both ranks are set up and past one op before the fault.
     comm.barrier().unwrap();
     match role.as_str() {
         "barrier_vs_all_gather" => report(|| {
+            // The all_gather over the links (ring), the barrier on the direct path.
             if me == 1 {
                 let mut out = vec![0f32; 4 * comm.size()];
-                comm.all_gather(&[1.0f32; 4], &mut out)
+                comm.all_gather_with(&[1.0f32; 4], &mut out, &ring)
             } else {
                 comm.barrier()
             }
@@ -150,10 +152,27 @@ fn child_entry() {
             // Rank 0, the agreement's root, over the links; the others on the direct path.
             if me == 0 {
                 let mut out = vec![0f32; 4 * comm.size()];
-                comm.all_gather(&[1.0f32; 4], &mut out)
+                comm.all_gather_with(&[1.0f32; 4], &mut out, &ring)
             } else {
                 comm.barrier()
             }
+        }),
+        "all_gather_vs_reduce_scatter" => report(|| {
+            // Both on the direct path; large enough for its chunked steps.
+            let n = comm.size();
+            if me == 1 {
+                let mut out = vec![0f32; 1 << 18];
+                comm.reduce_scatter(&vec![1.0f32; n << 18], &mut out, ReduceOp::Sum)
+            } else {
+                let mut out = vec![0f32; n << 18];
+                comm.all_gather(&vec![1.0f32; 1 << 18], &mut out)
+            }
+        }),
+        "all_gather_direct_vs_ring" => report(|| {
+            // The same op, but rank 1 forces the ring: the paths must still meet.
+            let mut buf = vec![1.0f32; 256 * comm.size()];
+            let algorithm = (me == 1).then_some(Algorithm::Ring);
+            comm.all_gather_in_place_with(&mut buf, &OpOptions { algorithm, ..OpOptions::default() })
         }),
         "all_reduce_vs_reduce" => report(|| {
             let mut buf = vec![1.0f32; 256];
@@ -378,6 +397,16 @@ fn issue16_shm_all_reduce_against_reduce_is_a_mismatch_at_once() {
 #[test]
 fn issue16_shm_same_op_on_direct_and_ring_paths_is_a_mismatch_at_once() {
     mismatch_is_named_fast(2, "direct_vs_ring", &[], ["all_reduce", "different algorithms"]);
+}
+
+#[test]
+fn shm_direct_all_gather_against_reduce_scatter_is_a_mismatch_at_once() {
+    mismatch_is_named_fast(3, "all_gather_vs_reduce_scatter", &[], ["all_gather", "reduce_scatter"]);
+}
+
+#[test]
+fn shm_same_all_gather_on_direct_and_ring_paths_is_a_mismatch_at_once() {
+    mismatch_is_named_fast(2, "all_gather_direct_vs_ring", &[], ["all_gather", "different algorithms"]);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! (`child_entry`, selected by `OXCOMM_TEST_CHILD`), with the environment `oxcomm launch` would
 //! set and a store served by the parent test. Covers the CollectiveTester over shm for world
 //! sizes 2, 3, 4 and 8 (and over TCP on loopback), buffers of one and several direct chunks,
-//! and SIGKILL / SIGSTOP of one rank mid-collective.
+//! and SIGKILL / SIGSTOP of one rank mid-collective (all-reduce; a direct all_to_all and all_gather).
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -10,7 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use oxcomm::rendezvous::{self, Settings, StoreServer};
-use oxcomm::{Communicator, ReduceOp};
+use oxcomm::transport::shm::workspace::CHUNK_BYTES;
+use oxcomm::{Communicator, DType, ReduceOp};
 
 use crate::collectives::CollectiveTester;
 
@@ -129,6 +130,12 @@ fn child_entry() {
             let t = CollectiveTester::new().counts(&[0, 7, 1000]).segments(&[1 << 20]);
             let mut bad = t.rank_all_reduce(&comm);
             bad.extend(t.rank_gather_scatter(&comm));
+            bad.extend(t.rank_all_gather(&comm));
+            bad.extend(t.rank_reduce_scatter(&comm));
+            // The direct all_gather and reduce_scatter's chunked path, f32 only.
+            let big = t.counts(&BIG_BLOCKS).dtypes(&[DType::F32]);
+            bad.extend(big.rank_all_gather(&comm));
+            bad.extend(big.rank_reduce_scatter(&comm));
             report(&comm, bad);
         }
         "chunks" => {
@@ -178,18 +185,40 @@ fn child_entry() {
                 }
             }
         }
+        "loop_all_gather" => {
+            // Direct all-gathers of several chunks forever; the parent kills one rank.
+            let input = vec![1.0f32; 300_007];
+            let mut out = vec![0.0f32; input.len() * comm.size()];
+            println!("ready");
+            loop {
+                if let Err(e) = comm.all_gather(&input, &mut out) {
+                    eprintln!("ERROR: {e}");
+                    std::process::exit(7);
+                }
+            }
+        }
         other => panic!("unknown role {other}"),
     }
     drop(comm);
     std::process::exit(0);
 }
 
-/// Runs every case of `t` on this rank and reports.
+/// Blocks (elements per rank) for the direct all_gather and reduce_scatter's chunked path:
+/// exactly one f32 chunk of all_gather (and of reduce_scatter on 2 ranks), and several chunks
+/// with an odd remainder.
+const BIG_BLOCKS: [usize; 2] = [CHUNK_BYTES / 4, 2 * CHUNK_BYTES / 4 + 12_345];
+
+/// Runs every case of `t` on this rank and reports; all_gather and reduce_scatter also with
+/// [`BIG_BLOCKS`].
 fn full_matrix(comm: &Communicator, t: CollectiveTester) {
     let mut bad = t.rank_all_reduce(comm);
     bad.extend(t.rank_rooted(comm));
     bad.extend(t.rank_gather_scatter(comm));
+    bad.extend(t.rank_all_gather(comm));
     bad.extend(t.rank_reduce_scatter(comm));
+    let big = t.counts(&BIG_BLOCKS).segments(&[1 << 20]);
+    bad.extend(big.rank_all_gather(comm));
+    bad.extend(big.rank_reduce_scatter(comm));
     report(comm, bad);
 }
 
@@ -311,6 +340,11 @@ fn killed_rank_is_named(n: usize, role: &str, victim: usize) {
     }
     assert!(took < Duration::from_secs(2), "survivors took {took:?}");
     assert!(leftovers(&job.job_id).is_empty(), "segments left: {:?}", leftovers(&job.job_id));
+}
+
+#[test]
+fn killed_rank_mid_direct_all_gather_is_named_by_every_survivor_within_2s() {
+    killed_rank_is_named(4, "loop_all_gather", 2);
 }
 
 #[test]

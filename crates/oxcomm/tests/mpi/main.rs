@@ -344,6 +344,12 @@ fn all_gather_every_dtype(comm: &Communicator) -> CaseResult {
             comm.all_gather(&mine, &mut out).map_err(e(&what))?;
             let want: Vec<T> = (0..n).flat_map(|r| inputs::<T>(r, count, ReduceOp::Sum)).collect();
             check(&what, &out, &want)?;
+            // In place (MPI_IN_PLACE): this rank's block is its contribution.
+            let mut buf = vec![T::default(); n * count];
+            buf[comm.rank() * count..(comm.rank() + 1) * count].copy_from_slice(&mine);
+            let what = format!("all_gather_in_place {} × {count}", T::DTYPE);
+            comm.all_gather_in_place(&mut buf).map_err(e(&what))?;
+            check(&what, &buf, &want)?;
         }
         Ok(())
     }
@@ -362,6 +368,11 @@ fn reduce_scatter_every_dtype_and_op(comm: &Communicator) -> CaseResult {
                 comm.reduce_scatter(&input, &mut out, op).map_err(e(&what))?;
                 let full = expected::<T>(n, n * block, op);
                 check(&what, &out, &full[me * block..(me + 1) * block])?;
+                // In place (MPI_IN_PLACE): the result lands in this rank's block.
+                let mut buf = input;
+                let what = format!("reduce_scatter_in_place {} {op} × {block}", T::DTYPE);
+                comm.reduce_scatter_in_place(&mut buf, op).map_err(e(&what))?;
+                check(&what, &buf[me * block..(me + 1) * block], &full[me * block..(me + 1) * block])?;
             }
         }
         Ok(())

@@ -16,9 +16,10 @@
 //!
 //! # Out-of-place and in-place
 //!
-//! oxcomm's all_reduce has both modes (`all_reduce_into` and `all_reduce`); broadcast and
-//! reduce work in place; all_gather, reduce_scatter and all_to_all take separate input and
-//! output buffers. The mode the API lacks is emulated with one extra copy, which is *inside*
+//! oxcomm's all_reduce, all_gather and reduce_scatter have both modes (`all_reduce_into` and
+//! `all_reduce`, `all_gather` and `all_gather_in_place`, `reduce_scatter` and
+//! `reduce_scatter_in_place`); broadcast and reduce work in place; all_to_all takes separate
+//! send and receive buffers. The mode the API lacks is emulated with one extra copy, which is *inside*
 //! the timed region (it is what a caller of our API pays):
 //!
 //! | op | out-of-place | in-place |
@@ -26,8 +27,8 @@
 //! | all_reduce | `all_reduce_into(input, output)` | `all_reduce(buffer)` |
 //! | reduce | copy input → output, then the op on the output | the op on the buffer |
 //! | broadcast | root copies input → output, then broadcast of the output | broadcast of the buffer |
-//! | all_gather | separate input and output | copy this rank's block of the output to a scratch input, then all_gather |
-//! | reduce_scatter | separate input and output | reduce_scatter into a scratch output, then copy it to this rank's block of the input |
+//! | all_gather | `all_gather(input, output)` | `all_gather_in_place(buffer)` (this rank's block already in place) |
+//! | reduce_scatter | `reduce_scatter(input, output)` | `reduce_scatter_in_place(buffer)` (the result lands in this rank's block) |
 //! | all_to_all | separate send and receive buffers | copy the buffer to a scratch send buffer, then all_to_all back into it |
 //!
 //! | onebit_all_reduce | copy input → output, then the op on the output | the op on the buffer |
@@ -240,17 +241,9 @@ impl Case<'_> {
                 c.broadcast_with(&mut b[..input], self.root, o)
             }
             (BenchOp::AllGather, false) => c.all_gather_with(&a[..input], &mut b[..output], o),
-            (BenchOp::AllGather, true) => {
-                let mine = me * block..(me + 1) * block;
-                scratch[..block].copy_from_slice(&a[mine]);
-                c.all_gather_with(&scratch[..block], &mut a[..output], o)
-            }
+            (BenchOp::AllGather, true) => c.all_gather_in_place_with(&mut a[..output], o),
             (BenchOp::ReduceScatter, false) => c.reduce_scatter_with(&a[..input], &mut b[..output], self.redop, o),
-            (BenchOp::ReduceScatter, true) => {
-                c.reduce_scatter_with(&a[..input], &mut scratch[..output], self.redop, o)?;
-                a[me * block..(me + 1) * block].copy_from_slice(&scratch[..output]);
-                Ok(())
-            }
+            (BenchOp::ReduceScatter, true) => c.reduce_scatter_in_place_with(&mut a[..input], self.redop, o),
             (BenchOp::AllToAll, false) => c.all_to_all_with(&a[..input], &mut b[..output], o),
             (BenchOp::AllToAll, true) => {
                 scratch[..input].copy_from_slice(&a[..input]);

@@ -105,7 +105,7 @@ impl BenchOp {
     /// Whether the API lacks the mode (`in_place` or not), which is then emulated with a copy.
     pub(crate) fn emulated(self, in_place: bool) -> bool {
         match self {
-            BenchOp::AllReduce => false,
+            BenchOp::AllReduce | BenchOp::AllGather | BenchOp::ReduceScatter => false,
             BenchOp::Broadcast | BenchOp::Reduce | BenchOp::OnebitAllReduce => !in_place,
             _ => in_place,
         }
@@ -149,10 +149,10 @@ impl BenchOp {
                 "out-of-place = root copies input to output, then broadcast of the output (the API is in-place)"
             }
             BenchOp::AllGather => {
-                "in-place = copy this rank's block of the output to a scratch input, then all_gather (the API takes two buffers)"
+                "out-of-place = all_gather(input, output), in-place = all_gather_in_place(buffer) (this rank's block already in place)"
             }
             BenchOp::ReduceScatter => {
-                "in-place = reduce_scatter to a scratch output, then copy it to this rank's block of the input (the API takes two buffers)"
+                "out-of-place = reduce_scatter(input, output), in-place = reduce_scatter_in_place(buffer) (the result lands in this rank's block)"
             }
             BenchOp::AllToAll => {
                 "in-place = copy the buffer to a scratch send buffer, then all_to_all back into it (the API takes two buffers)"

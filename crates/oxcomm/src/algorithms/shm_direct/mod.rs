@@ -14,9 +14,9 @@
 //! direct op at the latest. Back-to-back rooted ops overlap by one op this way, as MPI's eager
 //! sends do, instead of each paying a full arrival round.
 //!
-//! Each op's own steps are in its file: [`all_reduce`], [`broadcast`], `all_to_all.rs`
-//! (all_to_all, all_to_all_v and the exchange through the halves), `rooted.rs` (gather,
-//! scatter, reduce).
+//! Each op's own steps are in its file: [`all_reduce`], [`broadcast`], [`all_gather`],
+//! [`reduce_scatter`], `all_to_all.rs` (all_to_all, all_to_all_v and the exchange through the
+//! halves), `rooted.rs` (gather, scatter, reduce).
 //!
 //! Progress counters (`copied_in`, `reduced`, `copied_out`) count chunks over the life of the
 //! communicator; every rank moves each of them by the same amount in every op.
@@ -30,14 +30,18 @@
 //! deadline. The direct ops' fast path pays one load of the peer's announcement line, and only
 //! while a peer is late.
 
+mod all_gather;
 mod all_reduce;
 mod all_to_all;
 mod broadcast;
+mod reduce_scatter;
 mod rooted;
 
+pub(crate) use all_gather::all_gather;
 pub(crate) use all_reduce::all_reduce;
 pub(crate) use all_to_all::all_to_all;
 pub(crate) use broadcast::broadcast;
+pub(crate) use reduce_scatter::reduce_scatter;
 pub(crate) use rooted::{gather, reduce, scatter};
 
 use crate::engine::{Ctx, Watch};
@@ -282,6 +286,11 @@ pub(crate) fn no_direct_peer(shm: &ShmDirect, me: usize, fp: &Fingerprint) -> Re
 pub(super) fn wait_counter(ctx: &mut Ctx<'_>, shm: &ShmDirect, c: Counter, value: u64) -> Result<()> {
     let n = ctx.size;
     ctx.wait_until(|| (0..n).find(|r| shm.counter(*r, c) < value))
+}
+
+/// Waits until rank `r`'s counter `c` is at least `value`.
+pub(super) fn wait_peer_counter(ctx: &mut Ctx<'_>, shm: &ShmDirect, r: usize, c: Counter, value: u64) -> Result<()> {
+    ctx.wait_until(|| (shm.counter(r, c) < value).then_some(r))
 }
 
 /// Direct barrier: arrival alone.

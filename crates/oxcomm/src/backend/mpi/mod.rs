@@ -9,8 +9,8 @@
 //! | `all_reduce`, `all_reduce_coalesced` | `MPI_Allreduce` (in place) |
 //! | `reduce` | `MPI_Reduce` (in place at the root) |
 //! | `broadcast` | `MPI_Bcast` |
-//! | `all_gather`, `all_gather_coalesced` | `MPI_Allgather` |
-//! | `reduce_scatter` | `MPI_Reduce_scatter_block` |
+//! | `all_gather`, `all_gather_coalesced` | `MPI_Allgather` (`all_gather_in_place`: with `MPI_IN_PLACE`) |
+//! | `reduce_scatter` | `MPI_Reduce_scatter_block` (`reduce_scatter_in_place`: with `MPI_IN_PLACE`, then the result moved from the first block to this rank's) |
 //! | `all_to_all` / `all_to_all_v` | `MPI_Alltoall` / `MPI_Alltoallv` (after an exchange of counts) |
 //! | `gather` / `scatter` | `MPI_Gather` / `MPI_Scatter` |
 //! | `barrier` / `monitored_barrier` | `MPI_Barrier` / `MPI_Iallreduce` polled until the deadline |

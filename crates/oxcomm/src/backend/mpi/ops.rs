@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use mpi::ffi;
 
 use super::*;
-use crate::algorithms::{Algorithm, ReduceBuffers};
+use crate::algorithms::{Algorithm, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::backend::{concat, split_back, unpack_gathered, Backend, NewGroup, OpEnv, P2pMsg, Route};
 use crate::wire::OpKind;
 
@@ -100,11 +100,25 @@ impl Backend for MpiBackend {
         }
     }
 
-    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, _route: Route, input: &[T], output: &mut [T]) -> Result<()> {
+    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, _route: Route, io: GatherBuffers<'_, T>) -> Result<()> {
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
             let c = self.prepare(&g, fp)?;
-            all_gather_in(&g, c, input, output, stats)
+            match io {
+                GatherBuffers::Apart { input, output } => all_gather_in(&g, c, input, output, stats),
+                GatherBuffers::InPlace(buf) => {
+                    let m = buf.len() / g.size();
+                    let (len, dt) = (count(m)?, datatype(T::DTYPE));
+                    count(buf.len())?;
+                    // SAFETY: `buf` holds n × `len` elements of T's datatype; with MPI_IN_PLACE
+                    // this rank's block of it is the contribution (the send arguments are
+                    // ignored).
+                    mpi_call("MPI_Allgather", unsafe { ffi::MPI_Allgather(in_place(), len, dt, rp(buf), len, dt, c) })?;
+                    let share = (g.size() - 1) * m * std::mem::size_of::<T>();
+                    add(stats, share, share);
+                    Ok(())
+                }
+            }
         }
     }
 
@@ -112,23 +126,38 @@ impl Backend for MpiBackend {
         &self,
         env: &mut OpEnv<'_>,
         _route: Route,
-        input: &[T],
-        output: &mut [T],
+        io: ScatterBuffers<'_, T>,
         op: ReduceOp,
     ) -> Result<()> {
-        let n = env.group.size();
+        let (n, me) = (env.group.size(), env.group.rank);
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
             let c = self.prepare(&g, fp)?;
-            let (mop, len) = (self.op::<T>(op)?, count(output.len())?);
-            count(input.len())?;
-            // SAFETY: `input` holds n × `len` elements, `output` `len`, of T's datatype; the
-            // two are distinct.
-            mpi_call("MPI_Reduce_scatter_block", unsafe {
-                ffi::MPI_Reduce_scatter_block(sp(input), rp(output), len, datatype(T::DTYPE), mop, c)
-            })?;
-            reduce::finish_avg(output, op, n);
-            let share = ring_share(std::mem::size_of_val(input), n);
+            let m = io.block_len(n);
+            let (mop, len, dt) = (self.op::<T>(op)?, count(m)?, datatype(T::DTYPE));
+            count(n * m)?;
+            let share = ring_share(n * m * std::mem::size_of::<T>(), n);
+            let out = match io {
+                ScatterBuffers::Apart { input, output } => {
+                    // SAFETY: `input` holds n × `len` elements, `output` `len`, of T's
+                    // datatype; the two are distinct.
+                    mpi_call("MPI_Reduce_scatter_block", unsafe {
+                        ffi::MPI_Reduce_scatter_block(sp(input), rp(output), len, dt, mop, c)
+                    })?;
+                    output
+                }
+                ScatterBuffers::InPlace(buf) => {
+                    // SAFETY: `buf` holds n × `len` elements of T's datatype; with MPI_IN_PLACE
+                    // MPI reads them all and writes the result to the first `len`.
+                    mpi_call("MPI_Reduce_scatter_block", unsafe {
+                        ffi::MPI_Reduce_scatter_block(in_place(), rp(buf), len, dt, mop, c)
+                    })?;
+                    // MPI puts the result first; NCCL's in-place form (ours) at this rank's block.
+                    buf.copy_within(0..m, me * m);
+                    &mut buf[me * m..(me + 1) * m]
+                }
+            };
+            reduce::finish_avg(out, op, n);
             add(stats, share, share);
             Ok(())
         }

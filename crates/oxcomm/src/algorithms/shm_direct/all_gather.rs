@@ -1,0 +1,80 @@
+//! Direct all-gather: every rank's *block* (its contribution, B bytes) lands at its place in
+//! every rank's output of n blocks.
+//!
+//! **Small** (B ≤ [`SMALL_BYTES`](crate::transport::shm::workspace::SMALL_BYTES)): arrival
+//! carries the block; every rank then copies every other rank's slot to its place in the
+//! output. One step (data and agreement together); each rank writes B and reads (n−1)·B.
+//!
+//! **Large**, per chunk of up to [`CHUNK_BYTES`] of each rank's block (two halves, so chunk
+//! g+1's copy-in overlaps with the tail of chunk g): *copy in* — my piece of my block into my
+//! chunk buffer; *copy out* — every other rank's piece, as soon as that rank published it,
+//! to its place in my output (starting with the next rank, so the n readers of one buffer are
+//! spread over time). Two steps per chunk; per rank B copied in and (n−1)·B copied out. There
+//! is nothing to reduce: `Reduced` is published with `CopiedIn` so every counter moves in
+//! lockstep with the other direct ops.
+//!
+//! This rank's own block is copied from the input to the output once (out of place) or not
+//! at all (in place, [`GatherBuffers::InPlace`]).
+
+use super::{arrive, is_small, wait_counter, wait_peer_counter, Direct};
+use crate::algorithms::GatherBuffers;
+use crate::copy::copy;
+use crate::dtype::{as_bytes, as_bytes_mut, Element};
+use crate::engine::Ctx;
+use crate::error::Result;
+use crate::transport::shm::workspace::{Counter, CHUNK_BYTES};
+use crate::wire::Fingerprint;
+
+/// Direct all-gather of `io` (the block length is the same on every rank: the fingerprints
+/// agree on it).
+pub(crate) fn all_gather<T: Element>(
+    ctx: &mut Ctx<'_>,
+    d: &mut Direct<'_>,
+    fp: &Fingerprint,
+    io: GatherBuffers<'_, T>,
+) -> Result<()> {
+    let (n, me, size) = (ctx.size, ctx.rank, std::mem::size_of::<T>());
+    let m = io.block_len(n);
+    let bytes = m * size;
+    // The other ranks, starting after this one.
+    let others = move || (1..n).map(move |k| (me + k) % n);
+    if is_small(bytes) {
+        let parity = arrive(ctx, d, fp, as_bytes(io.own(me, m, 0..m)))?;
+        let out = io.into_whole(me);
+        for r in others() {
+            // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
+            // reused (two ops later).
+            let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
+            copy(as_bytes_mut(&mut out[r * m..(r + 1) * m]), payload);
+        }
+        return Ok(());
+    }
+    arrive(ctx, d, fp, &[])?;
+    let mut io = GatherBuffers::InPlace(io.into_whole(me));
+    let per_chunk = CHUNK_BYTES / size;
+    for start in (0..m).step_by(per_chunk) {
+        let piece = start..(start + per_chunk).min(m);
+        let len = piece.len() * size;
+        let g = d.state.chunks;
+        let half = (g & 1) as usize;
+        let shm = d.shm;
+        // Copy in. Half `half` was last used by chunk g-2: everyone must be done reading it.
+        wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
+        // SAFETY: others read my buffer for chunk g only after I publish CopiedIn = g+1, and
+        // they finished with chunk g-2 (waited above).
+        copy(unsafe { shm.chunk_mut(half, 0, len) }, as_bytes(io.own(me, m, piece.clone())));
+        shm.publish(Counter::CopiedIn, g + 1);
+        shm.publish(Counter::Reduced, g + 1);
+        // Copy out.
+        for r in others() {
+            wait_peer_counter(ctx, shm, r, Counter::CopiedIn, g + 1)?;
+            // SAFETY: rank r published its piece for chunk g and rewrites this half only after
+            // everyone (me included) published CopiedOut = g+1.
+            let src = unsafe { shm.chunk(r, half, 0, len) };
+            copy(as_bytes_mut(io.block_mut(m, r, piece.clone())), src);
+        }
+        shm.publish(Counter::CopiedOut, g + 1);
+        d.state.chunks += 1;
+    }
+    Ok(())
+}
