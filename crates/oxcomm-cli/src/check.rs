@@ -457,8 +457,8 @@ fn typed<T: BenchElement>(comm: &Communicator, check: Check, count: usize, corru
                 BenchOp::AllReduce | BenchOp::Reduce | BenchOp::Broadcast | BenchOp::OnebitAllReduce => {
                     Layout { input: count, output: count, block: count }
                 }
-                BenchOp::AllGather => Layout { input: count, output: count * n, block: count },
-                BenchOp::ReduceScatter | BenchOp::QuantReduceScatter => {
+                BenchOp::AllGather | BenchOp::Gather => Layout { input: count, output: count * n, block: count },
+                BenchOp::ReduceScatter | BenchOp::QuantReduceScatter | BenchOp::Scatter => {
                     Layout { input: count * n, output: count, block: count }
                 }
                 BenchOp::AllToAll => Layout { input: count * n, output: count * n, block: count },
@@ -662,8 +662,8 @@ mod tests {
         let only = |f: &str| selected("threads", &[f.to_string()]);
         let gather = only("gather");
         let outcomes = oxcomm::threads::run(3, |comm| run_checks(&comm, &gather, Some("gather"))).unwrap();
-        let o = &outcomes[0].as_ref().unwrap()[0];
-        assert_eq!(o.name, "gather");
+        // The filter also selects the bench's gather (`gather/auto`, `gather/flat`).
+        let o = outcomes[0].as_ref().unwrap().iter().find(|o| o.name == "gather").unwrap();
         assert!(o.failed > 0 && o.first.as_deref().unwrap().contains("wrong"), "{o:?}");
         let rsc = only("reduce_scatter_coalesced");
         let outcomes = oxcomm::threads::run(3, |comm| run_checks(&comm, &rsc, None)).unwrap();

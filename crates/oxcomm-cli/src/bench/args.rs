@@ -38,7 +38,7 @@ pub struct BenchArgs {
     pub check: bool,
 
     /// Ops to time, comma-separated: all_reduce, all_gather, reduce_scatter, broadcast,
-    /// reduce, all_to_all, onebit_all_reduce (f32 only), quant_reduce_scatter (f32, f16,
+    /// reduce, all_to_all, gather, scatter, onebit_all_reduce (f32 only), quant_reduce_scatter (f32, f16,
     /// bf16), or `all` (every op that takes the dtype).
     #[arg(long = "op", value_name = "OPS", default_value = "all_reduce")]
     pub op: String,
@@ -51,7 +51,7 @@ pub struct BenchArgs {
     #[arg(short = 'o', long = "redop", value_name = "OP", default_value = "sum", value_parser = parse_redop)]
     pub redop: ReduceOp,
 
-    /// Root rank of broadcast and reduce.
+    /// Root rank of broadcast, reduce, gather and scatter.
     #[arg(short = 'r', long = "root", value_name = "RANK", default_value_t = 0)]
     pub root: usize,
 

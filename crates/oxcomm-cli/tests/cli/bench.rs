@@ -11,14 +11,16 @@ const OXCOMM: &str = env!("CARGO_BIN_EXE_oxcomm");
 /// Longest any bench run in these tests may take.
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// The eight ops of `--op all` (f32), in their order.
-const OPS: [&str; 8] = [
+/// The ten ops of `--op all` (f32), in their order.
+const OPS: [&str; 10] = [
     "all_reduce",
     "all_gather",
     "reduce_scatter",
     "broadcast",
     "reduce",
     "all_to_all",
+    "gather",
+    "scatter",
     "onebit_all_reduce",
     "quant_reduce_scatter",
 ];

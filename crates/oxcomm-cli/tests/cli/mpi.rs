@@ -87,13 +87,15 @@ fn mpi_without_the_feature_is_a_one_line_error() {
 #[cfg(feature = "mpi")]
 #[test]
 fn mpirun_n2_prints_one_full_table_from_rank_0() {
-    const OPS: [&str; 8] = [
+    const OPS: [&str; 10] = [
         "all_reduce",
         "all_gather",
         "reduce_scatter",
         "broadcast",
         "reduce",
         "all_to_all",
+        "gather",
+        "scatter",
         "onebit_all_reduce",
         "quant_reduce_scatter",
     ];

@@ -249,6 +249,25 @@ impl Case<'_> {
                 scratch[..input].copy_from_slice(&a[..input]);
                 c.all_to_all_with(&scratch[..input], &mut a[..output], o)
             }
+            (BenchOp::Gather, false) => {
+                let out = (me == self.root).then_some(&mut b[..output]);
+                c.gather_with(&a[..input], out, self.root, o)
+            }
+            (BenchOp::Gather, true) if me == self.root => {
+                scratch[..block].copy_from_slice(&a[me * block..(me + 1) * block]);
+                c.gather_with(&scratch[..block], Some(&mut a[..output]), self.root, o)
+            }
+            (BenchOp::Gather, true) => c.gather_with(&a[..input], None, self.root, o),
+            (BenchOp::Scatter, false) => {
+                let src = (me == self.root).then_some(&a[..input]);
+                c.scatter_with(src, &mut b[..output], self.root, o)
+            }
+            (BenchOp::Scatter, true) if me == self.root => {
+                c.scatter_with(Some(&a[..input]), &mut scratch[..block], self.root, o)?;
+                a[me * block..(me + 1) * block].copy_from_slice(&scratch[..block]);
+                Ok(())
+            }
+            (BenchOp::Scatter, true) => c.scatter_with(None, &mut a[..output], self.root, o),
             (BenchOp::OnebitAllReduce, in_place) => {
                 let state = onebit.as_mut().ok_or_else(|| oxcomm::Error::invalid("no 1-bit state for this size"))?;
                 let buf = if in_place {
@@ -359,6 +378,23 @@ impl Case<'_> {
                 }
             }
             BenchOp::AllToAll => fill(&mut bufs.a[..input], me, 0, &plain),
+            BenchOp::Gather => {
+                if self.in_place && me == self.root {
+                    bufs.a[..output].fill(sentinel);
+                    fill(&mut bufs.a[me * block..(me + 1) * block], me, me * block, &plain);
+                } else {
+                    fill(&mut bufs.a[..input], me, me * block, &plain);
+                }
+            }
+            BenchOp::Scatter => {
+                if me == self.root {
+                    for p in 0..self.comm.size() {
+                        fill(&mut bufs.a[p * block..(p + 1) * block], p, p * block, &plain);
+                    }
+                } else if self.in_place {
+                    bufs.a[..output].fill(sentinel);
+                }
+            }
             BenchOp::OnebitAllReduce => {
                 bufs.a[..input].fill(T::from_f64(onebit_input(me)));
                 bufs.onebit = Some(OneBitState::new(input, self.comm.size())?);
@@ -396,6 +432,18 @@ impl Case<'_> {
             BenchOp::ReduceScatter => {
                 let got = if self.in_place { &bufs.a[me * block..(me + 1) * block] } else { &bufs.b[..output] };
                 count_wrong(got, |i, g| pattern.matches(g.to_f64(), pattern.reduced(me * block + i)))
+            }
+            BenchOp::Gather if me == self.root => {
+                count_wrong(&out[..output], |i, g| exact(g, pattern.plain(i / block.max(1), i)))
+            }
+            BenchOp::Gather => 0,
+            BenchOp::Scatter => {
+                let got = if self.in_place && me == self.root {
+                    &bufs.a[me * block..(me + 1) * block]
+                } else {
+                    &out[..output]
+                };
+                count_wrong(got, |k, g| exact(g, pattern.plain(me, me * block + k)))
             }
             BenchOp::AllToAll => {
                 // Block p of the output came from rank p's block `me`.

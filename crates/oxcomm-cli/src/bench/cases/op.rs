@@ -5,8 +5,8 @@
 //! # Sizes and counts
 //!
 //! `size` is the byte count of the op's full buffer as nccl-tests defines it: the tensor for
-//! all_reduce, broadcast and reduce; the gathered output for all_gather; the full input for
-//! reduce_scatter; the whole send buffer for all_to_all. It is rounded down to a whole number
+//! all_reduce, broadcast and reduce; the gathered output for all_gather and gather; the full
+//! input for reduce_scatter and scatter; the whole send buffer for all_to_all. It is rounded down to a whole number
 //! of elements (per rank where the op splits the buffer by rank), so a line may show fewer bytes
 //! than asked for (`size 0` when the buffer cannot hold one element per rank). `count` is
 //! `size` / element size. onebit_all_reduce's count is rounded down to a multiple of
@@ -36,6 +36,10 @@ pub enum BenchOp {
     Reduce,
     /// `all_to_all` with equal blocks (separate send and receive buffers).
     AllToAll,
+    /// `gather` to the root (separate input and, at the root, output).
+    Gather,
+    /// `scatter` from the root (at the root an input, everywhere an output).
+    Scatter,
     /// `onebit::all_reduce`, the 1-bit compressed mean (in place, f32 only).
     OnebitAllReduce,
     /// `all_to_all_quant_reduce`, the int4 quantized reduce-scatter of the mean (returns a
@@ -45,13 +49,15 @@ pub enum BenchOp {
 
 impl BenchOp {
     /// Every op, in the order `--op all` runs them.
-    pub const ALL: [BenchOp; 8] = [
+    pub const ALL: [BenchOp; 10] = [
         BenchOp::AllReduce,
         BenchOp::AllGather,
         BenchOp::ReduceScatter,
         BenchOp::Broadcast,
         BenchOp::Reduce,
         BenchOp::AllToAll,
+        BenchOp::Gather,
+        BenchOp::Scatter,
         BenchOp::OnebitAllReduce,
         BenchOp::QuantReduceScatter,
     ];
@@ -65,6 +71,8 @@ impl BenchOp {
             BenchOp::Broadcast => "broadcast",
             BenchOp::Reduce => "reduce",
             BenchOp::AllToAll => "all_to_all",
+            BenchOp::Gather => "gather",
+            BenchOp::Scatter => "scatter",
             BenchOp::OnebitAllReduce => "onebit_all_reduce",
             BenchOp::QuantReduceScatter => "quant_reduce_scatter",
         }
@@ -99,7 +107,7 @@ impl BenchOp {
 
     /// Whether the op has a root.
     pub(crate) fn rooted(self) -> bool {
-        matches!(self, BenchOp::Broadcast | BenchOp::Reduce)
+        matches!(self, BenchOp::Broadcast | BenchOp::Reduce | BenchOp::Gather | BenchOp::Scatter)
     }
 
     /// Whether the API lacks the mode (`in_place` or not), which is then emulated with a copy.
@@ -133,6 +141,8 @@ impl BenchOp {
             BenchOp::Broadcast => OpKind::Broadcast,
             BenchOp::Reduce => OpKind::Reduce,
             BenchOp::AllToAll => OpKind::AllToAll,
+            BenchOp::Gather => OpKind::Gather,
+            BenchOp::Scatter => OpKind::Scatter,
             BenchOp::OnebitAllReduce | BenchOp::QuantReduceScatter => return &[],
         };
         oxcomm::algorithms::plan::candidates(kind)
@@ -157,6 +167,12 @@ impl BenchOp {
             BenchOp::AllToAll => {
                 "in-place = copy the buffer to a scratch send buffer, then all_to_all back into it (the API takes two buffers)"
             }
+            BenchOp::Gather => {
+                "in-place = the root's block already in its output: the root copies it to a scratch input, then gather (the API takes two buffers)"
+            }
+            BenchOp::Scatter => {
+                "in-place = the root's block stays in its input: the root scatters into a scratch output and copies it back (the API takes two buffers)"
+            }
             BenchOp::OnebitAllReduce => {
                 "f32 mean, 1-bit compressed, state kept across iterations; out-of-place = copy input to output, then the op; bandwidth on the uncompressed bytes"
             }
@@ -175,11 +191,11 @@ impl BenchOp {
             BenchOp::AllReduce | BenchOp::Broadcast | BenchOp::Reduce => {
                 Layout { input: total, output: total, block: total }
             }
-            BenchOp::AllGather => {
+            BenchOp::AllGather | BenchOp::Gather => {
                 let block = total / n;
                 Layout { input: block, output: block * n, block }
             }
-            BenchOp::ReduceScatter => {
+            BenchOp::ReduceScatter | BenchOp::Scatter => {
                 let block = total / n;
                 Layout { input: block * n, output: block, block }
             }
