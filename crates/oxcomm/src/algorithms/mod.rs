@@ -136,11 +136,16 @@ impl<'a, T: Element> GatherBuffers<'a, T> {
 
     /// The output, with this rank's block in place (apart: copied from the input).
     pub(crate) fn into_whole(self, me: usize) -> &'a mut [T] {
+        self.into_whole_with(me, copy)
+    }
+
+    /// [`GatherBuffers::into_whole`] copying the contribution with `copy_block`.
+    pub(crate) fn into_whole_with(self, me: usize, copy_block: fn(&mut [u8], &[u8])) -> &'a mut [T] {
         match self {
             GatherBuffers::InPlace(b) => b,
             GatherBuffers::Apart { input, output } => {
                 let m = input.len();
-                copy(as_bytes_mut(&mut output[me * m..(me + 1) * m]), as_bytes(input));
+                copy_block(as_bytes_mut(&mut output[me * m..(me + 1) * m]), as_bytes(input));
                 output
             }
         }

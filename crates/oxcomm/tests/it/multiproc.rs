@@ -153,6 +153,18 @@ fn child_entry() {
             bad.extend(t.rank_gather_scatter(&comm));
             report(&comm, bad);
         }
+        "streaming" => {
+            // Outputs of at least 16 MiB, where the direct ops' copy-out steps switch to
+            // non-temporal stores (f32, 16 MiB + 20 bytes per rank's block: an odd tail).
+            let t = CollectiveTester::new()
+                .counts(&[(16 << 20) / 4 + 5])
+                .dtypes(&[oxcomm::DType::F32])
+                .segments(&[1 << 20]);
+            let mut bad = t.rank_rooted(&comm);
+            bad.extend(t.rank_gather_scatter(&comm));
+            bad.extend(t.rank_all_gather(&comm));
+            report(&comm, bad);
+        }
         "hosts" => {
             // Two simulated hosts of two ranks: shared memory inside, TCP across, and the
             // hierarchical algorithms picked by the planner (all_reduce also forced).
@@ -272,6 +284,11 @@ fn shm_chunked_rooted_and_movement_3_ranks() {
 #[test]
 fn shm_chunked_rooted_and_movement_4_ranks() {
     run_tester(4, "chunks");
+}
+
+#[test]
+fn shm_streamed_copy_out_of_large_outputs_2_ranks() {
+    run_tester(2, "streaming");
 }
 
 #[test]

@@ -16,7 +16,7 @@
 //! This rank's own block is copied from the input to the output once (out of place) or not
 //! at all (in place, [`GatherBuffers::InPlace`]).
 
-use super::{arrive, is_small, wait_counter, wait_peer_counter, Direct};
+use super::{arrive, copy_out_for, is_small, wait_counter, wait_peer_counter, Direct};
 use crate::algorithms::GatherBuffers;
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
@@ -50,7 +50,8 @@ pub(crate) fn all_gather<T: Element>(
         return Ok(());
     }
     arrive(ctx, d, fp, &[])?;
-    let mut io = GatherBuffers::InPlace(io.into_whole(me));
+    let copy_out = copy_out_for(m * n * size);
+    let mut io = GatherBuffers::InPlace(io.into_whole_with(me, copy_out));
     let per_chunk = CHUNK_BYTES / size;
     for start in (0..m).step_by(per_chunk) {
         let piece = start..(start + per_chunk).min(m);
@@ -71,7 +72,7 @@ pub(crate) fn all_gather<T: Element>(
             // SAFETY: rank r published its piece for chunk g and rewrites this half only after
             // everyone (me included) published CopiedOut = g+1.
             let src = unsafe { shm.chunk(r, half, 0, len) };
-            copy(as_bytes_mut(io.block_mut(m, r, piece.clone())), src);
+            copy_out(as_bytes_mut(io.block_mut(m, r, piece.clone())), src);
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;

@@ -28,7 +28,7 @@
 
 use std::ops::Range;
 
-use super::{arrive, is_small, wait_counter, Direct};
+use super::{arrive, copy_out_for, is_small, wait_counter, Direct};
 use crate::algorithms::pairwise;
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
@@ -97,6 +97,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
     let (n, me, shm) = (ctx.size, ctx.rank, d.shm);
     let lane = lanes.bytes(n);
     let Blocks { src, send, dst, recv } = b;
+    let copy_out = copy_out_for(dst.len());
     for s in 0..steps {
         let g = d.state.chunks;
         let half = (g & 1) as usize;
@@ -122,7 +123,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
             // SAFETY: rank r published its lanes for chunk g and rewrites them only after every
             // rank (me included) published CopiedOut = g+1.
             let from = unsafe { shm.chunk(r, half, lanes.offset(r, me, n), part.len()) };
-            copy(&mut dst[recv[r].start + part.start..recv[r].start + part.end], from);
+            copy_out(&mut dst[recv[r].start + part.start..recv[r].start + part.end], from);
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;

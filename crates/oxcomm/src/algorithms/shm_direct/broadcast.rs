@@ -3,7 +3,7 @@
 //! back-to-back broadcasts overlap by one op, as MPI's eager sends do. Large ones go chunk by
 //! chunk through the root's chunk buffers after a full arrival.
 
-use super::{arrive, arrive_for, is_small, wait_counter, Direct, Wait};
+use super::{arrive, arrive_for, copy_out_for, is_small, wait_counter, Direct, Wait};
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
@@ -35,6 +35,7 @@ pub(crate) fn broadcast<T: Element>(
     arrive(ctx, d, fp, &[])?;
     let per_chunk = CHUNK_BYTES / std::mem::size_of::<T>();
     let total = buf.len();
+    let copy_out = copy_out_for(bytes);
     for start in (0..total).step_by(per_chunk) {
         let part = &mut buf[start..(start + per_chunk).min(total)];
         let g = d.state.chunks;
@@ -55,7 +56,7 @@ pub(crate) fn broadcast<T: Element>(
             ctx.wait_until(|| (shm.counter(root, Counter::CopiedIn) < g + 1).then_some(root.min(n - 1)))?;
             // SAFETY: the root published chunk g and rewrites this half only after every rank
             // published CopiedOut = g+1.
-            copy(as_bytes_mut(part), unsafe { shm.chunk(root, half, 0, len) });
+            copy_out(as_bytes_mut(part), unsafe { shm.chunk(root, half, 0, len) });
             shm.publish(Counter::CopiedOut, g + 1);
         }
         d.state.chunks += 1;

@@ -68,6 +68,24 @@ pub(crate) struct Direct<'a> {
     pub state: &'a mut DirectState,
 }
 
+/// Output bytes from which the direct ops' copy-out steps use non-temporal stores: half the
+/// test VM's L3 (32 MiB). Below it the output stays in the caches between back-to-back ops, and
+/// a plain copy was up to 1.3× faster at 4 MiB; from 16 MiB streaming was 1.05–1.4× faster
+/// (all_gather, all_to_all, broadcast, scatter, 2 ranks; docs/benchmarks.md).
+const STREAM_FROM: usize = 16 << 20;
+
+/// The copy for the steps that write into the caller's buffers of an op whose output is
+/// `total` bytes: from [`STREAM_FROM`] non-temporal stores (a buffer that large leaves the
+/// caches before anyone reads it, and the stores skip reading every line first), below that
+/// a plain copy, which leaves the result in the caches.
+pub(super) fn copy_out_for(total: usize) -> fn(&mut [u8], &[u8]) {
+    if total >= STREAM_FROM {
+        crate::copy::copy_streaming
+    } else {
+        crate::copy::copy
+    }
+}
+
 /// Whether a buffer of `bytes` goes inline in the slot.
 pub(crate) fn is_small(bytes: usize) -> bool {
     bytes <= SMALL_BYTES
