@@ -98,7 +98,8 @@ pub(super) enum Wait {
     Everyone,
     /// Only this rank's (a non-root of a broadcast or scatter reads the root's payload).
     Root(usize),
-    /// Nobody's (the root of a small broadcast: publishing its payload is its whole part).
+    /// Nobody's (a rank whose whole part is publishing its payload: the root of a small
+    /// broadcast or scatter, a non-root of a small gather or reduce).
     Nobody,
 }
 
