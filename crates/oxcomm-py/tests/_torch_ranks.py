@@ -149,6 +149,10 @@ def _kill(p):
 def _child():
     import importlib
 
+    # A launcher that runs the suite in the background without job control (`cmd &` in a
+    # script, nohup) leaves SIGINT ignored, and Python then installs no KeyboardInterrupt
+    # handler: the Ctrl-C tests are about a process where Ctrl-C works, so give it one.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     module, function = os.environ["OXCOMM_TEST_TARGET"].split(":")
     result = getattr(importlib.import_module(module), function)()
     sys.stdout.flush()
