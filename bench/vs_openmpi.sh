@@ -22,10 +22,9 @@
 # 2 ranks on a loaded 2-core host took milliseconds per call).
 # Other load on the host changes both sides' numbers a lot: check `uptime` first.
 #
-# Each ratio is oxcomm/ompi busbw for sizes >= 64 KiB (above 1 = oxcomm faster) and time oxcomm/ompi for
-# smaller sizes (below 1 = oxcomm faster). The summary
-# line of each table gives the worst ratio of each mode over the large sizes, from 16 MiB, and
-# the 8 B time ratio.
+# Each ratio is oxcomm/ompi busbw for sizes >= 64 KiB (above 1 = oxcomm faster) and time
+# oxcomm/ompi for smaller sizes (below 1 = oxcomm faster). The summary line of each table gives
+# each mode's worst ratio from 64 KiB and from 16 MiB, and the smallest size's time ratio.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

@@ -28,6 +28,7 @@
 
 use std::ops::Range;
 
+use super::reduce_scatter::piece_index;
 use super::{arrive, copy_out_for, is_small, wait_counter, Direct};
 use crate::algorithms::pairwise;
 use crate::copy::copy;
@@ -58,7 +59,7 @@ impl Lanes {
     /// Byte offset in `owner`'s half of the lane that `reader` reads.
     pub(super) fn offset(self, owner: usize, reader: usize, n: usize) -> usize {
         match self {
-            Lanes::PerPeer => (if reader < owner { reader } else { reader - 1 }) * lane_bytes(n),
+            Lanes::PerPeer => piece_index(reader, owner) * lane_bytes(n),
             Lanes::One => 0,
         }
     }

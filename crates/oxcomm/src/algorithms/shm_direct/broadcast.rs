@@ -3,7 +3,7 @@
 //! back-to-back broadcasts overlap by one op, as MPI's eager sends do. Large ones go chunk by
 //! chunk through the root's chunk buffers after a full arrival.
 
-use super::{arrive, arrive_for, copy_out_for, is_small, wait_counter, Direct, Wait};
+use super::{arrive, arrive_for, copy_out_for, is_small, wait_counter, wait_peer_counter, Direct, Wait};
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
@@ -52,8 +52,7 @@ pub(crate) fn broadcast<T: Element>(
         } else {
             shm.publish(Counter::CopiedIn, g + 1);
             shm.publish(Counter::Reduced, g + 1);
-            let n = ctx.size;
-            ctx.wait_until(|| (shm.counter(root, Counter::CopiedIn) < g + 1).then_some(root.min(n - 1)))?;
+            wait_peer_counter(ctx, shm, root, Counter::CopiedIn, g + 1)?;
             // SAFETY: the root published chunk g and rewrites this half only after every rank
             // published CopiedOut = g+1.
             copy_out(as_bytes_mut(part), unsafe { shm.chunk(root, half, 0, len) });
