@@ -9,7 +9,7 @@
 use std::ops::Range;
 
 use super::hierarchical::HostLayout;
-use super::{Algorithm, GatherBuffers, ReduceBuffers, ScatterBuffers};
+use super::{Algorithm, ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::dtype::Element;
 use crate::engine::Ctx;
 use crate::error::{Error, Result};
@@ -185,17 +185,19 @@ pub(crate) fn reduce<T: Element>(
     }
 }
 
-/// All-to-all with `algo` (direct, else pairwise exchange): block `p` of `send` (`send_ranges[p]`) goes
-/// to group rank `p`, whose block from this rank lands in `recv_ranges` of its `recv`;
-/// `uneven` says the counts differ between ranks (all_to_all_v).
+/// All-to-all with `algo` (direct, else pairwise exchange): block `p` of what this rank sends
+/// (`send_ranges[p]`) goes to group rank `p`, whose block from this rank lands in
+/// `recv_ranges` of where it receives; `uneven` says the counts differ between ranks
+/// (all_to_all_v, never in place). The direct path works in place (every piece of a block is
+/// copied out before its peer's piece lands there); the pairwise exchange copies the buffer
+/// first.
 #[allow(clippy::too_many_arguments)] // the op's buffers plus what the route hands every algorithm
 pub(crate) fn all_to_all<T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
     fp: &Fingerprint,
-    send: &[T],
+    io: ExchangeBuffers<'_, T>,
     send_ranges: &[Range<usize>],
-    recv: &mut [T],
     recv_ranges: &[Range<usize>],
     uneven: bool,
     d: Option<&mut Direct<'_>>,
@@ -205,19 +207,22 @@ pub(crate) fn all_to_all<T: Element>(
     match algo {
         #[cfg(target_os = "linux")]
         Algorithm::ShmDirect => {
-            super::shm_direct::all_to_all(ctx, direct(d)?, fp, send, send_ranges, recv, recv_ranges, uneven)
+            super::shm_direct::all_to_all(ctx, direct(d)?, fp, io, send_ranges, recv_ranges, uneven)
         }
-        _ => super::pairwise::all_to_all(ctx, send, send_ranges, recv, recv_ranges, uneven),
+        _ => {
+            let (send, recv) = io.into_apart();
+            super::pairwise::all_to_all(ctx, &send, send_ranges, recv, recv_ranges, uneven)
+        }
     }
 }
 
-/// Gather to group rank `root` with `algo` (direct, else flat); `output` is `Some` at the root only.
+/// Gather to group rank `root` with `algo` (direct, else flat); `io` as
+/// [`crate::backend::Backend::gather`] takes it.
 pub(crate) fn gather<T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
     fp: &Fingerprint,
-    input: &[T],
-    output: Option<&mut [T]>,
+    io: GatherBuffers<'_, T>,
     root: usize,
     d: Option<&mut Direct<'_>>,
 ) -> Result<()> {
@@ -225,18 +230,18 @@ pub(crate) fn gather<T: Element>(
     let _ = (fp, d);
     match algo {
         #[cfg(target_os = "linux")]
-        Algorithm::ShmDirect => super::shm_direct::gather(ctx, direct(d)?, fp, input, output, root),
-        _ => super::star::gather(ctx, input, output, root),
+        Algorithm::ShmDirect => super::shm_direct::gather(ctx, direct(d)?, fp, io, root),
+        _ => super::star::gather(ctx, io, root),
     }
 }
 
-/// Scatter from group rank `root` with `algo` (direct, else flat); `input` is `Some` at the root only.
+/// Scatter from group rank `root` with `algo` (direct, else flat); `io` as
+/// [`crate::backend::Backend::scatter`] takes it.
 pub(crate) fn scatter<T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
     fp: &Fingerprint,
-    input: Option<&[T]>,
-    output: &mut [T],
+    io: ScatterBuffers<'_, T>,
     root: usize,
     d: Option<&mut Direct<'_>>,
 ) -> Result<()> {
@@ -244,8 +249,8 @@ pub(crate) fn scatter<T: Element>(
     let _ = (fp, d);
     match algo {
         #[cfg(target_os = "linux")]
-        Algorithm::ShmDirect => super::shm_direct::scatter(ctx, direct(d)?, fp, input, output, root),
-        _ => super::star::scatter(ctx, input, output, root),
+        Algorithm::ShmDirect => super::shm_direct::scatter(ctx, direct(d)?, fp, io, root),
+        _ => super::star::scatter(ctx, io, root),
     }
 }
 

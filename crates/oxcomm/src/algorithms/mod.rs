@@ -220,6 +220,72 @@ impl<'a, T: Element> ScatterBuffers<'a, T> {
     }
 }
 
+/// The buffers of an all-to-all: one buffer whose blocks are replaced by the blocks the peers
+/// send (MPI's `MPI_IN_PLACE`: each block goes out before the one coming in overwrites it), or
+/// a send buffer that is only read and a receive buffer. Rooted ops use it for their exchange
+/// with one side empty.
+pub(crate) enum ExchangeBuffers<'a, T> {
+    /// `all_to_all_in_place(buf)`.
+    InPlace(&'a mut [T]),
+    /// `all_to_all(send, recv)`.
+    Apart { send: &'a [T], recv: &'a mut [T] },
+}
+
+impl<'a, T: Element> ExchangeBuffers<'a, T> {
+    /// Elements `r` of what this rank sends.
+    pub(crate) fn send(&self, r: Range<usize>) -> &[T] {
+        match self {
+            ExchangeBuffers::InPlace(b) => &b[r],
+            ExchangeBuffers::Apart { send, .. } => &send[r],
+        }
+    }
+
+    /// Elements `r` of where this rank receives.
+    pub(crate) fn recv(&mut self, r: Range<usize>) -> &mut [T] {
+        match self {
+            ExchangeBuffers::InPlace(b) => &mut b[r],
+            ExchangeBuffers::Apart { recv, .. } => &mut recv[r],
+        }
+    }
+
+    /// Elements this rank sends (the same as it receives, for equal blocks).
+    pub(crate) fn send_len(&self) -> usize {
+        match self {
+            ExchangeBuffers::InPlace(b) => b.len(),
+            ExchangeBuffers::Apart { send, .. } => send.len(),
+        }
+    }
+
+    /// Elements of the receive buffer.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn recv_len(&self) -> usize {
+        match self {
+            ExchangeBuffers::InPlace(b) => b.len(),
+            ExchangeBuffers::Apart { recv, .. } => recv.len(),
+        }
+    }
+
+    /// The same buffers as bytes.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn into_bytes(self) -> ExchangeBuffers<'a, u8> {
+        match self {
+            ExchangeBuffers::InPlace(b) => ExchangeBuffers::InPlace(as_bytes_mut(b)),
+            ExchangeBuffers::Apart { send, recv } => {
+                ExchangeBuffers::Apart { send: as_bytes(send), recv: as_bytes_mut(recv) }
+            }
+        }
+    }
+
+    /// The send and receive buffers apart, for algorithms that cannot work in place (in place:
+    /// the buffer is copied out first).
+    pub(crate) fn into_apart(self) -> (Cow<'a, [T]>, &'a mut [T]) {
+        match self {
+            ExchangeBuffers::InPlace(b) => (Cow::Owned(b.to_vec()), b),
+            ExchangeBuffers::Apart { send, recv } => (Cow::Borrowed(send), recv),
+        }
+    }
+}
+
 /// An algorithm a collective can run with. Not every algorithm applies to every op; forcing
 /// one that does not is an [`crate::ErrorKind::InvalidArgument`] error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

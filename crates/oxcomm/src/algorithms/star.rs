@@ -17,6 +17,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::{GatherBuffers, ScatterBuffers};
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::{Ctx, Xfer};
 use crate::error::{Error, ErrorKind, Result};
@@ -222,34 +223,37 @@ fn agree_over_links(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
     }
 }
 
-/// Flat gather: `output` on `root` (n × input.len()) receives every rank's `input`.
-pub(crate) fn gather<T: Element>(ctx: &mut Ctx<'_>, input: &[T], output: Option<&mut [T]>, root: usize) -> Result<()> {
-    if ctx.rank != root {
-        return ctx.send(root, as_bytes(input));
+/// Flat gather: the root's output (n blocks; in place, its own block already there) receives
+/// every rank's contribution.
+pub(crate) fn gather<T: Element>(ctx: &mut Ctx<'_>, io: GatherBuffers<'_, T>, root: usize) -> Result<()> {
+    let (n, me) = (ctx.size, ctx.rank);
+    let c = io.block_len(n);
+    if me != root {
+        return ctx.send(root, as_bytes(io.own(me, c, 0..c)));
     }
-    let output = output.expect("root has an output buffer");
-    let c = input.len();
-    let mut xfers = Vec::with_capacity(ctx.size);
-    for (p, block) in output.chunks_mut(c.max(1)).enumerate().take(ctx.size) {
-        if p == root {
-            block[..c].copy_from_slice(input);
-        } else if c > 0 {
+    let output = io.into_whole(me);
+    let mut xfers = Vec::with_capacity(n);
+    for (p, block) in output.chunks_mut(c.max(1)).enumerate().take(n) {
+        if p != root && c > 0 {
             xfers.push(Xfer::recv(p, as_bytes_mut(block)));
         }
     }
     ctx.run(&mut xfers)
 }
 
-/// Flat scatter: block `p` of `input` on `root` goes to rank `p`'s `output`.
-pub(crate) fn scatter<T: Element>(ctx: &mut Ctx<'_>, input: Option<&[T]>, output: &mut [T], root: usize) -> Result<()> {
-    if ctx.rank != root {
-        return ctx.recv(root, as_bytes_mut(output));
+/// Flat scatter: block `p` of the root's input goes to rank `p` (in place, the root's block
+/// stays in its input).
+pub(crate) fn scatter<T: Element>(ctx: &mut Ctx<'_>, mut io: ScatterBuffers<'_, T>, root: usize) -> Result<()> {
+    let (n, me) = (ctx.size, ctx.rank);
+    let c = io.block_len(n);
+    if me != root {
+        return ctx.recv(root, as_bytes_mut(io.into_result(me, c)));
     }
-    let input = input.expect("root has an input buffer");
-    let c = output.len();
-    output.copy_from_slice(&input[root * c..(root + 1) * c]);
+    if let (out, Some(own)) = io.result_and_own(me, c, 0..c) {
+        out.copy_from_slice(own);
+    }
     let mut xfers: Vec<Xfer<'_>> =
-        (0..ctx.size).filter(|p| *p != root).map(|p| Xfer::send(p, as_bytes(&input[p * c..(p + 1) * c]))).collect();
+        (0..n).filter(|p| *p != root).map(|p| Xfer::send(p, as_bytes(io.input(p * c..(p + 1) * c)))).collect();
     ctx.run(&mut xfers)
 }
 

@@ -26,7 +26,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::algorithms::hierarchical::HostLayout;
-use crate::algorithms::{Algorithm, GatherBuffers, ReduceBuffers, ScatterBuffers};
+use crate::algorithms::{Algorithm, ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::dtype::Element;
 use crate::engine::LinkStats;
 use crate::error::{Error, ErrorKind, Result};
@@ -181,8 +181,9 @@ pub(crate) trait Backend {
         io: ScatterBuffers<'_, T>,
         op: ReduceOp,
     ) -> Result<()>;
-    /// All-to-all with equal blocks.
-    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, send: &[T], recv: &mut [T]) -> Result<()>;
+    /// All-to-all with equal blocks (in place: each block of the buffer is replaced by the
+    /// block from its rank).
+    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: ExchangeBuffers<'_, T>) -> Result<()>;
     /// All-to-all with per-peer counts (each side's counts add up to its buffer's length).
     #[allow(clippy::too_many_arguments)]
     fn all_to_all_v<T: Element>(
@@ -194,22 +195,23 @@ pub(crate) trait Backend {
         recv: &mut [T],
         recv_counts: &[usize],
     ) -> Result<()>;
-    /// Gather into the root's `output` (`Some` exactly at the root).
+    /// Gather into the root's output: at the root `io` is an all-gather's buffers (in place:
+    /// the root's block of the output is its contribution); elsewhere `Apart` with an empty
+    /// output.
     fn gather<T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        input: &[T],
-        output: Option<&mut [T]>,
+        io: GatherBuffers<'_, T>,
         root: usize,
     ) -> Result<()>;
-    /// Scatter of the root's `input` (`Some` exactly at the root).
+    /// Scatter of the root's input: at the root `io` is a reduce-scatter's buffers (in place:
+    /// the root's block stays where it is in the input); elsewhere `Apart` with an empty input.
     fn scatter<T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        input: Option<&[T]>,
-        output: &mut [T],
+        io: ScatterBuffers<'_, T>,
         root: usize,
     ) -> Result<()>;
     /// Barrier.
@@ -361,8 +363,8 @@ impl Backend for AnyBackend {
         forward!(self, b => b.reduce_scatter(env, route, io, op))
     }
 
-    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, send: &[T], recv: &mut [T]) -> Result<()> {
-        forward!(self, b => b.all_to_all(env, route, send, recv))
+    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: ExchangeBuffers<'_, T>) -> Result<()> {
+        forward!(self, b => b.all_to_all(env, route, io))
     }
 
     fn all_to_all_v<T: Element>(
@@ -381,22 +383,20 @@ impl Backend for AnyBackend {
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        input: &[T],
-        output: Option<&mut [T]>,
+        io: GatherBuffers<'_, T>,
         root: usize,
     ) -> Result<()> {
-        forward!(self, b => b.gather(env, route, input, output, root))
+        forward!(self, b => b.gather(env, route, io, root))
     }
 
     fn scatter<T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        input: Option<&[T]>,
-        output: &mut [T],
+        io: ScatterBuffers<'_, T>,
         root: usize,
     ) -> Result<()> {
-        forward!(self, b => b.scatter(env, route, input, output, root))
+        forward!(self, b => b.scatter(env, route, io, root))
     }
 
     fn barrier(&self, env: &mut OpEnv<'_>, route: Route) -> Result<()> {

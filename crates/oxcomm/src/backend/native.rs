@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use super::{concat, split_back, unpack_gathered, Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route};
 use crate::algorithms::dispatch::Direct;
-use crate::algorithms::{self, dispatch, plan, Algorithm, GatherBuffers, ReduceBuffers, ScatterBuffers};
+use crate::algorithms::{
+    self, dispatch, plan, Algorithm, ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers,
+};
 use crate::dtype::Element;
 use crate::engine::{Ctx, Xfer};
 use crate::error::{ErrorKind, Result};
@@ -220,13 +222,11 @@ impl Backend for NativeBackend {
         })
     }
 
-    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, send: &[T], recv: &mut [T]) -> Result<()> {
+    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: ExchangeBuffers<'_, T>) -> Result<()> {
         let (n, fp) = (env.group.size(), env.fp);
-        let c = send.len() / n;
+        let c = io.send_len() / n;
         let ranges: Vec<_> = (0..n).map(|p| p * c..(p + 1) * c).collect();
-        self.run_direct(env, route, |ctx, d| {
-            dispatch::all_to_all(ctx, algo(route), fp, send, &ranges, recv, &ranges, false, d)
-        })
+        self.run_direct(env, route, |ctx, d| dispatch::all_to_all(ctx, algo(route), fp, io, &ranges, &ranges, false, d))
     }
 
     fn all_to_all_v<T: Element>(
@@ -240,31 +240,30 @@ impl Backend for NativeBackend {
     ) -> Result<()> {
         let (sr, rr) = (algorithms::schedule::ranges(send_counts), algorithms::schedule::ranges(recv_counts));
         let fp = env.fp;
-        self.run_direct(env, route, |ctx, d| dispatch::all_to_all(ctx, algo(route), fp, send, &sr, recv, &rr, true, d))
+        let io = ExchangeBuffers::Apart { send, recv };
+        self.run_direct(env, route, |ctx, d| dispatch::all_to_all(ctx, algo(route), fp, io, &sr, &rr, true, d))
     }
 
     fn gather<T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        input: &[T],
-        output: Option<&mut [T]>,
+        io: GatherBuffers<'_, T>,
         root: usize,
     ) -> Result<()> {
         let fp = env.fp;
-        self.run_direct(env, route, |ctx, d| dispatch::gather(ctx, algo(route), fp, input, output, root, d))
+        self.run_direct(env, route, |ctx, d| dispatch::gather(ctx, algo(route), fp, io, root, d))
     }
 
     fn scatter<T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        input: Option<&[T]>,
-        output: &mut [T],
+        io: ScatterBuffers<'_, T>,
         root: usize,
     ) -> Result<()> {
         let fp = env.fp;
-        self.run_direct(env, route, |ctx, d| dispatch::scatter(ctx, algo(route), fp, input, output, root, d))
+        self.run_direct(env, route, |ctx, d| dispatch::scatter(ctx, algo(route), fp, io, root, d))
     }
 
     fn barrier(&self, env: &mut OpEnv<'_>, route: Route) -> Result<()> {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::{Communicator, OpOptions};
-use crate::algorithms::{plan, GatherBuffers, ReduceBuffers, ScatterBuffers};
+use crate::algorithms::{plan, ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::backend::{Backend, Route};
 use crate::dtype::Element;
 use crate::error::Result;
@@ -297,9 +297,9 @@ impl Communicator {
     /// [`Communicator::all_to_all`] with per-op options.
     #[track_caller]
     pub fn all_to_all_with<T: Element>(&self, send: &[T], recv: &mut [T], opts: &OpOptions) -> Result<()> {
-        let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllToAll), send.len());
         let n = self.size();
-        if send.len() != recv.len() || send.len() % n != 0 {
+        if send.len() != recv.len() {
+            let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllToAll), send.len());
             return Err(self.arg_error(
                 &fp,
                 format!(
@@ -309,8 +309,51 @@ impl Communicator {
                 ),
             ));
         }
-        let route = self.route(&fp, opts, std::mem::size_of_val(send), send.len())?;
-        self.run_op(fp, opts, route, |b, env| b.all_to_all(env, route, send, recv))
+        self.all_to_all_buffers(ExchangeBuffers::Apart { send, recv }, opts)
+    }
+
+    /// All-to-all in place (MPI's `MPI_IN_PLACE`): block p of `buf` goes to rank p and is
+    /// replaced by rank p's block for this rank. The length must be a multiple of the group
+    /// size.
+    ///
+    /// The shared-memory direct algorithm works on `buf` itself (each piece of a block leaves
+    /// before the peer's piece lands there), so this costs no copy that
+    /// [`Communicator::all_to_all`] does not; the pairwise exchange (other transports) copies
+    /// `buf` first. Ranks may mix this and `all_to_all` in one op. On error `buf` holds
+    /// garbage.
+    ///
+    /// ```
+    /// let out = oxcomm::threads::run(2, |comm| {
+    ///     let me = comm.rank() as i32;
+    ///     let mut buf = vec![10 * me, 10 * me + 1];
+    ///     comm.all_to_all_in_place(&mut buf)?;
+    ///     Ok::<_, oxcomm::Error>(buf)
+    /// })
+    /// .unwrap();
+    /// assert_eq!(out[0].as_ref().unwrap(), &[0, 10]);
+    /// assert_eq!(out[1].as_ref().unwrap(), &[1, 11]);
+    /// ```
+    #[track_caller]
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        self.all_to_all_in_place_with(buf, &OpOptions::default())
+    }
+
+    /// [`Communicator::all_to_all_in_place`] with per-op options.
+    #[track_caller]
+    pub fn all_to_all_in_place_with<T: Element>(&self, buf: &mut [T], opts: &OpOptions) -> Result<()> {
+        self.all_to_all_buffers(ExchangeBuffers::InPlace(buf), opts)
+    }
+
+    #[track_caller]
+    fn all_to_all_buffers<T: Element>(&self, io: ExchangeBuffers<'_, T>, opts: &OpOptions) -> Result<()> {
+        let total = io.send_len();
+        let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllToAll), total);
+        let n = self.size();
+        if total % n != 0 {
+            return Err(self.arg_error(&fp, format!("{total} elements are not a multiple of the group size {n}")));
+        }
+        let route = self.route(&fp, opts, total * std::mem::size_of::<T>(), total)?;
+        self.run_op(fp, opts, route, |b, env| b.all_to_all(env, route, io))
     }
 
     /// All-to-all with per-peer counts: `send_counts[p]` elements of `send` (contiguous, in
@@ -386,8 +429,60 @@ impl Communicator {
         self.check_root(root, &fp)?;
         let want = input.len() * self.size();
         let output = self.root_buffer(&fp, root, output, |o| o.len(), want, "output")?;
-        let route = self.route(&fp, opts, std::mem::size_of_val(input), input.len())?;
-        self.run_op(fp, opts, route, |b, env| b.gather(env, route, input, output, root))
+        let io = GatherBuffers::Apart { input, output: output.unwrap_or(&mut []) };
+        self.gather_buffers(fp, io, root, opts)
+    }
+
+    /// Gather in place (MPI's `MPI_IN_PLACE` at the root): at `root`, `buf` holds one block of
+    /// `buf.len() / size` elements per rank, its own block (`root × block ..`) holding its
+    /// contribution on entry, and receives every rank's block; elsewhere `buf` is the rank's
+    /// contribution and is only read. No copy of the root's block is made; a root length that
+    /// is not a multiple of the group size is [`crate::ErrorKind::InvalidArgument`].
+    ///
+    /// ```
+    /// let out = oxcomm::threads::run(3, |comm| {
+    ///     let me = comm.rank() as i32;
+    ///     let mut buf = if me == 1 { vec![0, 0, 7, 7, 0, 0] } else { vec![me; 2] };
+    ///     comm.gather_in_place(&mut buf, 1)?;
+    ///     Ok::<_, oxcomm::Error>(buf)
+    /// })
+    /// .unwrap();
+    /// assert_eq!(out[1].as_ref().unwrap(), &[0, 0, 7, 7, 2, 2]);
+    /// ```
+    #[track_caller]
+    pub fn gather_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.gather_in_place_with(buf, root, &OpOptions::default())
+    }
+
+    /// [`Communicator::gather_in_place`] with per-op options.
+    #[track_caller]
+    pub fn gather_in_place_with<T: Element>(&self, buf: &mut [T], root: usize, opts: &OpOptions) -> Result<()> {
+        let n = self.size();
+        let at_root = self.rank() == root;
+        let block = if at_root { buf.len() / n } else { buf.len() };
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Gather), block);
+        fp.root = Some(root as u32);
+        self.check_root(root, &fp)?;
+        if at_root && buf.len() % n != 0 {
+            let msg = format!("buffer has {} elements, not a multiple of the group size {n}", buf.len());
+            return Err(self.arg_error(&fp, msg));
+        }
+        let io =
+            if at_root { GatherBuffers::InPlace(buf) } else { GatherBuffers::Apart { input: buf, output: &mut [] } };
+        self.gather_buffers(fp, io, root, opts)
+    }
+
+    #[track_caller]
+    fn gather_buffers<T: Element>(
+        &self,
+        fp: Fingerprint,
+        io: GatherBuffers<'_, T>,
+        root: usize,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        let block = io.block_len(self.size());
+        let route = self.route(&fp, opts, block * std::mem::size_of::<T>(), block)?;
+        self.run_op(fp, opts, route, |b, env| b.gather(env, route, io, root))
     }
 
     /// Scatters block p of `root`'s `input` (size × output.len()) to rank p's `output`; other
@@ -411,8 +506,58 @@ impl Communicator {
         self.check_root(root, &fp)?;
         let want = output.len() * self.size();
         let input = self.root_buffer(&fp, root, input, |i| i.len(), want, "input")?;
-        let route = self.route(&fp, opts, std::mem::size_of_val(output), output.len())?;
-        self.run_op(fp, opts, route, |b, env| b.scatter(env, route, input, output, root))
+        let io = ScatterBuffers::Apart { input: input.unwrap_or(&[]), output };
+        self.scatter_buffers(fp, io, root, opts)
+    }
+
+    /// Scatter in place (MPI's `MPI_IN_PLACE` at the root): at `root`, `buf` holds one block
+    /// of `buf.len() / size` elements per rank, block p going to rank p, and the root's own
+    /// block stays where it is (nothing is written to `buf` there); elsewhere `buf` receives
+    /// the rank's block. A root length that is not a multiple of the group size is
+    /// [`crate::ErrorKind::InvalidArgument`].
+    ///
+    /// ```
+    /// let out = oxcomm::threads::run(2, |comm| {
+    ///     let mut buf = if comm.rank() == 0 { vec![1, 2, 3, 4] } else { vec![0; 2] };
+    ///     comm.scatter_in_place(&mut buf, 0)?;
+    ///     Ok::<_, oxcomm::Error>(buf)
+    /// })
+    /// .unwrap();
+    /// assert_eq!(out[1].as_ref().unwrap(), &[3, 4]);
+    /// ```
+    #[track_caller]
+    pub fn scatter_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        self.scatter_in_place_with(buf, root, &OpOptions::default())
+    }
+
+    /// [`Communicator::scatter_in_place`] with per-op options.
+    #[track_caller]
+    pub fn scatter_in_place_with<T: Element>(&self, buf: &mut [T], root: usize, opts: &OpOptions) -> Result<()> {
+        let n = self.size();
+        let at_root = self.rank() == root;
+        let block = if at_root { buf.len() / n } else { buf.len() };
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Scatter), block);
+        fp.root = Some(root as u32);
+        self.check_root(root, &fp)?;
+        if at_root && buf.len() % n != 0 {
+            let msg = format!("buffer has {} elements, not a multiple of the group size {n}", buf.len());
+            return Err(self.arg_error(&fp, msg));
+        }
+        let io = if at_root { ScatterBuffers::InPlace(buf) } else { ScatterBuffers::Apart { input: &[], output: buf } };
+        self.scatter_buffers(fp, io, root, opts)
+    }
+
+    #[track_caller]
+    fn scatter_buffers<T: Element>(
+        &self,
+        fp: Fingerprint,
+        io: ScatterBuffers<'_, T>,
+        root: usize,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        let block = io.block_len(self.size());
+        let route = self.route(&fp, opts, block * std::mem::size_of::<T>(), block)?;
+        self.run_op(fp, opts, route, |b, env| b.scatter(env, route, io, root))
     }
 
     /// Blocks until every rank of the group has called `barrier`.

@@ -424,6 +424,29 @@ fn movement_case<T: Element>(comm: &Communicator, count: usize, opts: &OpOptions
             comm.scatter_with((r == root).then_some(&all[..]), &mut s, root, opts)
                 .map_err(|e| format!("scatter {algo} root={root}: {e}"))?;
             check(&format!("scatter {algo} root={root}"), &s, &mine)?;
+            // In place at the root; the others mix both forms in the same op.
+            let garbage = T::from_f64(77.0);
+            let mut g = if r == root { vec![garbage; n * count] } else { mine.clone() };
+            if r == root {
+                g[r * count..(r + 1) * count].copy_from_slice(&mine);
+            }
+            let res = if r == root || r % 2 == 0 {
+                comm.gather_in_place_with(&mut g, root, opts)
+            } else {
+                comm.gather_with(&mine, None, root, opts)
+            };
+            res.map_err(|e| format!("gather_in_place {algo} root={root}: {e}"))?;
+            let want = if r == root { &all[..] } else { &mine[..] };
+            check(&format!("gather_in_place {algo} root={root}"), &g, want)?;
+            let mut s = if r == root { all.clone() } else { vec![garbage; count] };
+            let res = if r == root || r % 2 == 0 {
+                comm.scatter_in_place_with(&mut s, root, opts)
+            } else {
+                comm.scatter_with(None, &mut s, root, opts)
+            };
+            res.map_err(|e| format!("scatter_in_place {algo} root={root}: {e}"))?;
+            let want = if r == root { &all[..] } else { &mine[..] };
+            check(&format!("scatter_in_place {algo} root={root}"), &s, want)?;
         }
     }
     for algo in runnable(comm, &[Algorithm::Pairwise, Algorithm::ShmDirect]) {
@@ -434,6 +457,15 @@ fn movement_case<T: Element>(comm: &Communicator, count: usize, opts: &OpOptions
         comm.all_to_all_with(&send, &mut recv, opts).map_err(|e| format!("all_to_all {algo}: {e}"))?;
         let want: Vec<T> = (0..n).flat_map(|p| inputs::<T>(p * n + r, count, op)).collect();
         check(&format!("all_to_all {algo}"), &recv, &want)?;
+        // Even ranks in place, odd ranks apart, in the same op.
+        let mut buf = send.clone();
+        let res = if r % 2 == 0 {
+            comm.all_to_all_in_place_with(&mut buf, opts)
+        } else {
+            comm.all_to_all_with(&send, &mut buf, opts)
+        };
+        res.map_err(|e| format!("all_to_all_in_place {algo}: {e}"))?;
+        check(&format!("all_to_all_in_place {algo}"), &buf, &want)?;
         // all_to_all_v with uneven counts: rank a sends (a + b) % 3 * count/2 elements to b
         // (zeros included); then only rank 0 sends much, to the last rank (one big pair).
         let uneven = |a: usize, b: usize| (a + b) % 3 * (count / 2);
@@ -591,6 +623,31 @@ fn all_reduce_into_rejects_unequal_lengths_before_sending() {
         assert!(msg.contains("all_reduce") && msg.contains("must be equal"), "{msg}");
         assert_eq!((short, ok), (vec![0.0; 3], [1.0; 2]));
     }
+}
+
+#[test]
+fn in_place_all_to_all_gather_scatter_reject_ragged_buffers_before_sending() {
+    let out = threads::run(2, |comm| {
+        let mut ragged = vec![1.0f32; 3];
+        let all_to_all = comm.all_to_all_in_place(&mut ragged).unwrap_err();
+        // Only the root's buffer holds every block (a non-root's is its own block, any
+        // length), so only the root can tell: it alone calls here.
+        let me = comm.rank();
+        let gather = (me == 0).then(|| comm.gather_in_place(&mut ragged, 0));
+        let scatter = (me == 1).then(|| comm.scatter_in_place(&mut ragged, 1));
+        // Nothing was sent: the next op still pairs up.
+        let mut ok = [me as f32; 2];
+        comm.all_to_all_in_place(&mut ok).unwrap();
+        (all_to_all, gather.and_then(Result::err), scatter.and_then(Result::err), ok)
+    })
+    .unwrap();
+    let (r0, r1) = (&out[0], &out[1]);
+    for e in [&r0.0, &r1.0, r0.1.as_ref().unwrap(), r1.2.as_ref().unwrap()] {
+        assert_eq!(e.kind(), oxcomm::ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("multiple of the group size"), "{e}");
+    }
+    assert_eq!(r0.3, [0.0, 1.0]);
+    assert_eq!(r1.3, [0.0, 1.0]);
 }
 
 #[test]

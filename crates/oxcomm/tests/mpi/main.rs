@@ -392,6 +392,11 @@ fn all_to_all_and_v(comm: &Communicator) -> CaseResult {
             comm.all_to_all(&send, &mut recv).map_err(e(&what))?;
             let want: Vec<T> = (0..n).flat_map(|p| (0..block).map(move |i| val(p, me, i))).collect();
             check(&what, &recv, &want)?;
+            // In place (MPI_IN_PLACE on every rank).
+            let mut buf = send;
+            let what = format!("all_to_all_in_place {} × {block}", T::DTYPE);
+            comm.all_to_all_in_place(&mut buf).map_err(e(&what))?;
+            check(&what, &buf, &want)?;
         }
         // all_to_all_v: rank a sends (a + b) % 3 + b elements to rank b.
         let k = |a: usize, b: usize| (a + b) % 3 + b;
@@ -425,6 +430,18 @@ fn gather_scatter_every_root(comm: &Communicator) -> CaseResult {
             let what = format!("scatter {} root {root}", T::DTYPE);
             comm.scatter((me == root).then_some(&all[..]), &mut got, root).map_err(e(&what))?;
             check(&what, &got, &mine)?;
+            // In place at the root (MPI_IN_PLACE): its own block stays where it is.
+            let mut buf = if me == root { vec![T::default(); n * count] } else { mine.clone() };
+            if me == root {
+                buf[me * count..(me + 1) * count].copy_from_slice(&mine);
+            }
+            let what = format!("gather_in_place {} root {root}", T::DTYPE);
+            comm.gather_in_place(&mut buf, root).map_err(e(&what))?;
+            check(&what, &buf, if me == root { &all } else { &mine })?;
+            let mut buf = if me == root { all.clone() } else { vec![T::default(); count] };
+            let what = format!("scatter_in_place {} root {root}", T::DTYPE);
+            comm.scatter_in_place(&mut buf, root).map_err(e(&what))?;
+            check(&what, &buf, if me == root { &all } else { &mine })?;
         }
         Ok(())
     }

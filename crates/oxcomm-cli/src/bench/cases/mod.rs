@@ -18,8 +18,8 @@
 //!
 //! oxcomm's all_reduce, all_gather and reduce_scatter have both modes (`all_reduce_into` and
 //! `all_reduce`, `all_gather` and `all_gather_in_place`, `reduce_scatter` and
-//! `reduce_scatter_in_place`); broadcast and reduce work in place; all_to_all takes separate
-//! send and receive buffers. The mode the API lacks is emulated with one extra copy, which is *inside*
+//! `reduce_scatter_in_place`, and likewise all_to_all, gather and scatter); broadcast and reduce
+//! work in place. The mode the API lacks is emulated with one extra copy, which is *inside*
 //! the timed region (it is what a caller of our API pays):
 //!
 //! | op | out-of-place | in-place |
@@ -29,7 +29,9 @@
 //! | broadcast | root copies input → output, then broadcast of the output | broadcast of the buffer |
 //! | all_gather | `all_gather(input, output)` | `all_gather_in_place(buffer)` (this rank's block already in place) |
 //! | reduce_scatter | `reduce_scatter(input, output)` | `reduce_scatter_in_place(buffer)` (the result lands in this rank's block) |
-//! | all_to_all | separate send and receive buffers | copy the buffer to a scratch send buffer, then all_to_all back into it |
+//! | all_to_all | `all_to_all(send, recv)` | `all_to_all_in_place(buffer)` |
+//! | gather | `gather(input, output)` | `gather_in_place(buffer, root)` (the root's block already in place) |
+//! | scatter | `scatter(input, output)` | `scatter_in_place(buffer, root)` (the root's block stays in its input) |
 //!
 //! | onebit_all_reduce | copy input → output, then the op on the output | the op on the buffer |
 //! | quant_reduce_scatter | the op, then copy its result (a new vector) to the output | the op, then copy its result to this rank's block of the input |
@@ -157,14 +159,13 @@ fn as_f32<T: Element>(buf: &mut [T]) -> Option<&mut [f32]> {
 pub(crate) struct Buffers<T> {
     pub(crate) a: Vec<T>,
     pub(crate) b: Vec<T>,
-    pub(crate) scratch: Vec<T>,
     pub(crate) onebit: Option<OneBitState>,
 }
 
 impl<T: Element> Buffers<T> {
-    /// Three buffers of `len` elements, every page touched.
+    /// Two buffers of `len` elements, every page touched.
     pub(crate) fn new(len: usize) -> anyhow::Result<Buffers<T>> {
-        Ok(Buffers { a: allocate(len)?, b: allocate(len)?, scratch: allocate(len)?, onebit: None })
+        Ok(Buffers { a: allocate(len)?, b: allocate(len)?, onebit: None })
     }
 }
 
@@ -223,7 +224,7 @@ impl Case<'_> {
     pub(crate) fn run_once<T: BenchElement>(&self, bufs: &mut Buffers<T>) -> oxcomm::Result<()> {
         let Layout { input, output, block } = self.layout;
         let (c, me) = (self.comm, self.comm.rank());
-        let Buffers { a, b, scratch, onebit } = bufs;
+        let Buffers { a, b, onebit } = bufs;
         let o = self.opts;
         match (self.op, self.in_place) {
             (BenchOp::AllReduce, true) => c.all_reduce_with(&mut a[..input], self.redop, o),
@@ -245,29 +246,23 @@ impl Case<'_> {
             (BenchOp::ReduceScatter, false) => c.reduce_scatter_with(&a[..input], &mut b[..output], self.redop, o),
             (BenchOp::ReduceScatter, true) => c.reduce_scatter_in_place_with(&mut a[..input], self.redop, o),
             (BenchOp::AllToAll, false) => c.all_to_all_with(&a[..input], &mut b[..output], o),
-            (BenchOp::AllToAll, true) => {
-                scratch[..input].copy_from_slice(&a[..input]);
-                c.all_to_all_with(&scratch[..input], &mut a[..output], o)
-            }
+            (BenchOp::AllToAll, true) => c.all_to_all_in_place_with(&mut a[..input], o),
             (BenchOp::Gather, false) => {
                 let out = (me == self.root).then_some(&mut b[..output]);
                 c.gather_with(&a[..input], out, self.root, o)
             }
-            (BenchOp::Gather, true) if me == self.root => {
-                scratch[..block].copy_from_slice(&a[me * block..(me + 1) * block]);
-                c.gather_with(&scratch[..block], Some(&mut a[..output]), self.root, o)
+            (BenchOp::Gather, true) => {
+                let buf = if me == self.root { &mut a[..output] } else { &mut a[..input] };
+                c.gather_in_place_with(buf, self.root, o)
             }
-            (BenchOp::Gather, true) => c.gather_with(&a[..input], None, self.root, o),
             (BenchOp::Scatter, false) => {
                 let src = (me == self.root).then_some(&a[..input]);
                 c.scatter_with(src, &mut b[..output], self.root, o)
             }
-            (BenchOp::Scatter, true) if me == self.root => {
-                c.scatter_with(Some(&a[..input]), &mut scratch[..block], self.root, o)?;
-                a[me * block..(me + 1) * block].copy_from_slice(&scratch[..block]);
-                Ok(())
+            (BenchOp::Scatter, true) => {
+                let buf = if me == self.root { &mut a[..input] } else { &mut a[..output] };
+                c.scatter_in_place_with(buf, self.root, o)
             }
-            (BenchOp::Scatter, true) => c.scatter_with(None, &mut a[..output], self.root, o),
             (BenchOp::OnebitAllReduce, in_place) => {
                 let state = onebit.as_mut().ok_or_else(|| oxcomm::Error::invalid("no 1-bit state for this size"))?;
                 let buf = if in_place {

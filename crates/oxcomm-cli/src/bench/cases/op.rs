@@ -113,9 +113,14 @@ impl BenchOp {
     /// Whether the API lacks the mode (`in_place` or not), which is then emulated with a copy.
     pub(crate) fn emulated(self, in_place: bool) -> bool {
         match self {
-            BenchOp::AllReduce | BenchOp::AllGather | BenchOp::ReduceScatter => false,
+            BenchOp::AllReduce
+            | BenchOp::AllGather
+            | BenchOp::ReduceScatter
+            | BenchOp::AllToAll
+            | BenchOp::Gather
+            | BenchOp::Scatter => false,
             BenchOp::Broadcast | BenchOp::Reduce | BenchOp::OnebitAllReduce => !in_place,
-            _ => in_place,
+            BenchOp::QuantReduceScatter => in_place,
         }
     }
 
@@ -164,14 +169,12 @@ impl BenchOp {
             BenchOp::ReduceScatter => {
                 "out-of-place = reduce_scatter(input, output), in-place = reduce_scatter_in_place(buffer) (the result lands in this rank's block)"
             }
-            BenchOp::AllToAll => {
-                "in-place = copy the buffer to a scratch send buffer, then all_to_all back into it (the API takes two buffers)"
-            }
+            BenchOp::AllToAll => "out-of-place = all_to_all(send, recv), in-place = all_to_all_in_place(buffer)",
             BenchOp::Gather => {
-                "in-place = the root's block already in its output: the root copies it to a scratch input, then gather (the API takes two buffers)"
+                "out-of-place = gather(input, output), in-place = gather_in_place(buffer, root) (the root's block already in place)"
             }
             BenchOp::Scatter => {
-                "in-place = the root's block stays in its input: the root scatters into a scratch output and copies it back (the API takes two buffers)"
+                "out-of-place = scatter(input, output), in-place = scatter_in_place(buffer, root) (the root's block stays in its input)"
             }
             BenchOp::OnebitAllReduce => {
                 "f32 mean, 1-bit compressed, state kept across iterations; out-of-place = copy input to output, then the op; bandwidth on the uncompressed bytes"

@@ -18,6 +18,11 @@
 //! copied out for equal blocks; the own block goes send → recv once. Uneven blocks take as
 //! many steps as the largest block needs (one big pair uses 1/(n − 1) of each half).
 //!
+//! **In place** (equal blocks only): block p of the buffer is both what goes to rank p and
+//! where rank p's block lands. Arrival copies the whole buffer into the slot before any block
+//! comes in (small), and step s copies piece s of every block in before it copies the peers'
+//! pieces s over them (large), so every piece leaves before it is overwritten: no extra pass.
+//!
 //! **all_to_all_v**: ranks do not know each other's counts, so the arrival payload carries
 //! this rank's send and recv counts ([`CountTable`], 2n words) before the data. Every rank then
 //! checks the whole count matrix (a rank's send count against its peer's recv count), so a
@@ -30,9 +35,9 @@ use std::ops::Range;
 
 use super::reduce_scatter::piece_index;
 use super::{arrive, copy_out_for, is_small, wait_counter, Direct};
-use crate::algorithms::pairwise;
+use crate::algorithms::{pairwise, ExchangeBuffers};
 use crate::copy::copy;
-use crate::dtype::{as_bytes, as_bytes_mut, Element};
+use crate::dtype::Element;
 use crate::engine::Ctx;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::shm::workspace::{Counter, CHUNK_BYTES, SMALL_BYTES};
@@ -83,12 +88,12 @@ pub(super) fn steps(max_block: usize, lane: usize) -> usize {
     max_block.div_ceil(lane)
 }
 
-/// The blocks of one exchange, in bytes: `send[p]` of `src` goes to rank `p`, and the block
-/// from rank `r` lands in `recv[r]` of `dst`. The own entries are not used.
+/// The blocks of one exchange, in bytes: `send[p]` of what `io` sends goes to rank `p`, and
+/// the block from rank `r` lands in `recv[r]` of where it receives (in place: `send[p]` and
+/// `recv[p]` must be the same range). The own entries are not used.
 pub(super) struct Blocks<'a> {
-    pub src: &'a [u8],
+    pub io: ExchangeBuffers<'a, u8>,
     pub send: Vec<Range<usize>>,
-    pub dst: &'a mut [u8],
     pub recv: Vec<Range<usize>>,
 }
 
@@ -97,8 +102,8 @@ pub(super) struct Blocks<'a> {
 pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lanes: Lanes, steps: usize) -> Result<()> {
     let (n, me, shm) = (ctx.size, ctx.rank, d.shm);
     let lane = lanes.bytes(n);
-    let Blocks { src, send, dst, recv } = b;
-    let copy_out = copy_out_for(dst.len());
+    let Blocks { mut io, send, recv } = b;
+    let copy_out = copy_out_for(io.recv_len());
     for s in 0..steps {
         let g = d.state.chunks;
         let half = (g & 1) as usize;
@@ -113,7 +118,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
             // SAFETY: rank p reads this lane only after I publish CopiedIn = g+1, and every
             // rank finished chunk g-2 (waited above), the last to read this half.
             let to = unsafe { shm.chunk_mut(half, lanes.offset(me, p, n), part.len()) };
-            copy(to, &src[from]);
+            copy(to, io.send(from));
         }
         shm.publish(Counter::CopiedIn, g + 1);
         shm.publish(Counter::Reduced, g + 1);
@@ -124,7 +129,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
             // SAFETY: rank r published its lanes for chunk g and rewrites them only after every
             // rank (me included) published CopiedOut = g+1.
             let from = unsafe { shm.chunk(r, half, lanes.offset(r, me, n), part.len()) };
-            copy_out(&mut dst[recv[r].start + part.start..recv[r].start + part.end], from);
+            copy_out(io.recv(recv[r].start + part.start..recv[r].start + part.end), from);
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;
@@ -138,46 +143,48 @@ fn byte_ranges<T>(r: &[Range<usize>]) -> Vec<Range<usize>> {
     r.iter().map(|r| r.start * size..r.end * size).collect()
 }
 
-/// Direct all-to-all: block `p` of `send` (`send_ranges[p]`) goes to rank `p`, whose block
-/// from this rank lands in its `recv_ranges[me]`; `uneven` (all_to_all_v) says counts differ.
+/// Direct all-to-all: block `p` of what this rank sends (`send_ranges[p]`) goes to rank `p`,
+/// whose block from this rank lands in its `recv_ranges[me]`; `uneven` (all_to_all_v, never in
+/// place) says counts differ.
 #[allow(clippy::too_many_arguments)] // the op's buffers plus the direct view
 pub(crate) fn all_to_all<T: Element>(
     ctx: &mut Ctx<'_>,
     d: &mut Direct<'_>,
     fp: &Fingerprint,
-    send: &[T],
+    io: ExchangeBuffers<'_, T>,
     send_ranges: &[Range<usize>],
-    recv: &mut [T],
     recv_ranges: &[Range<usize>],
     uneven: bool,
 ) -> Result<()> {
     let (n, me) = (ctx.size, ctx.rank);
     if uneven && CountTable::bytes(n) > SMALL_BYTES {
         arrive(ctx, d, fp, &[])?;
-        return pairwise::all_to_all(ctx, send, send_ranges, recv, recv_ranges, true);
+        let (send, recv) = io.into_apart();
+        return pairwise::all_to_all(ctx, &send, send_ranges, recv, recv_ranges, true);
     }
-    let bytes = std::mem::size_of_val(send);
+    let mut io = io.into_bytes();
+    let bytes = io.send_len();
     let (send_b, recv_b) = (byte_ranges::<T>(send_ranges), byte_ranges::<T>(recv_ranges));
     let (parity, table) = if uneven {
         let mut payload = CountTable::encode(send_ranges, recv_ranges);
         if payload.len() + bytes <= SMALL_BYTES {
-            payload.extend_from_slice(as_bytes(send));
+            payload.extend_from_slice(io.send(0..bytes));
         }
         let parity = arrive(ctx, d, fp, &payload)?;
         let table = CountTable::read(d, parity, n, std::mem::size_of::<T>())?;
         table.check(me)?;
         (parity, Some(table))
     } else {
-        (arrive(ctx, d, fp, if is_small(bytes) { as_bytes(send) } else { &[] })?, None)
+        (arrive(ctx, d, fp, if is_small(bytes) { io.send(0..bytes) } else { &[] })?, None)
     };
     let (small, max_block) = match &table {
         Some(t) => (t.all_inline(), t.max_block()),
         None => (is_small(bytes), send_b.first().map_or(0, |r| r.len())),
     };
-    let own = send_ranges[me].clone();
-    recv[recv_ranges[me].clone()].copy_from_slice(&send[own]);
+    if let ExchangeBuffers::Apart { send, recv } = &mut io {
+        recv[recv_b[me].clone()].copy_from_slice(&send[send_b[me].clone()]);
+    }
     if small {
-        let dst = as_bytes_mut(recv);
         for r in (0..n).filter(|r| *r != me) {
             let len = recv_b[r].len();
             if len == 0 {
@@ -189,12 +196,12 @@ pub(crate) fn all_to_all<T: Element>(
             // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
             // reused (two ops later).
             let (_, payload) = unsafe { d.shm.slot(r, parity, at + len) };
-            copy(&mut dst[recv_b[r].clone()], &payload[at..]);
+            copy(io.recv(recv_b[r].clone()), &payload[at..]);
         }
         return Ok(());
     }
     let lanes = Lanes::PerPeer;
-    let b = Blocks { src: as_bytes(send), send: send_b, dst: as_bytes_mut(recv), recv: recv_b };
+    let b = Blocks { io, send: send_b, recv: recv_b };
     exchange(ctx, d, b, lanes, steps(max_block, lanes.bytes(n)))
 }
 

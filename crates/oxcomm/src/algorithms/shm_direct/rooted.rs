@@ -34,6 +34,7 @@
 use super::all_reduce::{copy_in, copy_out, reduce_slots, slice, REDUCE_PIECE_BYTES};
 use super::all_to_all::{exchange, steps, Blocks, Lanes};
 use super::{arrive, arrive_for, is_small, Direct, Wait};
+use crate::algorithms::{ExchangeBuffers, GatherBuffers, ScatterBuffers};
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
@@ -42,36 +43,36 @@ use crate::reduce::{self, ReduceOp};
 use crate::transport::shm::workspace::{Counter, CHUNK_BYTES};
 use crate::wire::Fingerprint;
 
-/// Direct gather to group rank `root`; `output` is `Some` at the root only.
+/// Direct gather to group rank `root`; `io` as [`crate::backend::Backend::gather`] takes it
+/// (in place at the root: its own block is already in the output, no copy).
 pub(crate) fn gather<T: Element>(
     ctx: &mut Ctx<'_>,
     d: &mut Direct<'_>,
     fp: &Fingerprint,
-    input: &[T],
-    output: Option<&mut [T]>,
+    io: GatherBuffers<'_, T>,
     root: usize,
 ) -> Result<()> {
     let (n, me) = (ctx.size, ctx.rank);
-    let s = std::mem::size_of_val(input);
+    let m = io.block_len(n);
+    let s = m * std::mem::size_of::<T>();
     let small = is_small(s);
     // Small: a non-root publishes its block and leaves; the root waits for everyone.
-    let parity = if small && me != root {
-        arrive_for(ctx, d, fp, as_bytes(input), Wait::Nobody)?
-    } else {
-        arrive(ctx, d, fp, &[])?
-    };
-    let mut empty = [];
-    let dst = match output {
-        Some(out) => {
-            let out = as_bytes_mut(out);
-            copy(&mut out[me * s..(me + 1) * s], as_bytes(input));
-            out
+    if me != root {
+        let input = as_bytes(io.own(me, m, 0..m));
+        if small {
+            arrive_for(ctx, d, fp, input, Wait::Nobody)?;
+            return Ok(());
         }
-        None => &mut empty[..],
-    };
-    let blocks = |r: usize| if me == root && r != me { r * s..(r + 1) * s } else { 0..0 };
+        arrive(ctx, d, fp, &[])?;
+        let send = (0..n).map(|p| if p == root { 0..s } else { 0..0 }).collect();
+        let b = Blocks { io: ExchangeBuffers::Apart { send: input, recv: &mut [] }, send, recv: vec![0..0; n] };
+        return exchange(ctx, d, b, Lanes::One, steps(s, Lanes::One.bytes(n)));
+    }
+    let parity = arrive(ctx, d, fp, &[])?;
+    let dst = as_bytes_mut(io.into_whole(me));
+    let blocks = |r: usize| if r != me { r * s..(r + 1) * s } else { 0..0 };
     if small {
-        for r in (0..n).filter(|r| *r != me && me == root) {
+        for r in (0..n).filter(|r| *r != me) {
             // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
             // reused (two ops later).
             let (_, payload) = unsafe { d.shm.slot(r, parity, s) };
@@ -79,44 +80,53 @@ pub(crate) fn gather<T: Element>(
         }
         return Ok(());
     }
-    let send = (0..n).map(|p| if p == root && me != root { 0..s } else { 0..0 }).collect();
-    let b = Blocks { src: as_bytes(input), send, dst, recv: (0..n).map(blocks).collect() };
+    let b = Blocks {
+        io: ExchangeBuffers::Apart { send: &[], recv: dst },
+        send: vec![0..0; n],
+        recv: (0..n).map(blocks).collect(),
+    };
     exchange(ctx, d, b, Lanes::One, steps(s, Lanes::One.bytes(n)))
 }
 
-/// Direct scatter from group rank `root`; `input` is `Some` at the root only.
+/// Direct scatter from group rank `root`; `io` as [`crate::backend::Backend::scatter`] takes
+/// it (in place at the root: its own block stays in the input, no copy).
 pub(crate) fn scatter<T: Element>(
     ctx: &mut Ctx<'_>,
     d: &mut Direct<'_>,
     fp: &Fingerprint,
-    input: Option<&[T]>,
-    output: &mut [T],
+    mut io: ScatterBuffers<'_, T>,
     root: usize,
 ) -> Result<()> {
     let (n, me) = (ctx.size, ctx.rank);
-    let s = std::mem::size_of_val(output);
-    let src = input.map_or(&[][..], as_bytes);
+    let m = io.block_len(n);
+    let s = m * std::mem::size_of::<T>();
     let small = is_small(n * s);
-    // Small: the root publishes the whole input and leaves; the others wait for the root alone.
-    let parity = match (small, me == root) {
-        (true, true) => arrive_for(ctx, d, fp, src, Wait::Nobody)?,
-        (true, false) => arrive_for(ctx, d, fp, &[], Wait::Root(root))?,
-        (false, _) => arrive(ctx, d, fp, &[])?,
-    };
-    let dst = as_bytes_mut(output);
-    if me == root {
-        copy(dst, &src[me * s..(me + 1) * s]);
-    } else if small {
-        // SAFETY: the root stamped its slot for this op; it is reused two ops later.
-        let (_, payload) = unsafe { d.shm.slot(root, parity, n * s) };
-        copy(dst, &payload[me * s..(me + 1) * s]);
+    if me != root {
+        // Small: wait for the root alone and copy the block out of its slot.
+        let parity = if small { arrive_for(ctx, d, fp, &[], Wait::Root(root))? } else { arrive(ctx, d, fp, &[])? };
+        let dst = as_bytes_mut(io.into_result(me, m));
+        if small {
+            // SAFETY: the root stamped its slot for this op; it is reused two ops later.
+            let (_, payload) = unsafe { d.shm.slot(root, parity, n * s) };
+            copy(dst, &payload[me * s..(me + 1) * s]);
+            return Ok(());
+        }
+        let recv = (0..n).map(|r| if r == root { 0..s } else { 0..0 }).collect();
+        let b = Blocks { io: ExchangeBuffers::Apart { send: &[], recv: dst }, send: vec![0..0; n], recv };
+        return exchange(ctx, d, b, Lanes::PerPeer, steps(s, Lanes::PerPeer.bytes(n)));
     }
+    if let (out, Some(own)) = io.result_and_own(me, m, 0..m) {
+        out.copy_from_slice(own);
+    }
+    let src = as_bytes(io.input(0..n * m));
+    // Small: the root publishes the whole input and leaves.
     if small {
+        arrive_for(ctx, d, fp, src, Wait::Nobody)?;
         return Ok(());
     }
-    let send = (0..n).map(|p| if me == root && p != me { p * s..(p + 1) * s } else { 0..0 }).collect();
-    let recv = (0..n).map(|r| if r == root && me != root { 0..s } else { 0..0 }).collect();
-    let b = Blocks { src, send, dst, recv };
+    arrive(ctx, d, fp, &[])?;
+    let send = (0..n).map(|p| if p != me { p * s..(p + 1) * s } else { 0..0 }).collect();
+    let b = Blocks { io: ExchangeBuffers::Apart { send: src, recv: &mut [] }, send, recv: vec![0..0; n] };
     exchange(ctx, d, b, Lanes::PerPeer, steps(s, Lanes::PerPeer.bytes(n)))
 }
 

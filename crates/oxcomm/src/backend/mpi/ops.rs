@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use mpi::ffi;
 
 use super::*;
-use crate::algorithms::{Algorithm, GatherBuffers, ReduceBuffers, ScatterBuffers};
+use crate::algorithms::{Algorithm, ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::backend::{concat, split_back, unpack_gathered, Backend, NewGroup, OpEnv, P2pMsg, Route};
 use crate::wire::OpKind;
 
@@ -163,18 +163,24 @@ impl Backend for MpiBackend {
         }
     }
 
-    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, _route: Route, send: &[T], recv: &mut [T]) -> Result<()> {
+    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, _route: Route, io: ExchangeBuffers<'_, T>) -> Result<()> {
         let n = env.group.size();
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
             let c = self.prepare(&g, fp)?;
-            let block = count(send.len() / n)?;
-            count(send.len())?;
+            let total = io.send_len();
+            let block = count(total / n)?;
+            count(total)?;
             let dt = datatype(T::DTYPE);
-            // SAFETY: `send` and `recv` each hold n blocks of `block` elements of T's datatype
-            // and are distinct.
-            mpi_call("MPI_Alltoall", unsafe { ffi::MPI_Alltoall(sp(send), block, dt, rp(recv), block, dt, c) })?;
-            let share = ring_share(std::mem::size_of_val(send), n);
+            let (send, recv) = match io {
+                ExchangeBuffers::Apart { send, recv } => (sp(send), rp(recv)),
+                ExchangeBuffers::InPlace(buf) => (in_place().cast_const(), rp(buf)),
+            };
+            // SAFETY: `recv` holds n blocks of `block` elements of T's datatype; `send` too
+            // and distinct from it, or MPI_IN_PLACE (then each block of `recv` is replaced by
+            // the one from its rank).
+            mpi_call("MPI_Alltoall", unsafe { ffi::MPI_Alltoall(send, block, dt, recv, block, dt, c) })?;
+            let share = ring_share(total * std::mem::size_of::<T>(), n);
             add(stats, share, share);
             Ok(())
         }
@@ -259,29 +265,39 @@ impl Backend for MpiBackend {
         &self,
         env: &mut OpEnv<'_>,
         _route: Route,
-        input: &[T],
-        output: Option<&mut [T]>,
+        io: GatherBuffers<'_, T>,
         root: usize,
     ) -> Result<()> {
-        let n = env.group.size();
+        let (n, me) = (env.group.size(), env.group.rank);
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
             let c = self.prepare(&g, fp)?;
-            let (len, dt, bytes) = (count(input.len())?, datatype(T::DTYPE), std::mem::size_of_val(input));
-            let out: *mut c_void = match output {
-                Some(o) => {
-                    count(o.len())?;
-                    add(stats, 0, (n - 1) * bytes);
-                    rp(o)
-                }
-                None => {
+            let m = io.block_len(n);
+            let (len, dt, bytes) = (count(m)?, datatype(T::DTYPE), m * std::mem::size_of::<T>());
+            count(n * m)?;
+            let (root_c, call) = (root as c_int, "MPI_Gather");
+            match io {
+                GatherBuffers::Apart { input, .. } if me != root => {
                     add(stats, bytes, 0);
-                    std::ptr::null_mut()
+                    // SAFETY: `input` holds `len` elements; a non-root's receive buffer is
+                    // ignored.
+                    mpi_call(call, unsafe {
+                        ffi::MPI_Gather(sp(input), len, dt, std::ptr::null_mut(), len, dt, root_c, c)
+                    })
                 }
-            };
-            // SAFETY: `input` holds `len` elements; the root's `out` holds n × `len` (checked
-            // by the caller) and is distinct; other ranks' receive buffer is ignored.
-            mpi_call("MPI_Gather", unsafe { ffi::MPI_Gather(sp(input), len, dt, out, len, dt, root as c_int, c) })
+                GatherBuffers::Apart { input, output } => {
+                    add(stats, 0, (n - 1) * bytes);
+                    // SAFETY: `input` holds `len` elements; `output` n × `len` (checked by the
+                    // caller) and is distinct.
+                    mpi_call(call, unsafe { ffi::MPI_Gather(sp(input), len, dt, rp(output), len, dt, root_c, c) })
+                }
+                GatherBuffers::InPlace(buf) => {
+                    add(stats, 0, (n - 1) * bytes);
+                    // SAFETY: the root's `buf` holds n × `len` elements; with MPI_IN_PLACE its
+                    // own block is already there and the send arguments are ignored.
+                    mpi_call(call, unsafe { ffi::MPI_Gather(in_place(), len, dt, rp(buf), len, dt, root_c, c) })
+                }
+            }
         }
     }
 
@@ -289,29 +305,38 @@ impl Backend for MpiBackend {
         &self,
         env: &mut OpEnv<'_>,
         _route: Route,
-        input: Option<&[T]>,
-        output: &mut [T],
+        io: ScatterBuffers<'_, T>,
         root: usize,
     ) -> Result<()> {
-        let n = env.group.size();
+        let (n, me) = (env.group.size(), env.group.rank);
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
             let c = self.prepare(&g, fp)?;
-            let (len, dt, bytes) = (count(output.len())?, datatype(T::DTYPE), std::mem::size_of_val(output));
-            let inp: *const c_void = match input {
-                Some(i) => {
-                    count(i.len())?;
-                    add(stats, (n - 1) * bytes, 0);
-                    sp(i)
-                }
-                None => {
+            let m = io.block_len(n);
+            let (len, dt, bytes) = (count(m)?, datatype(T::DTYPE), m * std::mem::size_of::<T>());
+            count(n * m)?;
+            let (root_c, call) = (root as c_int, "MPI_Scatter");
+            match io {
+                ScatterBuffers::Apart { output, .. } if me != root => {
                     add(stats, 0, bytes);
-                    std::ptr::null()
+                    // SAFETY: `output` holds `len` elements; a non-root's send buffer is ignored.
+                    mpi_call(call, unsafe {
+                        ffi::MPI_Scatter(std::ptr::null(), len, dt, rp(output), len, dt, root_c, c)
+                    })
                 }
-            };
-            // SAFETY: the root's `inp` holds n × `len` elements (checked by the caller) and
-            // is distinct from `output`, which holds `len`; other ranks' send buffer is ignored.
-            mpi_call("MPI_Scatter", unsafe { ffi::MPI_Scatter(inp, len, dt, rp(output), len, dt, root as c_int, c) })
+                ScatterBuffers::Apart { input, output } => {
+                    add(stats, (n - 1) * bytes, 0);
+                    // SAFETY: `input` holds n × `len` elements (checked by the caller) and is
+                    // distinct from `output`, which holds `len`.
+                    mpi_call(call, unsafe { ffi::MPI_Scatter(sp(input), len, dt, rp(output), len, dt, root_c, c) })
+                }
+                ScatterBuffers::InPlace(buf) => {
+                    add(stats, (n - 1) * bytes, 0);
+                    // SAFETY: the root's `buf` holds n × `len` elements; with MPI_IN_PLACE its
+                    // own block stays there and the receive arguments are ignored.
+                    mpi_call(call, unsafe { ffi::MPI_Scatter(sp(buf), len, dt, in_place(), len, dt, root_c, c) })
+                }
+            }
         }
     }
 
