@@ -104,6 +104,9 @@ pub struct LinkStats {
     pub bytes_sent: u64,
     /// Bytes taken from links.
     pub bytes_received: u64,
+    /// Bytes copied straight out of peers' buffers by single copy (shared memory on Linux;
+    /// not through any link).
+    pub bytes_read_directly: u64,
 }
 
 /// A check [`Ctx`] runs whenever the op would sleep: `check(shm, rank, &fp)` fails when a peer
@@ -339,6 +342,11 @@ impl<'c> Ctx<'c> {
             // Peers publish what `lagging` reads without ringing unless this rank sleeps.
             self.bell.wait_checked(epoch, deadline.min(now + PEER_CHECK_INTERVAL), &mut || lagging().is_none());
         }
+    }
+
+    /// Counts `bytes` copied straight out of a peer's buffer (see [`LinkStats`]).
+    pub fn count_read_directly(&mut self, bytes: usize) {
+        self.stats.bytes_read_directly += bytes as u64;
     }
 
     /// Fails if the communicator was aborted while this op waited (see [`Ctx::cancel`]).

@@ -753,6 +753,7 @@ fn quantize_record<'x, T: QuantFloat>(
 fn delta(before: LinkStats, after: LinkStats) -> LinkStats {
     LinkStats {
         bytes_sent: after.bytes_sent - before.bytes_sent,
+        bytes_read_directly: after.bytes_read_directly - before.bytes_read_directly,
         bytes_received: after.bytes_received - before.bytes_received,
     }
 }

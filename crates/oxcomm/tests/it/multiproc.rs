@@ -141,9 +141,13 @@ fn child_entry() {
         "chunks" => {
             // Exactly one chunk per rank (f32), and several with an odd remainder: the direct
             // paths' chunked steps, against every other algorithm of each op.
+            // With single copy on (where the host allows it), blocks up to 2 MiB move by it
+            // after the first such op, and the larger ones (and in-place all_to_all) through
+            // the chunk buffers; with OXCOMM_SHM_SINGLE_COPY=0 everything goes through them.
             let t = CollectiveTester::new().counts(&[131_072, 300_001]).segments(&[1 << 20]);
             let mut bad = t.rank_rooted(&comm);
             bad.extend(t.rank_gather_scatter(&comm));
+            println!("read directly {} can read parent {}", comm.stats().bytes_read_directly, can_read_parent());
             report(&comm, bad);
         }
         "chunks_f32" => {
@@ -234,6 +238,47 @@ fn full_matrix(comm: &Communicator, t: CollectiveTester) {
     report(comm, bad);
 }
 
+/// The word a rank reads from the parent test process to find out whether this host lets
+/// processes read each other's memory (`process_vm_readv`), independently of oxcomm.
+static PARENT_WORD: u64 = 0x5eed_cafe_f00d_0042;
+const PARENT_WORD_AT: &str = "OXCOMM_TEST_PARENT_WORD";
+
+/// Whether this rank can read [`PARENT_WORD`] in its parent (whose address the parent put in
+/// [`PARENT_WORD_AT`]).
+fn can_read_parent() -> bool {
+    let Some(addr) = std::env::var(PARENT_WORD_AT).ok().and_then(|a| a.parse::<usize>().ok()) else { return false };
+    let mut word = 0u64;
+    let local = libc::iovec { iov_base: (&mut word as *mut u64).cast(), iov_len: 8 };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: 8 };
+    // SAFETY: `local` is this process's `word`; the kernel checks the remote address.
+    let got = unsafe { libc::process_vm_readv(libc::getppid(), &local, 1, &remote, 1, 0) };
+    got == 8 && word == PARENT_WORD
+}
+
+/// Runs the "chunks" role on `n` ranks, with single copy left on or turned off, and checks that
+/// every rank read from its peers directly exactly when it could.
+fn run_chunks(n: usize, single_copy: bool) {
+    let addr = (&PARENT_WORD as *const u64 as usize).to_string();
+    let mut env = vec![(PARENT_WORD_AT, addr.as_str())];
+    if !single_copy {
+        env.push(("OXCOMM_SHM_SINGLE_COPY", "0"));
+    }
+    let mut job = spawn_job_with(n, "chunks", "60", &env);
+    let results = wait_all(&mut job, Instant::now() + Duration::from_secs(240));
+    for (r, (code, out)) in results.iter().enumerate() {
+        assert_eq!(*code, Some(0), "rank {r} of {n} failed:\n{out}");
+        let line = out.lines().find_map(|l| l.strip_prefix("read directly ")).expect("a 'read directly' line");
+        let (bytes, can) = line.split_once(" can read parent ").expect("two fields");
+        let (bytes, can): (u64, bool) = (bytes.parse().unwrap(), can.parse().unwrap());
+        if single_copy && can {
+            assert!(bytes > 0, "rank {r} of {n} read nothing directly although it can read its parent");
+        } else {
+            assert_eq!(bytes, 0, "rank {r} of {n} read directly with single copy off or impossible");
+        }
+    }
+    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+}
+
 /// Prints the failures and exits 1, or prints "rank N ok".
 fn report(comm: &Communicator, bad: Vec<String>) {
     if !bad.is_empty() {
@@ -273,17 +318,27 @@ fn shm_collectives_4_ranks() {
 
 #[test]
 fn shm_chunked_rooted_and_movement_2_ranks() {
-    run_tester(2, "chunks");
+    run_chunks(2, true);
 }
 
 #[test]
 fn shm_chunked_rooted_and_movement_3_ranks() {
-    run_tester(3, "chunks");
+    run_chunks(3, true);
 }
 
 #[test]
 fn shm_chunked_rooted_and_movement_4_ranks() {
-    run_tester(4, "chunks");
+    run_chunks(4, true);
+}
+
+#[test]
+fn shm_chunked_rooted_and_movement_without_single_copy_2_ranks() {
+    run_chunks(2, false);
+}
+
+#[test]
+fn shm_chunked_rooted_and_movement_without_single_copy_3_ranks() {
+    run_chunks(3, false);
 }
 
 #[test]

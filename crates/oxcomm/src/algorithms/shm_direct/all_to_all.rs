@@ -23,6 +23,11 @@
 //! comes in (small), and step s copies piece s of every block in before it copies the peers'
 //! pieces s over them (large), so every piece leaves before it is overwritten: no extra pass.
 //!
+//! **Mid-sized equal blocks** where every rank can read its peers: each rank exposes its send
+//! buffer and reads its block from every peer's straight into its receive buffer
+//! (`single_copy.rs`): per rank (n − 1)/n · S copied once. When a rank works in place (its
+//! arrival payload says so), every rank takes the chunked exchange instead.
+//!
 //! **all_to_all_v**: ranks do not know each other's counts, so the arrival payload carries
 //! this rank's send and recv counts ([`CountTable`], 2n words) before the data. Every rank then
 //! checks the whole count matrix (a rank's send count against its peer's recv count), so a
@@ -34,6 +39,7 @@
 use std::ops::Range;
 
 use super::reduce_scatter::piece_index;
+use super::single_copy::{self, Readers, SPREAD_UNTIL};
 use super::{arrive, copy_out_for, is_small, wait_counter, Direct};
 use crate::algorithms::{pairwise, ExchangeBuffers};
 use crate::copy::copy;
@@ -165,6 +171,10 @@ pub(crate) fn all_to_all<T: Element>(
     let mut io = io.into_bytes();
     let bytes = io.send_len();
     let (send_b, recv_b) = (byte_ranges::<T>(send_ranges), byte_ranges::<T>(recv_ranges));
+    let block = send_b.first().map_or(0, |r| r.len());
+    if !uneven && !is_small(bytes) && single_copy::planned(d, block, SPREAD_UNTIL) {
+        return all_to_all_single_copy(ctx, d, fp, io, send_b, recv_b);
+    }
     let (parity, table) = if uneven {
         let mut payload = CountTable::encode(send_ranges, recv_ranges);
         if payload.len() + bytes <= SMALL_BYTES {
@@ -200,9 +210,43 @@ pub(crate) fn all_to_all<T: Element>(
         }
         return Ok(());
     }
+    if !uneven {
+        single_copy::learn(ctx, d, block, SPREAD_UNTIL)?;
+    }
     let lanes = Lanes::PerPeer;
     let b = Blocks { io, send: send_b, recv: recv_b };
     exchange(ctx, d, b, lanes, steps(max_block, lanes.bytes(n)))
+}
+
+/// [`all_to_all`] of equal blocks by single copy: every rank reads its block of every peer's
+/// exposed send buffer into its receive buffer. A rank in place says so in its payload: its
+/// blocks would be overwritten while its peers read them, so then every rank takes the
+/// chunked exchange instead (each piece leaves before the peer's lands).
+fn all_to_all_single_copy(
+    ctx: &mut Ctx<'_>,
+    d: &mut Direct<'_>,
+    fp: &Fingerprint,
+    mut io: ExchangeBuffers<'_, u8>,
+    send_b: Vec<Range<usize>>,
+    recv_b: Vec<Range<usize>>,
+) -> Result<()> {
+    let (n, me) = (ctx.size, ctx.rank);
+    let in_place = matches!(io, ExchangeBuffers::InPlace(_));
+    let parity = arrive(ctx, d, fp, &single_copy::expose(io.send(0..0).as_ptr(), u64::from(in_place)))?;
+    if let ExchangeBuffers::Apart { send, recv } = &mut io {
+        recv[recv_b[me].clone()].copy_from_slice(&send[send_b[me].clone()]);
+    }
+    if (0..n).any(|r| single_copy::exposed(d, parity, r).1 != 0) {
+        let lanes = Lanes::PerPeer;
+        let max_block = send_b[me].len();
+        let b = Blocks { io, send: send_b, recv: recv_b };
+        return exchange(ctx, d, b, lanes, steps(max_block, lanes.bytes(n)));
+    }
+    for r in (1..n).map(|k| (me + k) % n) {
+        let (addr, _) = single_copy::exposed(d, parity, r);
+        single_copy::read(ctx, d, r, addr, send_b[me].clone(), io.recv(recv_b[r].clone()))?;
+    }
+    single_copy::finish(ctx, d, Readers::Everyone)
 }
 
 /// The count table an all_to_all_v rank puts first in its arrival payload: its send counts,

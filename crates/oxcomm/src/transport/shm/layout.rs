@@ -9,6 +9,7 @@
 //! | offset | what |
 //! | --- | --- |
 //! | 0 | [`COUNTERS`] lines of progress counters, one 128-byte line each |
+//! | [`SINGLE_COPY_OFFSET`] | the single-copy line: this rank's verdict on reading every peer's memory (0 not yet known, 1 yes, 2 no) and the address of its probe word |
 //! | [`ANNOUNCE_OFFSET`] | the announcement line (a fingerprint, [`ANNOUNCE_BYTES`]) |
 //! | [`SLOTS_OFFSET`] | two slots: a line with an 8-byte stamp, an 8-byte check word, the payload's length and up to [`INLINE_BYTES`] of payload; a line with the [`SLOT_HEADER`]-byte header; up to [`SMALL_BYTES`] of payload (when it is not inline) |
 //! | [`BIG_OFFSET`] (page-aligned) | two chunk buffers of [`CHUNK_BYTES`] |
@@ -39,8 +40,10 @@ pub const CHUNK_BYTES: usize = 512 * 1024;
 
 pub(super) const LINE: usize = 128;
 pub(super) const COUNTERS: usize = 4;
-/// Offset of the announcement line (after the counters).
-pub const ANNOUNCE_OFFSET: usize = COUNTERS * LINE;
+/// Offset of the single-copy line (after the counters).
+pub const SINGLE_COPY_OFFSET: usize = COUNTERS * LINE;
+/// Offset of the announcement line (after the single-copy line).
+pub const ANNOUNCE_OFFSET: usize = SINGLE_COPY_OFFSET + LINE;
 /// Bytes of an announcement's record (an op fingerprint).
 pub const ANNOUNCE_BYTES: usize = 48;
 /// Offset of the two slots.

@@ -60,6 +60,7 @@ mod futex;
 mod layout;
 mod ring;
 mod segment;
+pub(crate) mod single_copy;
 pub mod workspace;
 
 pub use futex::ShmDoorbell;

@@ -10,6 +10,7 @@
 //! | offset | what |
 //! | --- | --- |
 //! | 0 | counters, one 128-byte line each: `arrived`, `copied_in`, `reduced`, `copied_out` |
+//! | [`SINGLE_COPY_OFFSET`] | whether this rank can read every peer's memory (0: not known yet, 1: yes, 2: no) and the address of its probe word, which peers read to find out (see [`ShmDirect::probe_peer`]) |
 //! | [`ANNOUNCE_OFFSET`] | the *announcement*: a tag word (`seq + 1`, 0: none) and [`ANNOUNCE_BYTES`] that a rank publishes when it starts an op that does not use the slots, so peers on the direct path see that it is elsewhere (see [`ShmDirect::announce`]) |
 //! | [`SLOTS_OFFSET`] | two *slots* (by op parity), each a line with an 8-byte stamp, an 8-byte check word (a hash of the op's fingerprint) and up to [`INLINE_BYTES`] of payload, then a line with the 56-byte header (fingerprint + length), then up to [`SMALL_BYTES`] of payload when it does not fit inline: a reader of a tiny op whose fingerprint matches reads one line |
 //! | [`BIG_OFFSET`] | two *halves* of [`CHUNK_BYTES`] each |
@@ -28,8 +29,8 @@ use super::segment::Segment;
 pub const ARRIVAL_POLLS: usize = 200;
 
 pub use super::layout::{
-    ANNOUNCE_BYTES, ANNOUNCE_OFFSET, BIG_OFFSET, CHUNK_BYTES, INLINE_BYTES, SLOTS_OFFSET, SLOT_HEADER, SMALL_BYTES,
-    WORKSPACE_BYTES,
+    ANNOUNCE_BYTES, ANNOUNCE_OFFSET, BIG_OFFSET, CHUNK_BYTES, INLINE_BYTES, SINGLE_COPY_OFFSET, SLOTS_OFFSET,
+    SLOT_HEADER, SMALL_BYTES, WORKSPACE_BYTES,
 };
 use super::layout::{LINE, SLOT_BYTES, SLOT_CHECK, SLOT_HEADER_AT, SLOT_INLINE, SLOT_LEN, SLOT_PAYLOAD};
 
@@ -55,6 +56,17 @@ pub struct ShmDirect {
     /// Indexed by world rank; keeps the mappings alive.
     segs: Vec<Arc<Segment>>,
     bases: Vec<NonNull<u8>>,
+    /// Every rank's process id (its segment's owner).
+    pids: Vec<u32>,
+    /// The word peers read from this process to find out whether they can (its address is in
+    /// this rank's single-copy line; it holds [`probe_value`] of this process).
+    probe: Box<u64>,
+}
+
+/// What a rank's probe word holds: a value peers can predict from its pid alone, and would not
+/// read by chance from another process's memory at that address.
+fn probe_value(pid: u32) -> u64 {
+    0x6F78_636F_6D6D_0000u64 ^ u64::from(pid).rotate_left(17)
 }
 
 // SAFETY: the pointers are into mappings owned by `segs`, which are Send + Sync; all shared
@@ -72,7 +84,46 @@ impl std::fmt::Debug for ShmDirect {
 impl ShmDirect {
     pub(crate) fn new(rank: usize, segs: Vec<Arc<Segment>>, arrival_polls: usize) -> ShmDirect {
         let bases = segs.iter().map(|s| s.workspace()).collect();
-        ShmDirect { rank, arrival_polls, segs, bases }
+        let pids: Vec<u32> = segs.iter().map(|s| s.owner_pid()).collect();
+        let probe = Box::new(probe_value(pids[rank]));
+        let direct = ShmDirect { rank, arrival_polls, segs, bases, pids, probe };
+        // Published before this rank's first stamp, which peers acquire before they probe.
+        direct.single_copy_words(rank)[1].store(&*direct.probe as *const u64 as u64, Ordering::Release);
+        direct
+    }
+
+    /// `rank`'s process id.
+    pub fn pid(&self, rank: usize) -> u32 {
+        self.pids[rank]
+    }
+
+    /// The words of `rank`'s single-copy line: its verdict, then its probe word's address.
+    fn single_copy_words(&self, rank: usize) -> &[AtomicU64; 2] {
+        // SAFETY: the single-copy line lies inside the workspace (layout constants), is
+        // 128-aligned, and `AtomicU64` is valid for any bits.
+        unsafe { self.bases[rank].add(SINGLE_COPY_OFFSET).cast::<[AtomicU64; 2]>().as_ref() }
+    }
+
+    /// Whether this process can read `rank`'s memory: reads its probe word by single copy and
+    /// compares it with the value that process put there. Call once `rank` has stamped a slot
+    /// (its probe address is published before).
+    pub fn probe_peer(&self, rank: usize) -> bool {
+        let addr = self.single_copy_words(rank)[1].load(Ordering::Acquire);
+        let mut word = [0u8; 8];
+        addr != 0
+            && super::single_copy::read(self.pids[rank], addr, &mut word).is_ok()
+            && u64::from_ne_bytes(word) == probe_value(self.pids[rank])
+    }
+
+    /// `rank`'s single-copy verdict: 0 not known yet, 1 it reads every peer, 2 it does not.
+    pub fn single_copy_verdict(&self, rank: usize) -> u64 {
+        self.single_copy_words(rank)[0].load(Ordering::Acquire)
+    }
+
+    /// Publishes this rank's single-copy verdict (1 or 2) and wakes the ranks that sleep.
+    pub fn publish_single_copy_verdict(&self, verdict: u64) {
+        self.single_copy_words(self.rank)[0].store(verdict, Ordering::Release);
+        self.wake_sleepers();
     }
 
     /// How many times arrival should poll the peers' stamps before waiting on the doorbell
