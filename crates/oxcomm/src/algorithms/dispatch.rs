@@ -167,21 +167,22 @@ pub(crate) fn reduce_scatter<'b, T: Element>(
 }
 
 /// Reduce to group rank `root` with `algo` (direct, else binomial tree); `op` is the combiner.
-pub(crate) fn reduce<T: Element>(
+/// Returns the root's result buffer (empty elsewhere), where the caller finishes `Avg`.
+pub(crate) fn reduce<'b, T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
     fp: &Fingerprint,
-    buf: &mut [T],
+    io: ReduceBuffers<'b, T>,
     root: usize,
     op: ReduceOp,
     d: Option<&mut Direct<'_>>,
-) -> Result<()> {
+) -> Result<&'b mut [T]> {
     #[cfg(not(target_os = "linux"))]
     let _ = (fp, d);
     match algo {
         #[cfg(target_os = "linux")]
-        Algorithm::ShmDirect => super::shm_direct::reduce(ctx, direct(d)?, fp, buf, root, op),
-        _ => super::tree::reduce(ctx, buf, root, op),
+        Algorithm::ShmDirect => super::shm_direct::reduce(ctx, direct(d)?, fp, io, root, op),
+        _ => super::tree::reduce(ctx, io, root, op),
     }
 }
 

@@ -10,7 +10,7 @@
 //!
 //! Non-root buffers of a reduce are left unchanged: inner ranks reduce into a copy.
 
-use super::schedule;
+use super::{schedule, ReduceBuffers};
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::{Ctx, Xfer};
 use crate::error::Result;
@@ -27,22 +27,32 @@ pub(crate) fn broadcast<T: Element>(ctx: &mut Ctx<'_>, buf: &mut [T], root: usiz
     ctx.run(&mut xfers)
 }
 
-/// Binomial reduce to `root` (`op` is the combiner); only the root's `buf` changes.
-pub(crate) fn reduce<T: Element>(ctx: &mut Ctx<'_>, buf: &mut [T], root: usize, op: ReduceOp) -> Result<()> {
+/// Binomial reduce to `root` (`op` is the combiner) of `io` (apart: the root's input is
+/// copied into its output first); only the root's result buffer changes, and is returned.
+pub(crate) fn reduce<'b, T: Element>(
+    ctx: &mut Ctx<'_>,
+    io: ReduceBuffers<'b, T>,
+    root: usize,
+    op: ReduceOp,
+) -> Result<&'b mut [T]> {
     let (parent, children) = schedule::binomial_tree(ctx.rank, ctx.size, root);
-    if parent.is_none() {
+    let Some(parent) = parent else {
+        // The root: its contribution first (apart: copied into the output), then its children's.
+        let buf = io.into_in_place();
         for c in children {
             ctx.run(&mut [Xfer::recv_reduce(c, buf, op)])?;
         }
-        return Ok(());
-    }
-    let parent = parent.expect("checked");
+        return Ok(buf);
+    };
+    let mine = io.input(0..io.len());
     if children.is_empty() {
-        return ctx.send(parent, as_bytes(buf));
+        ctx.send(parent, as_bytes(mine))?;
+    } else {
+        let mut acc = mine.to_vec();
+        for c in children {
+            ctx.run(&mut [Xfer::recv_reduce(c, &mut acc, op)])?;
+        }
+        ctx.send(parent, as_bytes(&acc))?;
     }
-    let mut acc = buf.to_vec();
-    for c in children {
-        ctx.run(&mut [Xfer::recv_reduce(c, &mut acc, op)])?;
-    }
-    ctx.send(parent, as_bytes(&acc))
+    Ok(io.into_output())
 }

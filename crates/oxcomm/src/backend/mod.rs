@@ -159,12 +159,13 @@ pub(crate) trait Backend {
         io: ReduceBuffers<'_, T>,
         op: ReduceOp,
     ) -> Result<()>;
-    /// Reduce into `root`'s `buf`.
+    /// Reduce to `root` (finishing `Avg` there): in place, or `input` into the root's
+    /// `output` (empty at the other ranks, whose input is only read).
     fn reduce<T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        buf: &mut [T],
+        io: ReduceBuffers<'_, T>,
         root: usize,
         op: ReduceOp,
     ) -> Result<()>;
@@ -338,11 +339,11 @@ impl Backend for AnyBackend {
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        buf: &mut [T],
+        io: ReduceBuffers<'_, T>,
         root: usize,
         op: ReduceOp,
     ) -> Result<()> {
-        forward!(self, b => b.reduce(env, route, buf, root, op))
+        forward!(self, b => b.reduce(env, route, io, root, op))
     }
 
     fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, buf: &mut [T], root: usize) -> Result<()> {

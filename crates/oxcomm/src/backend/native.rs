@@ -183,15 +183,15 @@ impl Backend for NativeBackend {
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        buf: &mut [T],
+        io: ReduceBuffers<'_, T>,
         root: usize,
         op: ReduceOp,
     ) -> Result<()> {
         let (n, me, fp) = (env.group.size(), env.group.rank, env.fp);
         self.run_direct(env, route, |ctx, d| {
-            dispatch::reduce(ctx, algo(route), fp, buf, root, op.combiner(), d)?;
+            let out = dispatch::reduce(ctx, algo(route), fp, io, root, op.combiner(), d)?;
             if me == root {
-                reduce::finish_avg(buf, op, n);
+                reduce::finish_avg(out, op, n);
             }
             Ok(())
         })

@@ -109,13 +109,74 @@ impl Communicator {
     /// [`Communicator::reduce`] with per-op options.
     #[track_caller]
     pub fn reduce_with<T: Element>(&self, buf: &mut [T], root: usize, op: ReduceOp, opts: &OpOptions) -> Result<()> {
-        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Reduce), buf.len());
+        let fp = self.reduce_fingerprint::<T>(buf.len(), root, op)?;
+        self.reduce_buffers(fp, ReduceBuffers::InPlace(buf), root, op, opts)
+    }
+
+    /// Reduce out of place (MPI's `MPI_Reduce(sendbuf, recvbuf)`): every rank's `input` is
+    /// only read; `root` passes `Some(output)` (as long as `input`), which receives the
+    /// reduction, and the others pass `None`. On shared memory the root reads its input and
+    /// writes its output directly, with no copy of one into the other.
+    ///
+    /// ```
+    /// use oxcomm::ReduceOp;
+    /// let out = oxcomm::threads::run(3, |comm| {
+    ///     let input = vec![comm.rank() as i32 + 1; 2];
+    ///     let mut output = vec![0; 2];
+    ///     comm.reduce_into(&input, (comm.rank() == 0).then_some(&mut output[..]), 0, ReduceOp::Sum)?;
+    ///     Ok::<_, oxcomm::Error>(output)
+    /// })
+    /// .unwrap();
+    /// assert_eq!(out[0].as_ref().unwrap(), &[6, 6]);
+    /// ```
+    #[track_caller]
+    pub fn reduce_into<T: Element>(
+        &self,
+        input: &[T],
+        output: Option<&mut [T]>,
+        root: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.reduce_into_with(input, output, root, op, &OpOptions::default())
+    }
+
+    /// [`Communicator::reduce_into`] with per-op options.
+    #[track_caller]
+    pub fn reduce_into_with<T: Element>(
+        &self,
+        input: &[T],
+        output: Option<&mut [T]>,
+        root: usize,
+        op: ReduceOp,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        let fp = self.reduce_fingerprint::<T>(input.len(), root, op)?;
+        let output = self.root_buffer(&fp, root, output, |o| o.len(), input.len(), "output")?;
+        self.reduce_buffers(fp, ReduceBuffers::Apart { input, output: output.unwrap_or(&mut []) }, root, op, opts)
+    }
+
+    #[track_caller]
+    fn reduce_fingerprint<T: Element>(&self, len: usize, root: usize, op: ReduceOp) -> Result<Fingerprint> {
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Reduce), len);
         fp.op = Some(op);
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
-        let route = self.route(&fp, opts, std::mem::size_of_val(buf), buf.len())?;
-        self.run_op(fp, opts, route, |b, env| b.reduce(env, route, buf, root, op))
+        Ok(fp)
+    }
+
+    #[track_caller]
+    fn reduce_buffers<T: Element>(
+        &self,
+        fp: Fingerprint,
+        io: ReduceBuffers<'_, T>,
+        root: usize,
+        op: ReduceOp,
+        opts: &OpOptions,
+    ) -> Result<()> {
+        let len = io.len();
+        let route = self.route(&fp, opts, len * std::mem::size_of::<T>(), len)?;
+        self.run_op(fp, opts, route, |b, env| b.reduce(env, route, io, root, op))
     }
 
     /// Copies `root`'s `buf` into every rank's `buf`.

@@ -395,6 +395,20 @@ fn rooted_case<T: Element>(
         } else {
             check(&format!("reduce {algo} (non-root unchanged)"), &buf, &inputs::<T>(r, count, op))?;
         }
+        // Out of place into garbage, the root's input left as it was; odd ranks in place in the same op.
+        let input = inputs::<T>(r, count, op);
+        let mut out = vec![T::from_f64(77.0); count];
+        let res = if r % 2 == 1 && r != root {
+            let mut buf = input.clone();
+            comm.reduce_with(&mut buf, root, op, &forcing(opts, algo))
+        } else {
+            comm.reduce_into_with(&input, (r == root).then_some(&mut out[..]), root, op, &forcing(opts, algo))
+        };
+        res.map_err(|e| format!("reduce_into {algo}: {e}"))?;
+        check(&format!("reduce_into {algo} (input untouched)"), &input, &inputs::<T>(r, count, op))?;
+        if r == root {
+            check(&format!("reduce_into {algo}"), &out, &expected::<T>(n, count, op))?;
+        }
     }
     let mut b = if r == root { inputs::<T>(root + 100, count, op) } else { vec![T::default(); count] };
     comm.broadcast_with(&mut b, root, opts).map_err(|e| e.to_string())?;

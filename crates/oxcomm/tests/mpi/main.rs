@@ -308,8 +308,15 @@ fn reduce_every_root(comm: &Communicator) -> CaseResult {
                 let mut buf = mine.clone();
                 let what = format!("reduce {} {op} root {root}", T::DTYPE);
                 comm.reduce(&mut buf, root, op).map_err(e(&what))?;
-                let want = if comm.rank() == root { expected::<T>(comm.size(), count, op) } else { mine };
+                let want = if comm.rank() == root { expected::<T>(comm.size(), count, op) } else { mine.clone() };
                 check(&what, &buf, &want)?;
+                // Out of place: the root's input into its own output.
+                let mut out = vec![T::default(); count];
+                let what = format!("reduce_into {} {op} root {root}", T::DTYPE);
+                comm.reduce_into(&mine, (comm.rank() == root).then_some(&mut out[..]), root, op).map_err(e(&what))?;
+                if comm.rank() == root {
+                    check(&what, &out, &want)?;
+                }
             }
         }
         Ok(())

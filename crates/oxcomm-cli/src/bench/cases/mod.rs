@@ -18,14 +18,14 @@
 //!
 //! oxcomm's all_reduce, all_gather and reduce_scatter have both modes (`all_reduce_into` and
 //! `all_reduce`, `all_gather` and `all_gather_in_place`, `reduce_scatter` and
-//! `reduce_scatter_in_place`, and likewise all_to_all, gather and scatter); broadcast and reduce
-//! work in place. The mode the API lacks is emulated with one extra copy, which is *inside*
+//! `reduce_scatter_in_place`, and likewise all_to_all, gather and scatter; `reduce_into` and
+//! `reduce`); broadcast works in place. The mode the API lacks is emulated with one extra copy, which is *inside*
 //! the timed region (it is what a caller of our API pays):
 //!
 //! | op | out-of-place | in-place |
 //! | --- | --- | --- |
 //! | all_reduce | `all_reduce_into(input, output)` | `all_reduce(buffer)` |
-//! | reduce | copy input → output, then the op on the output | the op on the buffer |
+//! | reduce | `reduce_into(input, output)` | `reduce(buffer)` |
 //! | broadcast | root copies input → output, then broadcast of the output | broadcast of the buffer |
 //! | all_gather | `all_gather(input, output)` | `all_gather_in_place(buffer)` (this rank's block already in place) |
 //! | reduce_scatter | `reduce_scatter(input, output)` | `reduce_scatter_in_place(buffer)` (the result lands in this rank's block) |
@@ -231,8 +231,8 @@ impl Case<'_> {
             (BenchOp::AllReduce, false) => c.all_reduce_into_with(&a[..input], &mut b[..input], self.redop, o),
             (BenchOp::Reduce, true) => c.reduce_with(&mut a[..input], self.root, self.redop, o),
             (BenchOp::Reduce, false) => {
-                b[..input].copy_from_slice(&a[..input]);
-                c.reduce_with(&mut b[..input], self.root, self.redop, o)
+                let out = (me == self.root).then_some(&mut b[..input]);
+                c.reduce_into_with(&a[..input], out, self.root, self.redop, o)
             }
             (BenchOp::Broadcast, true) => c.broadcast_with(&mut a[..input], self.root, o),
             (BenchOp::Broadcast, false) => {

@@ -118,8 +118,9 @@ impl BenchOp {
             | BenchOp::ReduceScatter
             | BenchOp::AllToAll
             | BenchOp::Gather
-            | BenchOp::Scatter => false,
-            BenchOp::Broadcast | BenchOp::Reduce | BenchOp::OnebitAllReduce => !in_place,
+            | BenchOp::Scatter
+            | BenchOp::Reduce => false,
+            BenchOp::Broadcast | BenchOp::OnebitAllReduce => !in_place,
             BenchOp::QuantReduceScatter => in_place,
         }
     }
@@ -157,9 +158,7 @@ impl BenchOp {
     pub(crate) fn emulation_note(self) -> &'static str {
         match self {
             BenchOp::AllReduce => "out-of-place = all_reduce_into(input, output), in-place = all_reduce(buffer)",
-            BenchOp::Reduce => {
-                "out-of-place = copy input to output, then the in-place op on the output (the API is in-place)"
-            }
+            BenchOp::Reduce => "out-of-place = reduce_into(input, output), in-place = reduce(buffer)",
             BenchOp::Broadcast => {
                 "out-of-place = root copies input to output, then broadcast of the output (the API is in-place)"
             }

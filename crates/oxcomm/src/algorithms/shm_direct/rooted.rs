@@ -39,7 +39,7 @@ use super::all_reduce::{copy_in, copy_out, reduce_slots, slice, REDUCE_PIECE_BYT
 use super::all_to_all::{exchange, steps, Blocks, Lanes};
 use super::single_copy::{self, Readers, ROOTED_UNTIL};
 use super::{arrive, arrive_for, is_small, Direct, Wait};
-use crate::algorithms::{ExchangeBuffers, GatherBuffers, ScatterBuffers};
+use crate::algorithms::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
@@ -169,40 +169,44 @@ pub(crate) fn scatter<T: Element>(
     exchange(ctx, d, b, Lanes::PerPeer, steps(s, Lanes::PerPeer.bytes(n)))
 }
 
-/// Direct reduce to group rank `root` (`op` is the combiner; `Avg` is finished by the
-/// caller). Other ranks' buffers are left as they are.
-pub(crate) fn reduce<T: Element>(
+/// Direct reduce to group rank `root` of `io` (`op` is the combiner; `Avg` is finished by the
+/// caller on the returned buffer, the root's result; empty or unchanged elsewhere). Other
+/// ranks' buffers are left as they are; apart, the root reads its input and writes its
+/// output, with no copy of one into the other.
+pub(crate) fn reduce<'b, T: Element>(
     ctx: &mut Ctx<'_>,
     d: &mut Direct<'_>,
     fp: &Fingerprint,
-    buf: &mut [T],
+    mut io: ReduceBuffers<'b, T>,
     root: usize,
     op: ReduceOp,
-) -> Result<()> {
+) -> Result<&'b mut [T]> {
     let (n, me, size) = (ctx.size, ctx.rank, std::mem::size_of::<T>());
-    let total = buf.len();
-    let bytes = std::mem::size_of_val(buf);
+    let total = io.len();
+    let bytes = total * size;
     if is_small(bytes) {
         // A non-root publishes its buffer and leaves; the root waits for everyone.
         let wait = if me == root { Wait::Everyone } else { Wait::Nobody };
-        let parity = arrive_for(ctx, d, fp, as_bytes(buf), wait)?;
+        let parity = arrive_for(ctx, d, fp, as_bytes(io.input(0..total)), wait)?;
+        let out = io.into_output();
         if me == root {
-            reduce_slots(d, parity, n, buf, op);
+            reduce_slots(d, parity, n, out, op);
         }
-        return Ok(());
+        return Ok(out);
     }
     arrive(ctx, d, fp, &[])?;
     let per_chunk = CHUNK_BYTES / size;
     let piece = (REDUCE_PIECE_BYTES / size).max(1);
-    // The root's own piece, saved before the result overwrites it in its buffer.
-    let mut own: Vec<T> = if me == root { vec![T::default(); piece] } else { Vec::new() };
+    // In place, the root's own piece is saved before the result overwrites it in its buffer.
+    let in_place = matches!(io, ReduceBuffers::InPlace(_));
+    let mut own: Vec<T> = if me == root && in_place { vec![T::default(); piece] } else { Vec::new() };
     for start in (0..total).step_by(per_chunk) {
         let part_len = (start + per_chunk).min(total) - start;
         let g = d.state.chunks;
         let half = (g & 1) as usize;
         let shm = d.shm;
         let slice = |r: usize| slice(start, part_len, n, r);
-        copy_in(ctx, shm, g, start, part_len, buf)?;
+        copy_in(ctx, shm, g, start, part_len, io.input(0..total))?;
         let mine = slice(me);
         let (off, len) = ((mine.start - start) * size, mine.len() * size);
         // SAFETY: the other ranks' slices `me` were published for chunk g and are not
@@ -212,26 +216,40 @@ pub(crate) fn reduce<T: Element>(
             let hi = (lo + piece).min(mine.len());
             let at = mine.start + lo..mine.start + hi;
             if me == root {
-                own[..hi - lo].copy_from_slice(&buf[at.clone()]);
+                let out = match &mut io {
+                    ReduceBuffers::InPlace(buf) => {
+                        own[..hi - lo].copy_from_slice(&buf[at.clone()]);
+                        &mut buf[at]
+                    }
+                    ReduceBuffers::Apart { input, output } => {
+                        let out = &mut output[at.clone()];
+                        reduce_in_rank_order(
+                            out,
+                            n,
+                            |r| if r == me { &input[at.clone()] } else { &theirs(r)[lo..hi] },
+                            op,
+                        );
+                        continue;
+                    }
+                };
                 let own = &own[..hi - lo];
-                let out = &mut buf[at];
                 reduce_in_rank_order(out, n, |r| if r == me { own } else { &theirs(r)[lo..hi] }, op);
             } else {
                 // SAFETY: slice `me` of my half is read by the root only after I publish
                 // Reduced = g+1, and by no one else.
                 let dst: &mut [T] = bytemuck::cast_slice_mut(unsafe { shm.chunk_mut(half, off, len) });
-                let mine_now = &buf[at];
+                let mine_now = io.input(at);
                 reduce_in_rank_order(&mut dst[lo..hi], n, |r| if r == me { mine_now } else { &theirs(r)[lo..hi] }, op);
             }
         }
         shm.publish(Counter::Reduced, g + 1);
         if me == root {
-            copy_out(ctx, shm, g, start, part_len, buf)?;
+            copy_out(ctx, shm, g, start, part_len, io.output(0..total))?;
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;
     }
-    Ok(())
+    Ok(io.into_output())
 }
 
 /// `out` = `src(0)` op `src(1)` op … op `src(n − 1)`, left to right (the reference order).

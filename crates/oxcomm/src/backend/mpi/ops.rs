@@ -57,7 +57,7 @@ impl Backend for MpiBackend {
         &self,
         env: &mut OpEnv<'_>,
         _route: Route,
-        buf: &mut [T],
+        mut io: ReduceBuffers<'_, T>,
         root: usize,
         op: ReduceOp,
     ) -> Result<()> {
@@ -65,16 +65,22 @@ impl Backend for MpiBackend {
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
             let c = self.prepare(&g, fp)?;
-            let (mop, len, bytes) = (self.op::<T>(op)?, count(buf.len())?, std::mem::size_of_val(buf));
-            let (send, recv): (*const c_void, *mut c_void) =
-                if me == root { (in_place(), rp(buf)) } else { (sp(buf), std::ptr::null_mut()) };
-            // SAFETY: at the root in place on `buf`; elsewhere `buf` is only read and the
+            let total = io.len();
+            let (mop, len, bytes) = (self.op::<T>(op)?, count(total)?, total * std::mem::size_of::<T>());
+            let (send, recv): (*const c_void, *mut c_void) = match &mut io {
+                ReduceBuffers::InPlace(buf) if me == root => (in_place(), rp(buf)),
+                ReduceBuffers::InPlace(buf) => (sp(buf), std::ptr::null_mut()),
+                ReduceBuffers::Apart { input, output } if me == root => (sp(input), rp(output)),
+                ReduceBuffers::Apart { input, .. } => (sp(input), std::ptr::null_mut()),
+            };
+            // SAFETY: at the root in place on its buffer, or from its input (only read) into
+            // its distinct output of the same length; elsewhere the input is only read and the
             // receive buffer is ignored. `len` elements of T's datatype.
             mpi_call("MPI_Reduce", unsafe {
                 ffi::MPI_Reduce(send, recv, len, datatype(T::DTYPE), mop, root as c_int, c)
             })?;
             if me == root {
-                reduce::finish_avg(buf, op, n);
+                reduce::finish_avg(io.into_output(), op, n);
                 add(stats, 0, (n - 1) * bytes);
             } else {
                 add(stats, bytes, 0);
