@@ -247,6 +247,8 @@ impl Init {
             return Communicator::from_links(rank, links, bell, self.config.clone(), Transport::Tcp)?
                 .with_hosts(&hosts);
         }
+        // The cores the local ranks share, counted before this rank is pinned to one.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         if self.pin_to_core {
             let local_rank = (0..world).filter(|r| hosts[*r] == host.as_bytes() && *r < rank).count();
             bind_to_core(local_rank, local.len() + 1);
@@ -278,7 +280,8 @@ impl Init {
         }
 
         // Shared memory: create, tell, attach, wait until attached, unlink.
-        let shm_config = crate::transport::shm::ShmConfig::for_local_ranks(local.len() + 1).with_env().map_err(fail)?;
+        let shm_config =
+            crate::transport::shm::ShmConfig::for_local_ranks_on(local.len() + 1, cores).with_env().map_err(fail)?;
         let mut ep =
             crate::transport::shm::ShmEndpoint::create(&shm_job, rank, world, &local, &shm_config).map_err(fail)?;
         store.set(&format!("shm/{rank}"), b"1").map_err(fail)?;

@@ -13,9 +13,9 @@
 //! is nothing to reduce: `Reduced` is published with `CopiedIn` so every counter moves in
 //! lockstep with the other direct ops.
 //!
-//! **Mid-sized blocks** where every rank can read its peers: each rank exposes its block and
-//! reads every other rank's straight into its output (`single_copy.rs`): per rank (n−1)·B
-//! copied once.
+//! **Mid-sized blocks** (8 KiB to 16 MiB) where every rank can read its peers, before either
+//! of the above: each rank exposes its block and reads every other rank's straight into its
+//! output (`single_copy.rs`): per rank (n−1)·B copied once.
 //!
 //! This rank's own block is copied from the input to the output once (out of place) or not
 //! at all (in place, [`GatherBuffers::InPlace`]).
@@ -43,17 +43,6 @@ pub(crate) fn all_gather<T: Element>(
     let bytes = m * size;
     // The other ranks, starting after this one.
     let others = move || (1..n).map(move |k| (me + k) % n);
-    if is_small(bytes) {
-        let parity = arrive(ctx, d, fp, as_bytes(io.own(me, m, 0..m)))?;
-        let out = io.into_whole(me);
-        for r in others() {
-            // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
-            // reused (two ops later).
-            let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
-            copy(as_bytes_mut(&mut out[r * m..(r + 1) * m]), payload);
-        }
-        return Ok(());
-    }
     if single_copy::planned(d, bytes, SPREAD_UNTIL) {
         let parity = arrive(ctx, d, fp, &single_copy::expose(io.own(me, m, 0..m).as_ptr().cast(), 0))?;
         let out = as_bytes_mut(io.into_whole(me));
@@ -62,6 +51,18 @@ pub(crate) fn all_gather<T: Element>(
             single_copy::read(ctx, d, r, addr, 0..bytes, &mut out[r * bytes..(r + 1) * bytes])?;
         }
         return single_copy::finish(ctx, d, Readers::Everyone);
+    }
+    if is_small(bytes) {
+        let parity = arrive(ctx, d, fp, as_bytes(io.own(me, m, 0..m)))?;
+        single_copy::learn(ctx, d, bytes, SPREAD_UNTIL)?;
+        let out = io.into_whole(me);
+        for r in others() {
+            // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
+            // reused (two ops later).
+            let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
+            copy(as_bytes_mut(&mut out[r * m..(r + 1) * m]), payload);
+        }
+        return Ok(());
     }
     arrive(ctx, d, fp, &[])?;
     single_copy::learn(ctx, d, bytes, SPREAD_UNTIL)?;

@@ -172,7 +172,7 @@ pub(crate) fn all_to_all<T: Element>(
     let bytes = io.send_len();
     let (send_b, recv_b) = (byte_ranges::<T>(send_ranges), byte_ranges::<T>(recv_ranges));
     let block = send_b.first().map_or(0, |r| r.len());
-    if !uneven && !is_small(bytes) && single_copy::planned(d, block, SPREAD_UNTIL) {
+    if !uneven && single_copy::planned(d, block, SPREAD_UNTIL) {
         return all_to_all_single_copy(ctx, d, fp, io, send_b, recv_b);
     }
     let (parity, table) = if uneven {
@@ -189,8 +189,11 @@ pub(crate) fn all_to_all<T: Element>(
     };
     let (small, max_block) = match &table {
         Some(t) => (t.all_inline(), t.max_block()),
-        None => (is_small(bytes), send_b.first().map_or(0, |r| r.len())),
+        None => (is_small(bytes), block),
     };
+    if !uneven {
+        single_copy::learn(ctx, d, block, SPREAD_UNTIL)?;
+    }
     if let ExchangeBuffers::Apart { send, recv } = &mut io {
         recv[recv_b[me].clone()].copy_from_slice(&send[send_b[me].clone()]);
     }
@@ -209,9 +212,6 @@ pub(crate) fn all_to_all<T: Element>(
             copy(io.recv(recv_b[r].clone()), &payload[at..]);
         }
         return Ok(());
-    }
-    if !uneven {
-        single_copy::learn(ctx, d, block, SPREAD_UNTIL)?;
     }
     let lanes = Lanes::PerPeer;
     let b = Blocks { io, send: send_b, recv: recv_b };

@@ -62,9 +62,9 @@ pub(crate) struct DirectState {
     /// [`Wait::Nobody`]): the next arrival first waits until every rank has arrived at it and
     /// checks their fingerprints against it.
     pub loose: Option<Fingerprint>,
-    /// Whether every rank reads every peer's memory by single copy (`None`: not found out
-    /// yet; see `single_copy.rs`).
-    pub single_copy: Option<bool>,
+    /// What every rank agreed on single copy (`single_copy.rs`): `None` until found out, then
+    /// the smallest block that moves by it (`usize::MAX`: none).
+    pub single_copy_from: Option<usize>,
 }
 
 /// The direct view and its state, as an algorithm sees them.

@@ -11,11 +11,12 @@
 //! reuse the buffer). Per rank: its share copied once; no chunk buffer is touched.
 //!
 //! **When.** Every process must be able to read every peer: the first op that would use it
-//! runs the chunked path, and after its arrival every rank reads each peer's probe word and
-//! publishes its verdict; the ops after it use single copy only if every verdict says yes
-//! (the same on every rank, from state every rank holds alike). Blocks from [`FROM`] bytes up
+//! runs its usual path, and after its arrival every rank reads each peer's probe word and
+//! publishes its verdict (whether it can, and whether it shares its core); the ops after it use
+//! single copy only if every verdict says yes (the same on every rank, from state every rank
+//! holds alike). Blocks from [`FROM`] bytes ([`SHARED_CORES_FROM`] where ranks share cores) up
 //! to [`SPREAD_UNTIL`] (all_gather, all_to_all) or [`ROOTED_UNTIL`] (gather, scatter,
-//! broadcast) use it; outside, the chunked path measured faster (docs/benchmarks.md).
+//! broadcast) use it; outside, the slot or chunked paths measured faster (docs/benchmarks.md).
 //! `OXCOMM_SHM_SINGLE_COPY=0` turns it off (set it alike on every rank; a rank with it off
 //! says no, so every rank keeps the chunked path).
 
@@ -28,9 +29,17 @@ use crate::transport::shm::single_copy;
 use crate::transport::shm::workspace::Counter;
 
 /// Smallest block (bytes one rank reads from one peer) that moves by single copy: below it
-/// the read's fixed cost (about a microsecond to pin the peer's pages) is more than a copy
-/// through the chunk buffers costs.
-pub(super) const FROM: usize = 32 << 10;
+/// the read's fixed cost (a system call that pins the peer's pages) is more than the copies
+/// through a slot cost. all_gather on 2 ranks, µs per op, slot path against single copy:
+/// 4 KiB blocks 1.6 / 1.6, 8 KiB 2.5–2.7 / 1.8–1.9, 16 KiB 4.0–4.7 / 2.4, 32 KiB 7.4–7.8 / 3.2.
+/// The rooted ops keep the slot path for small blocks, where a rank that only publishes
+/// returns at once (single copy makes it wait for its reader).
+pub(super) const FROM: usize = 8 << 10;
+/// [`FROM`] when some rank shares its core with another: single copy's second wait (for the
+/// readers) then costs a trip through the scheduler. all_gather on 4 ranks on 2 cores, µs per
+/// op, 32 KiB and 64 KiB in all: 16.6 and 15.3 from 8 KiB blocks, 7.2–10.9 and 11.9–17.4
+/// from 32 KiB.
+pub(super) const SHARED_CORES_FROM: usize = 32 << 10;
 /// Blocks from this size take the chunked path again in all_gather and all_to_all, whose
 /// chunked copy-out streams into the caller's buffer (2 ranks, this VM: single copy 1.3–2.5×
 /// the chunked busbw from 128 KiB to 16 MiB of output, 0.8–0.9× from 64 MiB).
@@ -43,25 +52,49 @@ pub(super) const ROOTED_UNTIL: usize = 2 << 20;
 /// Whether this op, with blocks of `block` bytes, moves them by single copy below `until`
 /// ([`SPREAD_UNTIL`] or [`ROOTED_UNTIL`]); decided before arrival, identically on every rank.
 pub(super) fn planned(d: &Direct<'_>, block: usize, until: usize) -> bool {
-    d.state.single_copy == Some(true) && (FROM..until).contains(&block)
+    d.state.single_copy_from.is_some_and(|from| (from..until).contains(&block))
 }
 
 /// After the arrival of an op with blocks of `block` bytes that did not plan single copy:
 /// the first time such an op could have used it, every rank finds out whether it can read
 /// every peer, and every rank learns every verdict.
 pub(super) fn learn(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, block: usize, until: usize) -> Result<()> {
-    if d.state.single_copy.is_some() || !(FROM..until).contains(&block) {
+    if d.state.single_copy_from.is_some() || !(FROM..until).contains(&block) {
         return Ok(());
     }
     let (n, me, shm) = (ctx.size, ctx.rank, d.shm);
     let wanted = std::env::var("OXCOMM_SHM_SINGLE_COPY").map_or(true, |v| v != "0");
     let can = wanted && (0..n).filter(|r| *r != me).all(|r| shm.probe_peer(r));
     if shm.single_copy_verdict(me) == 0 {
-        shm.publish_single_copy_verdict(if can { 1 } else { 2 });
+        let verdict = match (can, shm.arrival_polls() > 0) {
+            (false, _) => Verdict::No,
+            (true, true) => Verdict::OwnCore,
+            (true, false) => Verdict::SharedCores,
+        };
+        shm.publish_single_copy_verdict(verdict as u64);
     }
     ctx.wait_until(|| (0..n).find(|r| shm.single_copy_verdict(*r) == 0))?;
-    d.state.single_copy = Some((0..n).all(|r| shm.single_copy_verdict(r) == 1));
+    let verdicts: Vec<u64> = (0..n).map(|r| shm.single_copy_verdict(r)).collect();
+    d.state.single_copy_from =
+        Some(if verdicts.iter().any(|v| *v != Verdict::OwnCore as u64 && *v != Verdict::SharedCores as u64) {
+            usize::MAX
+        } else if verdicts.contains(&(Verdict::SharedCores as u64)) {
+            SHARED_CORES_FROM
+        } else {
+            FROM
+        });
     Ok(())
+}
+
+/// What a rank publishes once it has probed its peers (0 in the word: not yet).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// It reads every peer, and has a core of its own.
+    OwnCore = 1,
+    /// It cannot read some peer (or single copy is turned off here).
+    No = 2,
+    /// It reads every peer, but ranks share its core.
+    SharedCores = 3,
 }
 
 /// The arrival payload that exposes a buffer starting at `addr`, with a word of the op's own

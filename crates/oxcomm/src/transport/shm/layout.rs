@@ -9,7 +9,7 @@
 //! | offset | what |
 //! | --- | --- |
 //! | 0 | [`COUNTERS`] lines of progress counters, one 128-byte line each |
-//! | [`SINGLE_COPY_OFFSET`] | the single-copy line: this rank's verdict on reading every peer's memory (0 not yet known, 1 yes, 2 no) and the address of its probe word |
+//! | [`SINGLE_COPY_OFFSET`] | the single-copy line: this rank's verdict on reading every peer's memory (0 not yet known) and the address of its probe word |
 //! | [`ANNOUNCE_OFFSET`] | the announcement line (a fingerprint, [`ANNOUNCE_BYTES`]) |
 //! | [`SLOTS_OFFSET`] | two slots: a line with an 8-byte stamp, an 8-byte check word, the payload's length and up to [`INLINE_BYTES`] of payload; a line with the [`SLOT_HEADER`]-byte header; up to [`SMALL_BYTES`] of payload (when it is not inline) |
 //! | [`BIG_OFFSET`] (page-aligned) | two chunk buffers of [`CHUNK_BYTES`] |

@@ -10,7 +10,7 @@
 //! | offset | what |
 //! | --- | --- |
 //! | 0 | counters, one 128-byte line each: `arrived`, `copied_in`, `reduced`, `copied_out` |
-//! | [`SINGLE_COPY_OFFSET`] | whether this rank can read every peer's memory (0: not known yet, 1: yes, 2: no) and the address of its probe word, which peers read to find out (see [`ShmDirect::probe_peer`]) |
+//! | [`SINGLE_COPY_OFFSET`] | whether this rank can read every peer's memory (0: not known yet, then the verdict the direct algorithms publish) and the address of its probe word, which peers read to find out (see [`ShmDirect::probe_peer`]) |
 //! | [`ANNOUNCE_OFFSET`] | the *announcement*: a tag word (`seq + 1`, 0: none) and [`ANNOUNCE_BYTES`] that a rank publishes when it starts an op that does not use the slots, so peers on the direct path see that it is elsewhere (see [`ShmDirect::announce`]) |
 //! | [`SLOTS_OFFSET`] | two *slots* (by op parity), each a line with an 8-byte stamp, an 8-byte check word (a hash of the op's fingerprint) and up to [`INLINE_BYTES`] of payload, then a line with the 56-byte header (fingerprint + length), then up to [`SMALL_BYTES`] of payload when it does not fit inline: a reader of a tiny op whose fingerprint matches reads one line |
 //! | [`BIG_OFFSET`] | two *halves* of [`CHUNK_BYTES`] each |
@@ -115,12 +115,12 @@ impl ShmDirect {
             && u64::from_ne_bytes(word) == probe_value(self.pids[rank])
     }
 
-    /// `rank`'s single-copy verdict: 0 not known yet, 1 it reads every peer, 2 it does not.
+    /// `rank`'s single-copy verdict: 0 not known yet, then what it published.
     pub fn single_copy_verdict(&self, rank: usize) -> u64 {
         self.single_copy_words(rank)[0].load(Ordering::Acquire)
     }
 
-    /// Publishes this rank's single-copy verdict (1 or 2) and wakes the ranks that sleep.
+    /// Publishes this rank's single-copy verdict (nonzero) and wakes the ranks that sleep.
     pub fn publish_single_copy_verdict(&self, verdict: u64) {
         self.single_copy_words(self.rank)[0].store(verdict, Ordering::Release);
         self.wake_sleepers();
