@@ -47,7 +47,7 @@ pub(crate) fn all_gather<T: Element>(
         let parity = arrive(ctx, d, fp, &single_copy::expose(io.own(me, m, 0..m).as_ptr().cast(), 0))?;
         let out = as_bytes_mut(io.into_whole(me));
         for r in others() {
-            let (addr, _) = single_copy::exposed(d, parity, r);
+            let (addr, _) = single_copy::exposed(d, parity, r)?;
             single_copy::read(ctx, d, r, addr, 0..bytes, &mut out[r * bytes..(r + 1) * bytes])?;
         }
         return single_copy::finish(ctx, d, Readers::Everyone);

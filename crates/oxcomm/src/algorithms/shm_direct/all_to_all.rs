@@ -236,14 +236,18 @@ fn all_to_all_single_copy(
     if let ExchangeBuffers::Apart { send, recv } = &mut io {
         recv[recv_b[me].clone()].copy_from_slice(&send[send_b[me].clone()]);
     }
-    if (0..n).any(|r| single_copy::exposed(d, parity, r).1 != 0) {
+    let mut any_in_place = false;
+    for r in 0..n {
+        any_in_place |= single_copy::exposed(d, parity, r)?.1 != 0;
+    }
+    if any_in_place {
         let lanes = Lanes::PerPeer;
         let max_block = send_b[me].len();
         let b = Blocks { io, send: send_b, recv: recv_b };
         return exchange(ctx, d, b, lanes, steps(max_block, lanes.bytes(n)));
     }
     for r in (1..n).map(|k| (me + k) % n) {
-        let (addr, _) = single_copy::exposed(d, parity, r);
+        let (addr, _) = single_copy::exposed(d, parity, r)?;
         single_copy::read(ctx, d, r, addr, send_b[me].clone(), io.recv(recv_b[r].clone()))?;
     }
     single_copy::finish(ctx, d, Readers::Everyone)

@@ -37,7 +37,7 @@ pub(crate) fn broadcast<T: Element>(
     if single_copy::planned(d, bytes, ROOTED_UNTIL) {
         let parity = arrive(ctx, d, fp, &single_copy::expose(buf.as_ptr().cast(), 0))?;
         if me != root {
-            let (addr, _) = single_copy::exposed(d, parity, root);
+            let (addr, _) = single_copy::exposed(d, parity, root)?;
             single_copy::read(ctx, d, root, addr, 0..bytes, as_bytes_mut(buf))?;
         }
         return single_copy::finish(ctx, d, if me == root { Readers::Everyone } else { Readers::Nobody });

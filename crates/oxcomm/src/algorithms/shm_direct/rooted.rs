@@ -69,7 +69,7 @@ pub(crate) fn gather<T: Element>(
         let parity = arrive(ctx, d, fp, &single_copy::expose(std::ptr::null(), 0))?;
         let dst = as_bytes_mut(io.into_whole(me));
         for r in (0..n).filter(|r| *r != me) {
-            let (addr, _) = single_copy::exposed(d, parity, r);
+            let (addr, _) = single_copy::exposed(d, parity, r)?;
             single_copy::read(ctx, d, r, addr, 0..s, &mut dst[r * s..(r + 1) * s])?;
         }
         return single_copy::finish(ctx, d, Readers::Nobody);
@@ -126,7 +126,7 @@ pub(crate) fn scatter<T: Element>(
     if !small && single_copy::planned(d, s, ROOTED_UNTIL) {
         if me != root {
             let parity = arrive(ctx, d, fp, &single_copy::expose(std::ptr::null(), 0))?;
-            let (addr, _) = single_copy::exposed(d, parity, root);
+            let (addr, _) = single_copy::exposed(d, parity, root)?;
             single_copy::read(ctx, d, root, addr, me * s..(me + 1) * s, as_bytes_mut(io.into_result(me, m)))?;
             return single_copy::finish(ctx, d, Readers::Nobody);
         }

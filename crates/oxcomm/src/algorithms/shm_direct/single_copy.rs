@@ -4,7 +4,7 @@
 //! cross-memory read ([`crate::transport::shm::single_copy`]), instead of the sender copying
 //! into its chunk buffer and the reader copying out of it.
 //!
-//! Per op: arrival (the addresses travel inline, 8 bytes) → each rank reads what it needs
+//! Per op: arrival (the address travels inline, with a word of the op's: 16 bytes) → each rank reads what it needs
 //! from each peer it reads → it publishes that it is done (`CopiedOut`; `CopiedIn` and
 //! `Reduced` move with it, one chunk, so every counter keeps moving in lockstep) → a rank
 //! whose buffer others read waits until they are done before it returns (the caller may then
@@ -27,6 +27,7 @@ use crate::engine::Ctx;
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::shm::single_copy;
 use crate::transport::shm::workspace::Counter;
+use crate::wire::FP_BYTES;
 
 /// Smallest block (bytes one rank reads from one peer) that moves by single copy: below it
 /// the read's fixed cost (a system call that pins the peer's pages) is more than the copies
@@ -107,13 +108,21 @@ pub(super) fn expose(addr: *const u8, word: u64) -> [u8; 16] {
 }
 
 /// The address and the word rank `r` exposed in its arrival payload for this op (slot
-/// `parity`).
-pub(super) fn exposed(d: &Direct<'_>, parity: usize, r: usize) -> (u64, u64) {
+/// `parity`); a payload of another length (a rank that did not plan single copy) is a protocol
+/// error naming it, never an older op's address.
+pub(super) fn exposed(d: &Direct<'_>, parity: usize, r: usize) -> Result<(u64, u64)> {
     // SAFETY: stamped for this op (the caller's arrival waited for it); the slot is reused two
     // ops later.
-    let (_, payload) = unsafe { d.shm.slot(r, parity, 16) };
-    let word = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().expect("8 bytes"));
-    (word(0), word(8))
+    let (header, payload) = unsafe { d.shm.slot(r, parity, 16) };
+    let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+    let len = word(header, FP_BYTES);
+    if len != 16 {
+        return Err(Error::protocol(format!(
+            "rank {r} published {len} bytes where single copy expects its buffer's address (16)"
+        ))
+        .with_peer(r));
+    }
+    Ok((word(payload, 0), word(payload, 8)))
 }
 
 /// Copies `bytes` of the buffer rank `r` exposed at `addr` into `dst`. A rank that exited is
