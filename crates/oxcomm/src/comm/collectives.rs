@@ -518,19 +518,28 @@ impl Communicator {
     /// [`Communicator::gather_in_place`] with per-op options.
     #[track_caller]
     pub fn gather_in_place_with<T: Element>(&self, buf: &mut [T], root: usize, opts: &OpOptions) -> Result<()> {
-        let n = self.size();
-        let at_root = self.rank() == root;
-        let block = if at_root { buf.len() / n } else { buf.len() };
-        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Gather), block);
+        let fp = self.rooted_in_place_fingerprint::<T>(OpKind::Gather, buf.len(), root)?;
+        let io = if self.rank() == root {
+            GatherBuffers::InPlace(buf)
+        } else {
+            GatherBuffers::Apart { input: buf, output: &mut [] }
+        };
+        self.gather_buffers(fp, io, root, opts)
+    }
+
+    /// The fingerprint of a rooted op in place on a buffer of `len` elements (at `root`, every
+    /// rank's block; elsewhere this rank's), once the root and the root's length are checked.
+    #[track_caller]
+    fn rooted_in_place_fingerprint<T: Element>(&self, kind: OpKind, len: usize, root: usize) -> Result<Fingerprint> {
+        let (n, at_root) = (self.size(), self.rank() == root);
+        let block = if at_root { len / n } else { len };
+        let mut fp = Self::with_dtype::<T>(self.fingerprint(kind), block);
         fp.root = Some(root as u32);
         self.check_root(root, &fp)?;
-        if at_root && buf.len() % n != 0 {
-            let msg = format!("buffer has {} elements, not a multiple of the group size {n}", buf.len());
-            return Err(self.arg_error(&fp, msg));
+        if at_root && len % n != 0 {
+            return Err(self.arg_error(&fp, format!("buffer has {len} elements, not a multiple of the group size {n}")));
         }
-        let io =
-            if at_root { GatherBuffers::InPlace(buf) } else { GatherBuffers::Apart { input: buf, output: &mut [] } };
-        self.gather_buffers(fp, io, root, opts)
+        Ok(fp)
     }
 
     #[track_caller]
@@ -594,17 +603,12 @@ impl Communicator {
     /// [`Communicator::scatter_in_place`] with per-op options.
     #[track_caller]
     pub fn scatter_in_place_with<T: Element>(&self, buf: &mut [T], root: usize, opts: &OpOptions) -> Result<()> {
-        let n = self.size();
-        let at_root = self.rank() == root;
-        let block = if at_root { buf.len() / n } else { buf.len() };
-        let mut fp = Self::with_dtype::<T>(self.fingerprint(OpKind::Scatter), block);
-        fp.root = Some(root as u32);
-        self.check_root(root, &fp)?;
-        if at_root && buf.len() % n != 0 {
-            let msg = format!("buffer has {} elements, not a multiple of the group size {n}", buf.len());
-            return Err(self.arg_error(&fp, msg));
-        }
-        let io = if at_root { ScatterBuffers::InPlace(buf) } else { ScatterBuffers::Apart { input: &[], output: buf } };
+        let fp = self.rooted_in_place_fingerprint::<T>(OpKind::Scatter, buf.len(), root)?;
+        let io = if self.rank() == root {
+            ScatterBuffers::InPlace(buf)
+        } else {
+            ScatterBuffers::Apart { input: &[], output: buf }
+        };
         self.scatter_buffers(fp, io, root, opts)
     }
 
