@@ -344,6 +344,17 @@ impl<'c> Ctx<'c> {
         }
     }
 
+    /// Why group rank `peer` no longer takes part, if its link says so: it exited, or it
+    /// aborted and named the rank to blame (whose error this then is, as a wait on it would
+    /// return). `None` while it looks alive.
+    pub fn peer_failure(&mut self, peer: usize) -> Option<Error> {
+        let world = self.members[peer];
+        match self.link(world) {
+            Ok(link) => link.check_alive().err().map(|e| e.with_peer(world)),
+            Err(e) => Some(e),
+        }
+    }
+
     /// Counts `bytes` copied straight out of a peer's buffer (see [`LinkStats`]).
     pub fn count_read_directly(&mut self, bytes: usize) {
         self.stats.bytes_read_directly += bytes as u64;

@@ -141,7 +141,16 @@ pub(super) fn read(
     }
     ctx.count_read_directly(dst.len());
     let from = addr.checked_add(bytes.start as u64).ok_or_else(|| bad_address(r, addr))?;
-    single_copy::read(d.shm.pid(r), from, dst).map_err(|e| match e {
+    let failed = match single_copy::read(d.shm.pid(r), from, dst) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    // A rank that aborted (and may have exited since) names the rank to blame in its link;
+    // that error wins over what the read saw of its memory.
+    if let Some(e) = ctx.peer_failure(r) {
+        return Err(e);
+    }
+    Err(match failed {
         rustix::io::Errno::SRCH => {
             Error::new(ErrorKind::PeerGone, format!("rank {r} exited while this rank read its buffer")).with_peer(r)
         }
