@@ -141,10 +141,10 @@ fn child_entry() {
         "chunks" => {
             // Exactly one chunk per rank (f32), and several with an odd remainder: the direct
             // paths' chunked steps, against every other algorithm of each op.
-            // With single copy on (where the host allows it), blocks from 8 KiB (all_gather's
-            // and all_to_all's small ones: 3001 elements) up to 2 MiB move by it after the
-            // first such op, and the larger ones (and in-place all_to_all) through the chunk
-            // buffers; with OXCOMM_SHM_SINGLE_COPY=0 everything goes through slots and chunks.
+            // With single copy on (where the host allows it), all_gather's and all_to_all's
+            // blocks from 512 KiB (131072 and 300001 elements of 4 or 8 bytes) move by it after
+            // the first such op, the others (and in-place all_to_all) through slots and the
+            // chunk buffers; with OXCOMM_SHM_SINGLE_COPY=0 everything goes through those.
             let t = CollectiveTester::new().counts(&[3001, 131_072, 300_001]).segments(&[1 << 20]);
             let mut bad = t.rank_rooted(&comm);
             bad.extend(t.rank_gather_scatter(&comm));

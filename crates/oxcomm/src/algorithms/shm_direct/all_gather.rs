@@ -13,14 +13,14 @@
 //! is nothing to reduce: `Reduced` is published with `CopiedIn` so every counter moves in
 //! lockstep with the other direct ops.
 //!
-//! **Mid-sized blocks** (8 KiB to 16 MiB) where every rank can read its peers, before either
-//! of the above: each rank exposes its block and reads every other rank's straight into its
-//! output (`single_copy.rs`): per rank (n−1)·B copied once.
+//! **Blocks from 512 KiB to 16 MiB** where every rank can read its peers: each rank exposes its
+//! block and reads every other rank's straight into its output (`single_copy.rs`): per rank
+//! (n−1)·B copied once.
 //!
 //! This rank's own block is copied from the input to the output once (out of place) or not
 //! at all (in place, [`GatherBuffers::InPlace`]).
 
-use super::single_copy::{self, Readers, SPREAD_UNTIL};
+use super::single_copy;
 use super::{arrive, copy_out_for, is_small, wait_counter, wait_peer_counter, Direct};
 use crate::algorithms::GatherBuffers;
 use crate::copy::copy;
@@ -43,18 +43,17 @@ pub(crate) fn all_gather<T: Element>(
     let bytes = m * size;
     // The other ranks, starting after this one.
     let others = move || (1..n).map(move |k| (me + k) % n);
-    if single_copy::planned(d, bytes, SPREAD_UNTIL) {
+    if single_copy::planned(d, bytes) {
         let parity = arrive(ctx, d, fp, &single_copy::expose(io.own(me, m, 0..m).as_ptr().cast(), 0))?;
         let out = as_bytes_mut(io.into_whole(me));
         for r in others() {
             let (addr, _) = single_copy::exposed(d, parity, r)?;
             single_copy::read(ctx, d, r, addr, 0..bytes, &mut out[r * bytes..(r + 1) * bytes])?;
         }
-        return single_copy::finish(ctx, d, Readers::Everyone);
+        return single_copy::finish(ctx, d);
     }
     if is_small(bytes) {
         let parity = arrive(ctx, d, fp, as_bytes(io.own(me, m, 0..m)))?;
-        single_copy::learn(ctx, d, bytes, SPREAD_UNTIL)?;
         let out = io.into_whole(me);
         for r in others() {
             // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
@@ -65,7 +64,7 @@ pub(crate) fn all_gather<T: Element>(
         return Ok(());
     }
     arrive(ctx, d, fp, &[])?;
-    single_copy::learn(ctx, d, bytes, SPREAD_UNTIL)?;
+    single_copy::learn(ctx, d, bytes)?;
     let copy_out = copy_out_for(m * n * size);
     let mut io = GatherBuffers::InPlace(io.into_whole_with(me, copy_out));
     let per_chunk = CHUNK_BYTES / size;

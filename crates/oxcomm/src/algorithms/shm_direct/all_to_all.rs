@@ -23,7 +23,7 @@
 //! comes in (small), and step s copies piece s of every block in before it copies the peers'
 //! pieces s over them (large), so every piece leaves before it is overwritten: no extra pass.
 //!
-//! **Mid-sized equal blocks** where every rank can read its peers: each rank exposes its send
+//! **Equal blocks from 512 KiB to 16 MiB** where every rank can read its peers: each rank exposes its send
 //! buffer and reads its block from every peer's straight into its receive buffer
 //! (`single_copy.rs`): per rank (n − 1)/n · S copied once. When a rank works in place (its
 //! arrival payload says so), every rank takes the chunked exchange instead.
@@ -39,7 +39,7 @@
 use std::ops::Range;
 
 use super::reduce_scatter::piece_index;
-use super::single_copy::{self, Readers, SPREAD_UNTIL};
+use super::single_copy;
 use super::{arrive, copy_out_for, is_small, wait_counter, Direct};
 use crate::algorithms::{pairwise, ExchangeBuffers};
 use crate::copy::copy;
@@ -172,7 +172,7 @@ pub(crate) fn all_to_all<T: Element>(
     let bytes = io.send_len();
     let (send_b, recv_b) = (byte_ranges::<T>(send_ranges), byte_ranges::<T>(recv_ranges));
     let block = send_b.first().map_or(0, |r| r.len());
-    if !uneven && single_copy::planned(d, block, SPREAD_UNTIL) {
+    if !uneven && single_copy::planned(d, block) {
         return all_to_all_single_copy(ctx, d, fp, io, send_b, recv_b);
     }
     let (parity, table) = if uneven {
@@ -192,7 +192,7 @@ pub(crate) fn all_to_all<T: Element>(
         None => (is_small(bytes), block),
     };
     if !uneven {
-        single_copy::learn(ctx, d, block, SPREAD_UNTIL)?;
+        single_copy::learn(ctx, d, block)?;
     }
     if let ExchangeBuffers::Apart { send, recv } = &mut io {
         recv[recv_b[me].clone()].copy_from_slice(&send[send_b[me].clone()]);
@@ -250,7 +250,7 @@ fn all_to_all_single_copy(
         let (addr, _) = single_copy::exposed(d, parity, r)?;
         single_copy::read(ctx, d, r, addr, send_b[me].clone(), io.recv(recv_b[r].clone()))?;
     }
-    single_copy::finish(ctx, d, Readers::Everyone)
+    single_copy::finish(ctx, d)
 }
 
 /// The count table an all_to_all_v rank puts first in its arrival payload: its send counts,

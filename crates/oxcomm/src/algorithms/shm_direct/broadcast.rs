@@ -1,10 +1,10 @@
 //! Direct broadcast: small payloads travel in the root's slot, which the root publishes and
 //! leaves (its arrival waits for nobody; the others wait for the root's slot alone), so
 //! back-to-back broadcasts overlap by one op, as MPI's eager sends do. Large ones go chunk by
-//! chunk through the root's chunk buffers after a full arrival, or, for mid sizes where every
-//! rank can read its peers, straight from the root's buffer (`single_copy.rs`).
+//! chunk through the root's chunk buffers after a full arrival. (Reading straight from the
+//! root's buffer, `single_copy.rs`, was slower here once the root rewrites it before each
+//! broadcast, as training does; docs/benchmarks.md.)
 
-use super::single_copy::{self, Readers, ROOTED_UNTIL};
 use super::{arrive, arrive_for, copy_out_for, is_small, wait_counter, wait_peer_counter, Direct, Wait};
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
@@ -34,16 +34,7 @@ pub(crate) fn broadcast<T: Element>(
         }
         return Ok(());
     }
-    if single_copy::planned(d, bytes, ROOTED_UNTIL) {
-        let parity = arrive(ctx, d, fp, &single_copy::expose(buf.as_ptr().cast(), 0))?;
-        if me != root {
-            let (addr, _) = single_copy::exposed(d, parity, root)?;
-            single_copy::read(ctx, d, root, addr, 0..bytes, as_bytes_mut(buf))?;
-        }
-        return single_copy::finish(ctx, d, if me == root { Readers::Everyone } else { Readers::Nobody });
-    }
     arrive(ctx, d, fp, &[])?;
-    single_copy::learn(ctx, d, bytes, ROOTED_UNTIL)?;
     let per_chunk = CHUNK_BYTES / std::mem::size_of::<T>();
     let total = buf.len();
     let copy_out = copy_out_for(bytes);

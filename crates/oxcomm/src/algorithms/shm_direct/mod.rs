@@ -17,7 +17,7 @@
 //! Each op's own steps are in its file: [`all_reduce`], [`broadcast`], [`all_gather`],
 //! [`reduce_scatter`], `all_to_all.rs` (all_to_all, all_to_all_v and the exchange through the
 //! halves), `rooted.rs` (gather, scatter, reduce); `single_copy.rs` holds the cross-memory
-//! reads that the ops which only move data use for mid-sized blocks.
+//! reads that all_gather and all_to_all use for large blocks.
 //!
 //! Progress counters (`copied_in`, `reduced`, `copied_out`) count chunks over the life of the
 //! communicator; every rank moves each of them by the same amount in every op.
@@ -62,9 +62,9 @@ pub(crate) struct DirectState {
     /// [`Wait::Nobody`]): the next arrival first waits until every rank has arrived at it and
     /// checks their fingerprints against it.
     pub loose: Option<Fingerprint>,
-    /// What every rank agreed on single copy (`single_copy.rs`): `None` until found out, then
-    /// the smallest block that moves by it (`usize::MAX`: none).
-    pub single_copy_from: Option<usize>,
+    /// Whether every rank reads every peer's memory by single copy (`None`: not found out
+    /// yet; see `single_copy.rs`).
+    pub single_copy: Option<bool>,
 }
 
 /// The direct view and its state, as an algorithm sees them.

@@ -17,9 +17,8 @@
 //! and every rank copies its own out; at the root (n − 1) · S copied in, per rank S copied
 //! out.
 //!
-//! **Mid-sized blocks** where every rank can read its peers (`single_copy.rs`): a gather's root
-//! reads every non-root's input straight into its output, a scatter's non-roots read their
-//! block straight from the root's input; each byte is copied once.
+//! Single copy (`single_copy.rs`) is not used here: with inputs rewritten before every op, as
+//! training does, it was slower than these paths at every size it could take (docs/benchmarks.md).
 //!
 //! **Reduce.** Small: arrival carries every buffer; the root reduces the n payloads in rank
 //! order. Large, per chunk: the reduce of the direct all-reduce, with only the root copying
@@ -37,7 +36,6 @@
 
 use super::all_reduce::{copy_in, copy_out, reduce_slots, slice, REDUCE_PIECE_BYTES};
 use super::all_to_all::{exchange, steps, Blocks, Lanes};
-use super::single_copy::{self, Readers, ROOTED_UNTIL};
 use super::{arrive, arrive_for, is_small, Direct, Wait};
 use crate::algorithms::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::copy::copy;
@@ -61,19 +59,6 @@ pub(crate) fn gather<T: Element>(
     let m = io.block_len(n);
     let s = m * std::mem::size_of::<T>();
     let small = is_small(s);
-    if !small && single_copy::planned(d, s, ROOTED_UNTIL) {
-        if me != root {
-            arrive(ctx, d, fp, &single_copy::expose(io.own(me, m, 0..m).as_ptr().cast(), 0))?;
-            return single_copy::finish(ctx, d, Readers::Rank(root));
-        }
-        let parity = arrive(ctx, d, fp, &single_copy::expose(std::ptr::null(), 0))?;
-        let dst = as_bytes_mut(io.into_whole(me));
-        for r in (0..n).filter(|r| *r != me) {
-            let (addr, _) = single_copy::exposed(d, parity, r)?;
-            single_copy::read(ctx, d, r, addr, 0..s, &mut dst[r * s..(r + 1) * s])?;
-        }
-        return single_copy::finish(ctx, d, Readers::Nobody);
-    }
     // Small: a non-root publishes its block and leaves; the root waits for everyone.
     if me != root {
         let input = as_bytes(io.own(me, m, 0..m));
@@ -82,15 +67,11 @@ pub(crate) fn gather<T: Element>(
             return Ok(());
         }
         arrive(ctx, d, fp, &[])?;
-        single_copy::learn(ctx, d, s, ROOTED_UNTIL)?;
         let send = (0..n).map(|p| if p == root { 0..s } else { 0..0 }).collect();
         let b = Blocks { io: ExchangeBuffers::Apart { send: input, recv: &mut [] }, send, recv: vec![0..0; n] };
         return exchange(ctx, d, b, Lanes::One, steps(s, Lanes::One.bytes(n)));
     }
     let parity = arrive(ctx, d, fp, &[])?;
-    if !small {
-        single_copy::learn(ctx, d, s, ROOTED_UNTIL)?;
-    }
     let dst = as_bytes_mut(io.into_whole(me));
     let blocks = |r: usize| if r != me { r * s..(r + 1) * s } else { 0..0 };
     if small {
@@ -123,25 +104,9 @@ pub(crate) fn scatter<T: Element>(
     let m = io.block_len(n);
     let s = m * std::mem::size_of::<T>();
     let small = is_small(n * s);
-    if !small && single_copy::planned(d, s, ROOTED_UNTIL) {
-        if me != root {
-            let parity = arrive(ctx, d, fp, &single_copy::expose(std::ptr::null(), 0))?;
-            let (addr, _) = single_copy::exposed(d, parity, root)?;
-            single_copy::read(ctx, d, root, addr, me * s..(me + 1) * s, as_bytes_mut(io.into_result(me, m)))?;
-            return single_copy::finish(ctx, d, Readers::Nobody);
-        }
-        if let (out, Some(own)) = io.result_and_own(me, m, 0..m) {
-            out.copy_from_slice(own);
-        }
-        arrive(ctx, d, fp, &single_copy::expose(io.input(0..n * m).as_ptr().cast(), 0))?;
-        return single_copy::finish(ctx, d, Readers::Everyone);
-    }
     if me != root {
         // Small: wait for the root alone and copy the block out of its slot.
         let parity = if small { arrive_for(ctx, d, fp, &[], Wait::Root(root))? } else { arrive(ctx, d, fp, &[])? };
-        if !small {
-            single_copy::learn(ctx, d, s, ROOTED_UNTIL)?;
-        }
         let dst = as_bytes_mut(io.into_result(me, m));
         if small {
             // SAFETY: the root stamped its slot for this op; it is reused two ops later.
@@ -163,7 +128,6 @@ pub(crate) fn scatter<T: Element>(
         return Ok(());
     }
     arrive(ctx, d, fp, &[])?;
-    single_copy::learn(ctx, d, s, ROOTED_UNTIL)?;
     let send = (0..n).map(|p| if p != me { p * s..(p + 1) * s } else { 0..0 }).collect();
     let b = Blocks { io: ExchangeBuffers::Apart { send: src, recv: &mut [] }, send, recv: vec![0..0; n] };
     exchange(ctx, d, b, Lanes::PerPeer, steps(s, Lanes::PerPeer.bytes(n)))
