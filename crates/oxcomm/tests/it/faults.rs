@@ -192,6 +192,20 @@ fn child_entry() {
             comm.broadcast(&mut buf, me)?;
             comm.barrier()
         }),
+        "loose_ops_only" => report(|| {
+            // Rank 0 roots small broadcasts, rank 1 is a non-root of small reduces: neither
+            // arrival waits for the other, so the mismatch surfaces when a rank would run more
+            // than SLOTS / 2 direct ops ahead of the other.
+            let mut buf = vec![1.0f32; 4];
+            for _ in 0..64 {
+                if me == 0 {
+                    comm.broadcast(&mut buf, 0)?;
+                } else {
+                    comm.reduce(&mut buf, 0, ReduceOp::Sum)?;
+                }
+            }
+            Ok(())
+        }),
         "broadcast_vs_all_reduce" => report(|| {
             let mut buf = vec![1.0f32; 4];
             if me == 0 {
@@ -366,6 +380,11 @@ fn mismatch_is_named_fast(n: usize, role: &str, env: &[(&str, &str)], ops: [&str
 #[test]
 fn shm_broadcasts_from_different_roots_are_a_mismatch_by_the_next_op() {
     mismatch_is_named_fast(2, "broadcast_roots_differ", &[], ["broadcast", "root"]);
+}
+
+#[test]
+fn shm_loose_ops_that_differ_are_a_mismatch_without_a_full_op() {
+    mismatch_is_named_fast(2, "loose_ops_only", &[], ["broadcast", "reduce"]);
 }
 
 #[test]

@@ -214,6 +214,7 @@ fn child_entry() {
                 }
             }
         }
+        "eager" => report(&comm, eager_rooted_ops(&comm)),
         other => panic!("unknown role {other}"),
     }
     drop(comm);
@@ -281,6 +282,50 @@ fn run_chunks(n: usize, single_copy: bool) {
 }
 
 /// Prints the failures and exits 1, or prints "rank N ok".
+/// Back-to-back small rooted ops (roots rotating, values new every iteration), where a rank
+/// runs up to `SLOTS / 2` direct ops ahead of the slowest, with a full op now and then: every
+/// result is checked, so a slot rewritten while a peer still reads it shows as a wrong value.
+fn eager_rooted_ops(comm: &Communicator) -> Vec<String> {
+    let (n, me) = (comm.size(), comm.rank());
+    let value = |i: usize, r: usize, j: usize| (i * 1000 + r * 10 + j) as i64;
+    let mut bad = Vec::new();
+    let mut expect = |what: &str, i: usize, got: &[i64], want: &[i64]| {
+        if got != want && bad.len() < 5 {
+            bad.push(format!("{what} #{i} on rank {me}: {got:?}, expected {want:?}"));
+        }
+    };
+    for i in 0..600 {
+        let root = i % n;
+        let mut buf: Vec<i64> = (0..3).map(|j| if me == root { value(i, root, j) } else { -1 }).collect();
+        comm.broadcast(&mut buf, root).unwrap();
+        expect("broadcast", i, &buf, &(0..3).map(|j| value(i, root, j)).collect::<Vec<_>>());
+
+        let mine: Vec<i64> = (0..2).map(|j| value(i, me, j)).collect();
+        let mut all = vec![-1i64; 2 * n];
+        comm.gather(&mine, (me == root).then_some(&mut all[..]), root).unwrap();
+        if me == root {
+            expect("gather", i, &all, &(0..n).flat_map(|r| (0..2).map(move |j| value(i, r, j))).collect::<Vec<_>>());
+        }
+
+        let input: Vec<i64> = (0..2 * n).map(|j| value(i, j / 2, j % 2)).collect();
+        let mut out = vec![-1i64; 2];
+        comm.scatter((me == root).then_some(&input[..]), &mut out, root).unwrap();
+        expect("scatter", i, &out, &[value(i, me, 0), value(i, me, 1)]);
+
+        let mut sum = vec![value(i, me, 0)];
+        comm.reduce(&mut sum, root, ReduceOp::Sum).unwrap();
+        if me == root {
+            expect("reduce", i, &sum, &[(0..n).map(|r| value(i, r, 0)).sum()]);
+        }
+        if i % 97 == 0 {
+            let mut x = [me as i64];
+            comm.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+            expect("all_reduce", i, &x, &[(n * (n - 1) / 2) as i64]);
+        }
+    }
+    bad
+}
+
 fn report(comm: &Communicator, bad: Vec<String>) {
     if !bad.is_empty() {
         eprintln!("{} failures, first: {:#?}", bad.len(), &bad[..bad.len().min(5)]);
@@ -300,6 +345,21 @@ fn run_tester_with(n: usize, role: &str, env: &[(&str, &str)]) {
         assert_eq!(*code, Some(0), "rank {r} of {n} failed:\n{out}");
     }
     assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+}
+
+#[test]
+fn shm_back_to_back_small_rooted_ops_2_ranks() {
+    run_tester(2, "eager");
+}
+
+#[test]
+fn shm_back_to_back_small_rooted_ops_3_ranks() {
+    run_tester(3, "eager");
+}
+
+#[test]
+fn shm_back_to_back_small_rooted_ops_5_ranks_on_2_cores() {
+    run_tester(5, "eager");
 }
 
 #[test]

@@ -44,21 +44,21 @@ pub(crate) fn all_gather<T: Element>(
     // The other ranks, starting after this one.
     let others = move || (1..n).map(move |k| (me + k) % n);
     if single_copy::planned(d, bytes) {
-        let parity = arrive(ctx, d, fp, &single_copy::expose(io.own(me, m, 0..m).as_ptr().cast(), 0))?;
+        let slot = arrive(ctx, d, fp, &single_copy::expose(io.own(me, m, 0..m).as_ptr().cast(), 0))?;
         let out = as_bytes_mut(io.into_whole(me));
         for r in others() {
-            let (addr, _) = single_copy::exposed(d, parity, r)?;
+            let (addr, _) = single_copy::exposed(d, slot, r)?;
             single_copy::read(ctx, d, r, addr, 0..bytes, &mut out[r * bytes..(r + 1) * bytes])?;
         }
         return single_copy::finish(ctx, d);
     }
     if is_small(bytes) {
-        let parity = arrive(ctx, d, fp, as_bytes(io.own(me, m, 0..m)))?;
+        let slot = arrive(ctx, d, fp, as_bytes(io.own(me, m, 0..m)))?;
         let out = io.into_whole(me);
         for r in others() {
             // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
-            // reused (two ops later).
-            let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
+            // reused (only once this rank has arrived at a later op).
+            let (_, payload) = unsafe { d.shm.slot(r, slot, bytes) };
             copy(as_bytes_mut(&mut out[r * m..(r + 1) * m]), payload);
         }
         return Ok(());

@@ -87,14 +87,14 @@ pub(super) fn copy_out<T: Element>(
     Ok(())
 }
 
-/// `out` = the `n` ranks' payloads in the slots of this op's `parity` (each `out`'s size),
+/// `out` = the `n` ranks' payloads in this op's `slot` (each `out`'s size),
 /// reduced in rank order.
-pub(super) fn reduce_slots<T: Element>(d: &Direct<'_>, parity: usize, n: usize, out: &mut [T], op: ReduceOp) {
+pub(super) fn reduce_slots<T: Element>(d: &Direct<'_>, slot: usize, n: usize, out: &mut [T], op: ReduceOp) {
     let bytes = std::mem::size_of_val(out);
     for r in 0..n {
         // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
-        // reused (two ops later).
-        let (_, payload) = unsafe { d.shm.slot(r, parity, bytes) };
+        // reused (only once this rank has arrived at a later op).
+        let (_, payload) = unsafe { d.shm.slot(r, slot, bytes) };
         if r == 0 {
             copy(as_bytes_mut(out), payload);
         } else {
@@ -114,9 +114,9 @@ pub(crate) fn all_reduce<'b, T: Element>(
     let total = io.len();
     let bytes = total * std::mem::size_of::<T>();
     if is_small(bytes) {
-        let parity = arrive(ctx, d, fp, as_bytes(io.input(0..total)))?;
+        let slot = arrive(ctx, d, fp, as_bytes(io.input(0..total)))?;
         let out = io.into_output();
-        reduce_slots(d, parity, ctx.size, out, op);
+        reduce_slots(d, slot, ctx.size, out, op);
         return Ok(out);
     }
     arrive(ctx, d, fp, &[])?;

@@ -175,15 +175,15 @@ pub(crate) fn all_to_all<T: Element>(
     if !uneven && single_copy::planned(d, block) {
         return all_to_all_single_copy(ctx, d, fp, io, send_b, recv_b);
     }
-    let (parity, table) = if uneven {
+    let (slot, table) = if uneven {
         let mut payload = CountTable::encode(send_ranges, recv_ranges);
         if payload.len() + bytes <= SMALL_BYTES {
             payload.extend_from_slice(io.send(0..bytes));
         }
-        let parity = arrive(ctx, d, fp, &payload)?;
-        let table = CountTable::read(d, parity, n, std::mem::size_of::<T>())?;
+        let slot = arrive(ctx, d, fp, &payload)?;
+        let table = CountTable::read(d, slot, n, std::mem::size_of::<T>())?;
         table.check(me)?;
-        (parity, Some(table))
+        (slot, Some(table))
     } else {
         (arrive(ctx, d, fp, if is_small(bytes) { io.send(0..bytes) } else { &[] })?, None)
     };
@@ -207,8 +207,8 @@ pub(crate) fn all_to_all<T: Element>(
             // recv_b[r].len() bytes here, inside the payload it wrote).
             let at = table.as_ref().map_or(send_b[me].start, |t| t.offset(r, me));
             // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
-            // reused (two ops later).
-            let (_, payload) = unsafe { d.shm.slot(r, parity, at + len) };
+            // reused (only once this rank has arrived at a later op).
+            let (_, payload) = unsafe { d.shm.slot(r, slot, at + len) };
             copy(io.recv(recv_b[r].clone()), &payload[at..]);
         }
         return Ok(());
@@ -232,13 +232,13 @@ fn all_to_all_single_copy(
 ) -> Result<()> {
     let (n, me) = (ctx.size, ctx.rank);
     let in_place = matches!(io, ExchangeBuffers::InPlace(_));
-    let parity = arrive(ctx, d, fp, &single_copy::expose(io.send(0..0).as_ptr(), u64::from(in_place)))?;
+    let slot = arrive(ctx, d, fp, &single_copy::expose(io.send(0..0).as_ptr(), u64::from(in_place)))?;
     if let ExchangeBuffers::Apart { send, recv } = &mut io {
         recv[recv_b[me].clone()].copy_from_slice(&send[send_b[me].clone()]);
     }
     let mut any_in_place = false;
     for r in 0..n {
-        any_in_place |= single_copy::exposed(d, parity, r)?.1 != 0;
+        any_in_place |= single_copy::exposed(d, slot, r)?.1 != 0;
     }
     if any_in_place {
         let lanes = Lanes::PerPeer;
@@ -247,7 +247,7 @@ fn all_to_all_single_copy(
         return exchange(ctx, d, b, lanes, steps(max_block, lanes.bytes(n)));
     }
     for r in (1..n).map(|k| (me + k) % n) {
-        let (addr, _) = single_copy::exposed(d, parity, r)?;
+        let (addr, _) = single_copy::exposed(d, slot, r)?;
         single_copy::read(ctx, d, r, addr, send_b[me].clone(), io.recv(recv_b[r].clone()))?;
     }
     single_copy::finish(ctx, d)
@@ -277,15 +277,15 @@ impl CountTable {
         send.iter().chain(recv).flat_map(|r| (r.len() as u64).to_le_bytes()).collect()
     }
 
-    /// Every rank's table, read from the slots of this op's `parity`; a payload whose length
+    /// Every rank's table, read from this op's `slot`; a payload whose length
     /// is neither the table nor the table and the send buffer it describes is a protocol error
     /// naming its rank.
-    fn read(d: &Direct<'_>, parity: usize, n: usize, size: usize) -> Result<CountTable> {
+    fn read(d: &Direct<'_>, slot: usize, n: usize, size: usize) -> Result<CountTable> {
         let table = CountTable::bytes(n);
         let mut t = CountTable { send: Vec::with_capacity(n), recv: Vec::with_capacity(n), inline: Vec::new(), size };
         for r in 0..n {
             // SAFETY: stamped for this op; the header is always readable.
-            let (h, _) = unsafe { d.shm.slot(r, parity, 0) };
+            let (h, _) = unsafe { d.shm.slot(r, slot, 0) };
             let len = u64::from_le_bytes(h[FP_BYTES..FP_BYTES + 8].try_into().expect("8 bytes"));
             let bad = |why: &str| {
                 Error::protocol(format!("rank {r}'s all_to_all_v count table is malformed ({why})")).with_peer(r)
@@ -294,7 +294,7 @@ impl CountTable {
                 return Err(bad(&format!("{len} bytes of payload, expected {table} to {SMALL_BYTES}")));
             }
             // SAFETY: as above; `table` ≤ SMALL_BYTES (checked by the caller).
-            let (_, words) = unsafe { d.shm.slot(r, parity, table) };
+            let (_, words) = unsafe { d.shm.slot(r, slot, table) };
             let counts: Vec<u64> =
                 words.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes"))).collect();
             let data = counts[..n]

@@ -1,7 +1,7 @@
 //! Direct broadcast: small payloads travel in the root's slot, which the root publishes and
 //! leaves (its arrival waits for nobody; the others wait for the root's slot alone), so
-//! back-to-back broadcasts overlap by one op, as MPI's eager sends do. Large ones go chunk by
-//! chunk through the root's chunk buffers after a full arrival. (Reading straight from the
+//! back-to-back broadcasts overlap by up to `SLOTS / 2` ops, as MPI's eager sends do. Large
+//! ones go chunk by chunk through the root's chunk buffers after a full arrival. (Reading straight from the
 //! root's buffer, `single_copy.rs`, was slower here once the root rewrites it before each
 //! broadcast, as training does; docs/benchmarks.md.)
 
@@ -26,10 +26,11 @@ pub(crate) fn broadcast<T: Element>(
     if is_small(bytes) {
         // The root only publishes; the others wait for the root alone (see `arrive_for`).
         let (payload, wait) = if me == root { (as_bytes(&*buf), Wait::Nobody) } else { (&[][..], Wait::Root(root)) };
-        let parity = arrive_for(ctx, d, fp, payload, wait)?;
+        let slot = arrive_for(ctx, d, fp, payload, wait)?;
         if me != root {
-            // SAFETY: the root stamped its slot for this op; it is reused two ops later.
-            let (_, payload) = unsafe { d.shm.slot(root, parity, bytes) };
+            // SAFETY: the root stamped its slot for this op; it is reused only once this rank
+            // has arrived at a later op.
+            let (_, payload) = unsafe { d.shm.slot(root, slot, bytes) };
             copy(as_bytes_mut(buf), payload);
         }
         return Ok(());

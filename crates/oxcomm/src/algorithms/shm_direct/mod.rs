@@ -2,17 +2,28 @@
 //! ([`ShmDirect`]) instead of sending bytes through rings.
 //!
 //! **Arrival** (every direct op starts with it): a rank writes its fingerprint (and, for small
-//! messages, its payload) into its slot for the op's parity and stamps it; it then waits for
-//! every rank's stamp and compares every fingerprint with its own before touching the user's
-//! buffer, so the agreement costs no extra round. A slot is rewritten two ops later, once every
-//! rank has arrived at the op in between (and so finished reading the older slot).
+//! messages, its payload) into its slot for the op and stamps it; it then waits for every
+//! rank's stamp and compares every fingerprint with its own before touching the user's buffer,
+//! so the agreement costs no extra round. Op `k` uses slot `k % SLOTS`.
 //!
 //! A *loose* arrival ([`Wait::Root`], [`Wait::Nobody`]) waits only for the slots the op reads
-//! (a small broadcast's root publishes and returns; the others wait for the root): the next
-//! arrival then first waits for every rank's stamp of the loose op, which the rule above needs
-//! anyway, and checks their fingerprints, so a mismatch in a loose op is reported at the next
-//! direct op at the latest. Back-to-back rooted ops overlap by one op this way, as MPI's eager
-//! sends do, instead of each paying a full arrival round.
+//! (a small broadcast's root publishes and returns; the others wait for the root), so a rank
+//! can run ahead of its peers, as MPI's eager sends let it. How far is bounded by the slots:
+//! before writing op `k`'s slot, a rank waits until every rank has stamped op `k − EAGER` and
+//! checks their fingerprints of that op (unless an earlier arrival did), where
+//! `EAGER = SLOTS / 2`. So a rank runs at most [`EAGER`] ops ahead of the slowest, and:
+//!
+//! - the slot it rewrites (op `k − SLOTS`) is no longer read: its payload was read before the
+//!   readers stamped op `k − SLOTS + 1`, and its fingerprint checked before they stamped op
+//!   `k − EAGER` at the latest, which this rank has just seen;
+//! - the slots it checks are still there: a peer rewrites op `k − EAGER`'s slot at op
+//!   `k + EAGER`, only after this rank has stamped op `k`, which it does after the check.
+//!
+//! A full arrival ([`Wait::Everyone`]) at op `k` first waits for every rank's stamps of the
+//! loose ops before it that no arrival has checked yet and checks them (their slots are still
+//! there by the second point), so a mismatch in a loose op is reported at the next full arrival
+//! or at most [`EAGER`] ops later, and names the rank even if that rank never arrives at op
+//! `k`. Back-to-back full arrivals pay nothing for this: each finds the ops before it checked.
 //!
 //! Each op's own steps are in its file: [`all_reduce`], [`broadcast`], [`all_gather`],
 //! [`reduce_scatter`], `all_to_all.rs` (all_to_all, all_to_all_v and the exchange through the
@@ -48,7 +59,7 @@ pub(crate) use rooted::{gather, reduce, scatter};
 
 use crate::engine::{Ctx, Watch};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::shm::workspace::{Counter, ShmDirect, SLOT_HEADER, SMALL_BYTES};
+use crate::transport::shm::workspace::{Counter, ShmDirect, SLOTS, SLOT_HEADER, SMALL_BYTES};
 use crate::wire::{Fingerprint, FP_BYTES};
 
 /// Per-communicator progress of the direct protocol (identical on every rank).
@@ -58,10 +69,11 @@ pub(crate) struct DirectState {
     pub ops: u64,
     /// Chunks processed so far.
     pub chunks: u64,
-    /// The previous op, when its arrival did not wait for every rank ([`Wait::Root`],
-    /// [`Wait::Nobody`]): the next arrival first waits until every rank has arrived at it and
-    /// checks their fingerprints against it.
-    pub loose: Option<Fingerprint>,
+    /// Ops `0..checked` had every rank's stamp seen and fingerprint checked by this rank.
+    pub checked: u64,
+    /// This rank's fingerprints of its last [`SLOTS`] ops (op `k` at `k % SLOTS`), for checking
+    /// the loose ones when every rank has arrived.
+    pub recent: [Option<Fingerprint>; SLOTS],
     /// Whether every rank reads every peer's memory by single copy (`None`: not found out
     /// yet; see `single_copy.rs`).
     pub single_copy: Option<bool>,
@@ -96,6 +108,9 @@ pub(crate) fn is_small(bytes: usize) -> bool {
     bytes <= SMALL_BYTES
 }
 
+/// How many ops a rank may run ahead of the slowest rank (module docs).
+pub(super) const EAGER: u64 = (SLOTS / 2) as u64;
+
 /// Whose slots an arrival waits for before the op goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Wait {
@@ -109,15 +124,15 @@ pub(super) enum Wait {
 }
 
 /// Writes this rank's slot and waits for every rank's; checks the fingerprints. Returns the
-/// slot parity of this op.
+/// slot of this op.
 pub(super) fn arrive(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, fp: &Fingerprint, payload: &[u8]) -> Result<usize> {
     arrive_for(ctx, d, fp, payload, Wait::Everyone)
 }
 
 /// [`arrive`] waiting only for the slots `wait` names, whose fingerprints it checks; the
-/// others are checked by the next arrival, which first waits for every rank to have arrived at
-/// this op. So a root that only publishes returns at once, and back-to-back rooted ops overlap
-/// by one op, while no slot is rewritten before every rank has finished reading it.
+/// others are checked by a later arrival (module docs). So a root that only publishes returns
+/// at once, and back-to-back rooted ops overlap by up to [`EAGER`] ops, while no slot is
+/// rewritten before every rank has finished reading it.
 pub(super) fn arrive_for(
     ctx: &mut Ctx<'_>,
     d: &mut Direct<'_>,
@@ -125,53 +140,95 @@ pub(super) fn arrive_for(
     payload: &[u8],
     wait: Wait,
 ) -> Result<usize> {
-    let parity = (d.state.ops & 1) as usize;
-    let stamp = d.state.ops + 1;
-    let shm = d.shm;
+    let k = d.state.ops;
+    let slot = (k % SLOTS as u64) as usize;
+    let stamp = k + 1;
     let n = ctx.size;
-    if let Some(prev) = d.state.loose.take() {
-        // The previous op's slots were not all waited for: wait now, before rewriting the
-        // slot of the op before it (same parity), and check what was not checked.
-        arrive_wait(ctx, shm, &prev, parity ^ 1, stamp - 1, 0..n)?;
-        let encoded = prev.encode();
-        check_fingerprints(shm, parity ^ 1, &prev, check_word(&encoded), 0..n)?;
+    // This op's slot last held op k − SLOTS: before rewriting it, see every rank past op
+    // k − EAGER (module docs).
+    if wait == Wait::Everyone && d.state.checked < k {
+        // The loose ops before a full arrival: checked before it, so that a rank that took
+        // another op there is named even if it never arrives here (module docs).
+        check_through(ctx, d, k - 1)?;
+    } else if k >= EAGER && d.state.checked <= k - EAGER {
+        check_through(ctx, d, k - EAGER)?;
+        // Check ahead the later ops every rank has stamped already, so that the next arrivals
+        // need not read the peers' slots (a miss each) until the slowest is EAGER ops behind.
+        check_stamped(d, k);
     }
     d.state.ops += 1;
+    d.state.recent[slot] = Some(*fp);
     debug_assert_eq!(FP_BYTES + 8, SLOT_HEADER);
     let mut header = [0u8; FP_BYTES + 8];
     header[..FP_BYTES].copy_from_slice(&fp.encode());
     header[FP_BYTES..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
     let check = check_word(&header[..FP_BYTES]);
-    // SAFETY: parity protocol (module docs): every rank arrived at the previous op, so no one
-    // still reads the slot of the op before it, which this write replaces.
-    unsafe { d.shm.write_slot(parity, stamp, check, &header, payload) };
+    // SAFETY: every rank has stamped op k − EAGER (just checked), so none still reads op
+    // k − SLOTS's slot, which this write replaces (module docs).
+    unsafe { d.shm.write_slot(slot, stamp, check, &header, payload) };
     let ranks = match wait {
-        Wait::Everyone => 0..n,
+        Wait::Everyone => {
+            arrive_wait(ctx, d.shm, fp, slot, stamp, 0..n)?;
+            check_fingerprints(d.shm, slot, fp, check, 0..n)?;
+            d.state.checked = stamp;
+            return Ok(slot);
+        }
         Wait::Root(r) => r..r + 1,
         Wait::Nobody => 0..0,
     };
-    if wait != Wait::Everyone {
-        d.state.loose = Some(*fp);
-    }
-    arrive_wait(ctx, shm, fp, parity, stamp, ranks.clone())?;
-    check_fingerprints(shm, parity, fp, check, ranks)?;
-    Ok(parity)
+    arrive_wait(ctx, d.shm, fp, slot, stamp, ranks.clone())?;
+    check_fingerprints(d.shm, slot, fp, check, ranks)?;
+    Ok(slot)
 }
 
-/// Waits until the slots `parity` of `ranks` carry `stamp` (the op `fp`), or fails naming a
-/// rank that runs another op at `fp`'s sequence number over the links (announced).
+/// Checks the fingerprints of the ops from `d.state.checked` on, before `end`, that every rank
+/// has stamped, without waiting; stops at the first op some rank has not stamped or whose
+/// fingerprints differ (a later arrival reports it).
+fn check_stamped(d: &mut Direct<'_>, end: u64) {
+    let n = d.shm.size();
+    while d.state.checked < end {
+        let op = d.state.checked;
+        let slot = (op % SLOTS as u64) as usize;
+        if (0..n).any(|r| d.shm.slot_stamp(r, slot) <= op) {
+            return;
+        }
+        let Some(fp) = d.state.recent[slot] else { return };
+        if check_fingerprints(d.shm, slot, &fp, check_word(&fp.encode()), 0..n).is_err() {
+            return;
+        }
+        d.state.checked += 1;
+    }
+}
+
+/// Waits until every rank has stamped ops `d.state.checked..=last` (at most [`EAGER`] + 1 of
+/// this rank's latest ops) and checks their fingerprints against this rank's, oldest first.
+fn check_through(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, last: u64) -> Result<()> {
+    let n = ctx.size;
+    while d.state.checked <= last {
+        let op = d.state.checked;
+        let slot = (op % SLOTS as u64) as usize;
+        let fp = d.state.recent[slot].expect("this rank's fingerprint of each of its last SLOTS ops");
+        arrive_wait(ctx, d.shm, &fp, slot, op + 1, 0..n)?;
+        check_fingerprints(d.shm, slot, &fp, check_word(&fp.encode()), 0..n)?;
+        d.state.checked += 1;
+    }
+    Ok(())
+}
+
+/// Waits until the slots `slot` of `ranks` carry `stamp` (the op `fp`) or a later one, or fails
+/// naming a rank that runs another op at `fp`'s sequence number over the links (announced).
 fn arrive_wait(
     ctx: &mut Ctx<'_>,
     shm: &ShmDirect,
     fp: &Fingerprint,
-    parity: usize,
+    slot: usize,
     stamp: u64,
     ranks: std::ops::Range<usize>,
 ) -> Result<()> {
     let tag = announce_tag(fp.seq);
     let elsewhere = std::cell::Cell::new(None);
     let mut lagging = || {
-        let r = ranks.clone().find(|r| shm.slot_stamp(*r, parity) < stamp)?;
+        let r = ranks.clone().find(|r| shm.slot_stamp(*r, slot) < stamp)?;
         match shm.announced(r, tag) {
             Some(record) => {
                 elsewhere.set(Some((r, record)));
@@ -206,24 +263,24 @@ fn check_word(encoded: &[u8]) -> u64 {
     })
 }
 
-/// Checks that the slots `parity` of `ranks` (stamped for the op `fp`) carry `fp`: their check
-/// words against `check` (this op's), and where one differs, the whole fingerprint.
+/// Checks that the slots `slot` of `ranks` (stamped for the op `fp`) carry `fp`: their check
+/// words against `check` (`fp`'s), and where one differs, the whole fingerprint.
 fn check_fingerprints(
     shm: &ShmDirect,
-    parity: usize,
+    slot: usize,
     fp: &Fingerprint,
     check: u64,
     ranks: std::ops::Range<usize>,
 ) -> Result<()> {
     for r in ranks {
-        // SAFETY: rank r stamped this slot for this op; it rewrites it only after every rank
-        // arrived at the next op, which this rank has not.
-        let theirs_check = unsafe { shm.slot_check(r, parity) };
+        // SAFETY: rank r stamped this slot for this op; it rewrites it only once this rank has
+        // stamped a later op than it has (module docs).
+        let theirs_check = unsafe { shm.slot_check(r, slot) };
         if theirs_check == check {
             continue;
         }
         // SAFETY: as above.
-        let (h, _) = unsafe { shm.slot(r, parity, 0) };
+        let (h, _) = unsafe { shm.slot(r, slot, 0) };
         let theirs = Fingerprint::decode_from(&h[..FP_BYTES], r)?;
         if theirs != *fp {
             return Err(Error::new(
@@ -286,8 +343,8 @@ pub(crate) fn beside_direct<R>(
 /// sequence number, which this rank (running `fp` over the links) will never join.
 pub(crate) fn no_direct_peer(shm: &ShmDirect, me: usize, fp: &Fingerprint) -> Result<()> {
     for r in (0..shm.size()).filter(|r| *r != me) {
-        for parity in 0..2 {
-            let h = shm.slot_header_snapshot(r, parity);
+        for slot in 0..SLOTS {
+            let h = shm.slot_header_snapshot(r, slot);
             // Torn or stale headers do not decode or carry another sequence number.
             match Fingerprint::decode(&h[..FP_BYTES]) {
                 Ok(theirs) if theirs.seq == fp.seq && theirs.group == fp.group => {

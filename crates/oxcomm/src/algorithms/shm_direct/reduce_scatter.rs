@@ -50,12 +50,12 @@ pub(crate) fn reduce_scatter<'b, T: Element>(
     let m = io.block_len(n);
     let mut saved = Vec::new();
     if is_small(n * m * size) {
-        let parity = arrive(ctx, d, fp, as_bytes(io.input(0..n * m)))?;
+        let slot = arrive(ctx, d, fp, as_bytes(io.input(0..n * m)))?;
         let shm = d.shm;
         let theirs = |r: usize| -> &[T] {
             // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
-            // reused (two ops later).
-            let (_, payload) = unsafe { shm.slot(r, parity, n * m * size) };
+            // reused (only once this rank has arrived at a later op).
+            let (_, payload) = unsafe { shm.slot(r, slot, n * m * size) };
             bytemuck::cast_slice(&payload[me * m * size..(me + 1) * m * size])
         };
         let out = io.into_result(me, m);

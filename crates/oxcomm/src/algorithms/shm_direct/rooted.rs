@@ -3,7 +3,8 @@
 //!
 //! Small rooted ops use loose arrivals (see the module docs): a rank that only publishes (a
 //! gather's or reduce's non-root, a scatter's root) leaves once its slot is written, and a
-//! scatter's non-root waits for the root alone, so back-to-back small ops overlap by one op.
+//! scatter's non-root waits for the root alone, so back-to-back small ops overlap by up to
+//! `SLOTS / 2` ops.
 //!
 //! **Gather.** Small (S ≤ [`SMALL_BYTES`]): arrival carries every non-root's block; the root
 //! copies each out of its slot (one step; the root reads (n − 1) · S). Large: the exchange with
@@ -71,14 +72,14 @@ pub(crate) fn gather<T: Element>(
         let b = Blocks { io: ExchangeBuffers::Apart { send: input, recv: &mut [] }, send, recv: vec![0..0; n] };
         return exchange(ctx, d, b, Lanes::One, steps(s, Lanes::One.bytes(n)));
     }
-    let parity = arrive(ctx, d, fp, &[])?;
+    let slot = arrive(ctx, d, fp, &[])?;
     let dst = as_bytes_mut(io.into_whole(me));
     let blocks = |r: usize| if r != me { r * s..(r + 1) * s } else { 0..0 };
     if small {
         for r in (0..n).filter(|r| *r != me) {
             // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
-            // reused (two ops later).
-            let (_, payload) = unsafe { d.shm.slot(r, parity, s) };
+            // reused (only once this rank has arrived at a later op).
+            let (_, payload) = unsafe { d.shm.slot(r, slot, s) };
             copy(&mut dst[blocks(r)], payload);
         }
         return Ok(());
@@ -106,11 +107,12 @@ pub(crate) fn scatter<T: Element>(
     let small = is_small(n * s);
     if me != root {
         // Small: wait for the root alone and copy the block out of its slot.
-        let parity = if small { arrive_for(ctx, d, fp, &[], Wait::Root(root))? } else { arrive(ctx, d, fp, &[])? };
+        let slot = if small { arrive_for(ctx, d, fp, &[], Wait::Root(root))? } else { arrive(ctx, d, fp, &[])? };
         let dst = as_bytes_mut(io.into_result(me, m));
         if small {
-            // SAFETY: the root stamped its slot for this op; it is reused two ops later.
-            let (_, payload) = unsafe { d.shm.slot(root, parity, n * s) };
+            // SAFETY: the root stamped its slot for this op; it is reused only once this rank
+            // has arrived at a later op.
+            let (_, payload) = unsafe { d.shm.slot(root, slot, n * s) };
             copy(dst, &payload[me * s..(me + 1) * s]);
             return Ok(());
         }
@@ -151,10 +153,10 @@ pub(crate) fn reduce<'b, T: Element>(
     if is_small(bytes) {
         // A non-root publishes its buffer and leaves; the root waits for everyone.
         let wait = if me == root { Wait::Everyone } else { Wait::Nobody };
-        let parity = arrive_for(ctx, d, fp, as_bytes(io.input(0..total)), wait)?;
+        let slot = arrive_for(ctx, d, fp, as_bytes(io.input(0..total)), wait)?;
         let out = io.into_output();
         if me == root {
-            reduce_slots(d, parity, n, out, op);
+            reduce_slots(d, slot, n, out, op);
         }
         return Ok(out);
     }

@@ -11,7 +11,7 @@
 //! | 0 | [`COUNTERS`] lines of progress counters, one 128-byte line each |
 //! | [`SINGLE_COPY_OFFSET`] | the single-copy line: this rank's verdict on reading every peer's memory (0 not yet known) and the address of its probe word |
 //! | [`ANNOUNCE_OFFSET`] | the announcement line (a fingerprint, [`ANNOUNCE_BYTES`]) |
-//! | [`SLOTS_OFFSET`] | two slots: a line with an 8-byte stamp, an 8-byte check word, the payload's length and up to [`INLINE_BYTES`] of payload; a line with the [`SLOT_HEADER`]-byte header; up to [`SMALL_BYTES`] of payload (when it is not inline) |
+//! | [`SLOTS_OFFSET`] | [`SLOTS`] slots: a line with an 8-byte stamp, an 8-byte check word, the payload's length and up to [`INLINE_BYTES`] of payload; a line with the [`SLOT_HEADER`]-byte header; up to [`SMALL_BYTES`] of payload (when it is not inline) |
 //! | [`BIG_OFFSET`] (page-aligned) | two chunk buffers of [`CHUNK_BYTES`] |
 
 use std::sync::atomic::AtomicU32;
@@ -46,8 +46,11 @@ pub const SINGLE_COPY_OFFSET: usize = COUNTERS * LINE;
 pub const ANNOUNCE_OFFSET: usize = SINGLE_COPY_OFFSET + LINE;
 /// Bytes of an announcement's record (an op fingerprint).
 pub const ANNOUNCE_BYTES: usize = 48;
-/// Offset of the two slots.
+/// Offset of the slots.
 pub const SLOTS_OFFSET: usize = ANNOUNCE_OFFSET + LINE;
+/// Slots per rank: direct op `k` writes slot `k % SLOTS`, so a rank can run up to
+/// `SLOTS / 2` ops ahead of the slowest (`algorithms/shm_direct/mod.rs`).
+pub const SLOTS: usize = 8;
 /// Bytes of a slot's header (an op fingerprint and a length), on the slot's second line.
 pub const SLOT_HEADER: usize = 56;
 /// Offset of the check word in a slot (after the stamp, on the same line).
@@ -66,6 +69,6 @@ pub(super) const SLOT_HEADER_AT: usize = 64;
 pub(super) const SLOT_PAYLOAD: usize = 128;
 pub(super) const SLOT_BYTES: usize = (SLOT_PAYLOAD + SMALL_BYTES).next_multiple_of(LINE);
 /// Offset of the chunk buffers (page-aligned).
-pub const BIG_OFFSET: usize = (SLOTS_OFFSET + 2 * SLOT_BYTES).next_multiple_of(4096);
+pub const BIG_OFFSET: usize = (SLOTS_OFFSET + SLOTS * SLOT_BYTES).next_multiple_of(4096);
 /// Size of the whole workspace.
 pub const WORKSPACE_BYTES: usize = BIG_OFFSET + 2 * CHUNK_BYTES;

@@ -12,7 +12,7 @@
 //! | 0 | counters, one 128-byte line each: `arrived`, `copied_in`, `reduced`, `copied_out` |
 //! | [`SINGLE_COPY_OFFSET`] | whether this rank can read every peer's memory (0: not known yet, then the verdict the direct algorithms publish) and the address of its probe word, which peers read to find out (see [`ShmDirect::probe_peer`]) |
 //! | [`ANNOUNCE_OFFSET`] | the *announcement*: a tag word (`seq + 1`, 0: none) and [`ANNOUNCE_BYTES`] that a rank publishes when it starts an op that does not use the slots, so peers on the direct path see that it is elsewhere (see [`ShmDirect::announce`]) |
-//! | [`SLOTS_OFFSET`] | two *slots* (by op parity), each a line with an 8-byte stamp, an 8-byte check word (a hash of the op's fingerprint) and up to [`INLINE_BYTES`] of payload, then a line with the 56-byte header (fingerprint + length), then up to [`SMALL_BYTES`] of payload when it does not fit inline: a reader of a tiny op whose fingerprint matches reads one line |
+//! | [`SLOTS_OFFSET`] | [`SLOTS`] *slots* (op `k` writes slot `k % SLOTS`), each a line with an 8-byte stamp, an 8-byte check word (a hash of the op's fingerprint) and up to [`INLINE_BYTES`] of payload, then a line with the 56-byte header (fingerprint + length), then up to [`SMALL_BYTES`] of payload when it does not fit inline: a reader of a tiny op whose fingerprint matches reads one line |
 //! | [`BIG_OFFSET`] | two *halves* of [`CHUNK_BYTES`] each |
 //!
 //! Writers publish with `Release` stores to a counter or stamp after writing the bytes it
@@ -29,7 +29,7 @@ use super::segment::Segment;
 pub const ARRIVAL_POLLS: usize = 200;
 
 pub use super::layout::{
-    ANNOUNCE_BYTES, ANNOUNCE_OFFSET, BIG_OFFSET, CHUNK_BYTES, INLINE_BYTES, SINGLE_COPY_OFFSET, SLOTS_OFFSET,
+    ANNOUNCE_BYTES, ANNOUNCE_OFFSET, BIG_OFFSET, CHUNK_BYTES, INLINE_BYTES, SINGLE_COPY_OFFSET, SLOTS, SLOTS_OFFSET,
     SLOT_HEADER, SMALL_BYTES, WORKSPACE_BYTES,
 };
 use super::layout::{LINE, SLOT_BYTES, SLOT_CHECK, SLOT_HEADER_AT, SLOT_INLINE, SLOT_LEN, SLOT_PAYLOAD};
@@ -172,26 +172,27 @@ impl ShmDirect {
         }
     }
 
-    fn slot_base(&self, rank: usize, parity: usize) -> NonNull<u8> {
-        // SAFETY: slot `parity & 1` lies inside the workspace by the layout constants.
-        unsafe { self.bases[rank].add(SLOTS_OFFSET + (parity & 1) * SLOT_BYTES) }
+    fn slot_base(&self, rank: usize, slot: usize) -> NonNull<u8> {
+        // SAFETY: slot `slot % SLOTS` lies inside the workspace by the layout constants.
+        unsafe { self.bases[rank].add(SLOTS_OFFSET + (slot % SLOTS) * SLOT_BYTES) }
     }
 
-    fn stamp(&self, rank: usize, parity: usize) -> &AtomicU64 {
+    fn stamp(&self, rank: usize, slot: usize) -> &AtomicU64 {
         // SAFETY: the stamp is the first word of the slot, which is 128-aligned.
-        unsafe { self.slot_base(rank, parity).cast::<AtomicU64>().as_ref() }
+        unsafe { self.slot_base(rank, slot).cast::<AtomicU64>().as_ref() }
     }
 
-    /// Writes this rank's slot `parity`: `header` (≤ [`SLOT_HEADER`] bytes), its `check` word
+    /// Writes this rank's slot `slot`: `header` (≤ [`SLOT_HEADER`] bytes), its `check` word
     /// and `payload` (≤ [`SMALL_BYTES`]; inline when ≤ [`INLINE_BYTES`]), then stamps it
     /// `stamp` and wakes every other rank.
     ///
     /// # Safety
-    /// No other rank may be reading this slot: the caller follows the parity protocol (a slot
-    /// is rewritten two ops later, after every rank has arrived at the op in between).
-    pub unsafe fn write_slot(&self, parity: usize, stamp: u64, check: u64, header: &[u8], payload: &[u8]) {
+    /// No other rank may be reading this slot: the caller follows the slot protocol of
+    /// `algorithms/shm_direct/mod.rs` (a slot is rewritten [`SLOTS`] ops later, once every rank
+    /// has read it and checked its fingerprint).
+    pub unsafe fn write_slot(&self, slot: usize, stamp: u64, check: u64, header: &[u8], payload: &[u8]) {
         assert!(header.len() <= SLOT_HEADER && payload.len() <= SMALL_BYTES);
-        let base = self.slot_base(self.rank, parity);
+        let base = self.slot_base(self.rank, slot);
         let at = if payload.len() <= INLINE_BYTES { SLOT_INLINE } else { SLOT_PAYLOAD };
         // SAFETY: every range lies inside the slot (asserted sizes, layout constants); by the
         // caller's contract nobody reads them now; the sources are ordinary memory, not in
@@ -202,18 +203,18 @@ impl ShmDirect {
             base.as_ptr().add(SLOT_LEN).cast::<u64>().write(payload.len() as u64);
             crate::copy::copy_raw(base.as_ptr().add(at), payload.as_ptr(), payload.len());
         }
-        self.stamp(self.rank, parity).store(stamp, Ordering::Release);
+        self.stamp(self.rank, slot).store(stamp, Ordering::Release);
         self.wake_sleepers();
     }
 
-    /// The check word of `rank`'s slot `parity`.
+    /// The check word of `rank`'s slot `slot`.
     ///
     /// # Safety
     /// As [`ShmDirect::slot`]: the caller has seen the slot's stamp for the current op.
-    pub unsafe fn slot_check(&self, rank: usize, parity: usize) -> u64 {
+    pub unsafe fn slot_check(&self, rank: usize, slot: usize) -> u64 {
         // SAFETY: the check word is 8-aligned inside the slot; not written concurrently by the
         // caller's contract.
-        unsafe { self.slot_base(rank, parity).as_ptr().add(SLOT_CHECK).cast::<u64>().read() }
+        unsafe { self.slot_base(rank, slot).as_ptr().add(SLOT_CHECK).cast::<u64>().read() }
     }
 
     /// The words of the announcement line: the tag, then the record.
@@ -251,14 +252,14 @@ impl ShmDirect {
         (w[0].load(Ordering::Relaxed) == tag).then_some(record)
     }
 
-    /// A snapshot of the header of `rank`'s slot `parity` whatever its state, read word by
+    /// A snapshot of the header of `rank`'s slot `slot` whatever its state, read word by
     /// word: it may be torn while the owner rewrites the slot, so callers only use it as a
     /// hint that they confirm (a fingerprint with the op's sequence number).
-    pub fn slot_header_snapshot(&self, rank: usize, parity: usize) -> [u8; SLOT_HEADER] {
+    pub fn slot_header_snapshot(&self, rank: usize, slot: usize) -> [u8; SLOT_HEADER] {
         // SAFETY: the header is on the slot's second line, so it is 8-aligned and inside the
         // slot; `AtomicU64` is valid for any bits, and atomic loads do not race.
         let words =
-            unsafe { self.slot_base(rank, parity).add(SLOT_HEADER_AT).cast::<[AtomicU64; SLOT_HEADER / 8]>().as_ref() };
+            unsafe { self.slot_base(rank, slot).add(SLOT_HEADER_AT).cast::<[AtomicU64; SLOT_HEADER / 8]>().as_ref() };
         let mut h = [0u8; SLOT_HEADER];
         for (word, bytes) in words.iter().zip(h.chunks_exact_mut(8)) {
             bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
@@ -266,20 +267,20 @@ impl ShmDirect {
         h
     }
 
-    /// The stamp of `rank`'s slot `parity` (`Acquire`).
-    pub fn slot_stamp(&self, rank: usize, parity: usize) -> u64 {
-        self.stamp(rank, parity).load(Ordering::Acquire)
+    /// The stamp of `rank`'s slot `slot` (`Acquire`).
+    pub fn slot_stamp(&self, rank: usize, slot: usize) -> u64 {
+        self.stamp(rank, slot).load(Ordering::Acquire)
     }
 
-    /// `rank`'s slot `parity`: its header ([`SLOT_HEADER`] bytes) and the first `len` bytes of
+    /// `rank`'s slot `slot`: its header ([`SLOT_HEADER`] bytes) and the first `len` bytes of
     /// its payload (inline or not, as the writer's payload length says).
     ///
     /// # Safety
     /// The caller has seen the slot's stamp for the current op (so the writer is done) and
     /// does not keep the slices past the point where the writer may reuse the slot.
-    pub unsafe fn slot(&self, rank: usize, parity: usize, len: usize) -> (&[u8], &[u8]) {
+    pub unsafe fn slot(&self, rank: usize, slot: usize, len: usize) -> (&[u8], &[u8]) {
         assert!(len <= SMALL_BYTES);
-        let base = self.slot_base(rank, parity);
+        let base = self.slot_base(rank, slot);
         // SAFETY: the length word is 8-aligned inside the slot; not written concurrently by the
         // caller's contract.
         let written = unsafe { base.as_ptr().add(SLOT_LEN).cast::<u64>().read() };
