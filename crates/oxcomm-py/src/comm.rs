@@ -337,6 +337,84 @@ impl PyComm {
         })
     }
 
+    #[pyo3(signature = (input, output, root, op, async_op = false))]
+    fn reduce_into(
+        &self,
+        py: Python<'_>,
+        input: Buf,
+        output: Option<Buf>,
+        root: usize,
+        op: &str,
+        async_op: bool,
+    ) -> PyResult<Option<PyWork>> {
+        let op = parse_op(op)?;
+        if let Some(o) = &output {
+            same_dtype(&input, &[("output", o)])?;
+        }
+        self.launch(py, async_op, move |c| {
+            with_elem!(input.dtype, T => c.reduce_into(
+                // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+                // lives as long as the slice (see `Buf::slice`).
+                unsafe { input.slice::<T>() }, output.as_ref().map(|o| unsafe { o.slice_mut::<T>() }), root, op))
+        })
+    }
+
+    #[pyo3(signature = (buf, async_op = false))]
+    fn all_gather_in_place(&self, py: Python<'_>, buf: Buf, async_op: bool) -> PyResult<Option<PyWork>> {
+        self.launch(
+            py,
+            async_op,
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!`) and its owner lives as
+            // long as the slice (see `Buf::slice`).
+            move |c| with_elem!(buf.dtype, T => c.all_gather_in_place(unsafe { buf.slice_mut::<T>() })),
+        )
+    }
+
+    #[pyo3(signature = (buf, op, async_op = false))]
+    fn reduce_scatter_in_place(&self, py: Python<'_>, buf: Buf, op: &str, async_op: bool) -> PyResult<Option<PyWork>> {
+        let op = parse_op(op)?;
+        self.launch(
+            py,
+            async_op,
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!`) and its owner lives as
+            // long as the slice (see `Buf::slice`).
+            move |c| with_elem!(buf.dtype, T => c.reduce_scatter_in_place(unsafe { buf.slice_mut::<T>() }, op)),
+        )
+    }
+
+    #[pyo3(signature = (buf, async_op = false))]
+    fn all_to_all_in_place(&self, py: Python<'_>, buf: Buf, async_op: bool) -> PyResult<Option<PyWork>> {
+        self.launch(
+            py,
+            async_op,
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!`) and its owner lives as
+            // long as the slice (see `Buf::slice`).
+            move |c| with_elem!(buf.dtype, T => c.all_to_all_in_place(unsafe { buf.slice_mut::<T>() })),
+        )
+    }
+
+    #[pyo3(signature = (buf, root, async_op = false))]
+    fn gather_in_place(&self, py: Python<'_>, buf: Buf, root: usize, async_op: bool) -> PyResult<Option<PyWork>> {
+        self.launch(
+            py,
+            async_op,
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!`) and its owner lives as
+            // long as the slice (see `Buf::slice`).
+            move |c| with_elem!(buf.dtype, T => c.gather_in_place(unsafe { buf.slice_mut::<T>() }, root)),
+        )
+    }
+
+    #[pyo3(signature = (buf, root, async_op = false))]
+    fn scatter_in_place(&self, py: Python<'_>, buf: Buf, root: usize, async_op: bool) -> PyResult<Option<PyWork>> {
+        self.launch(
+            py,
+            async_op,
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!`) and its owner lives as
+            // long as the slice (see `Buf::slice`).
+            move |c| with_elem!(buf.dtype, T => c.scatter_in_place(unsafe { buf.slice_mut::<T>() }, root)),
+        )
+    }
+
     #[pyo3(signature = (buf, dst, tag = 0))]
     fn send(&self, py: Python<'_>, buf: Buf, dst: usize, tag: u32) -> PyResult<()> {
         let comm = &self.comm;

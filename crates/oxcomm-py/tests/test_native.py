@@ -294,6 +294,98 @@ def test_every_op_every_dtype(world):
     assert all(r["checked"] == 3 * (2 * len(DTYPES) - 1) for r in res), res
 
 
+def case_in_place_forms():
+    """The in-place forms and ``reduce_into`` (numpy and torch): explicit, and picked by the
+    out-of-place calls when the buffers are laid out as MPI_IN_PLACE's (a view of the rank's
+    block, or the same buffer); results in closed form, inputs that are only read unchanged."""
+    import numpy as np
+    import torch
+
+    import oxcomm
+
+    c = _join()
+    r, n = c.rank, c.size
+    m = 3
+    for lib in ("numpy", "torch"):
+
+        def arr(values, lib=lib):
+            return np.array(values, dtype=np.float32) if lib == "numpy" else torch.tensor(values, dtype=torch.float32)
+
+        def vals(x):
+            return [float(v) for v in x.tolist()]
+
+        gathered = [float(10 * k + j) for k in range(n) for j in range(m)]
+        mine = [float(10 * r + j) for j in range(m)]
+        # all_gather: explicit, and with the input a view of this rank's block of the output.
+        buf = arr([-1.0] * (n * m))
+        buf[r * m : (r + 1) * m] = arr(mine)
+        c.all_gather_in_place(buf)
+        assert vals(buf) == gathered, (lib, "all_gather_in_place", vals(buf))
+        buf = arr([-1.0] * (n * m))
+        buf[r * m : (r + 1) * m] = arr(mine)
+        c.all_gather(buf[r * m : (r + 1) * m], buf)
+        assert vals(buf) == gathered, (lib, "all_gather of a view", vals(buf))
+        # reduce_scatter in place: this rank's block holds its block of the sum.
+        buf = arr([float(k + r) for k in range(n * m)])
+        c.reduce_scatter_in_place(buf)
+        want = [float(n * (r * m + j) + n * (n - 1) // 2) for j in range(m)]
+        assert vals(buf[r * m : (r + 1) * m]) == want, (lib, "reduce_scatter_in_place", vals(buf))
+        # all_to_all: explicit, and with send and recv the same buffer.
+        a2a = [float(100 * r + 10 * k + j) for k in range(n) for j in range(m)]
+        want = [float(100 * k + 10 * r + j) for k in range(n) for j in range(m)]
+        buf = arr(a2a)
+        c.all_to_all_in_place(buf)
+        assert vals(buf) == want, (lib, "all_to_all_in_place", vals(buf))
+        buf = arr(a2a)
+        c.all_to_all(buf, buf)
+        assert vals(buf) == want, (lib, "all_to_all(buf, buf)", vals(buf))
+        for root in range(n):
+            # gather: the root's input a view of its block of the output, or explicit.
+            if r == root:
+                out = arr([-1.0] * (n * m))
+                out[r * m : (r + 1) * m] = arr(mine)
+                c.gather(out[r * m : (r + 1) * m], out, root)
+                assert vals(out) == gathered, (lib, "gather of a view", root, vals(out))
+                out = arr([-1.0] * (n * m))
+                out[r * m : (r + 1) * m] = arr(mine)
+                c.gather_in_place(out, root)
+                assert vals(out) == gathered, (lib, "gather_in_place", root, vals(out))
+            else:
+                x = arr(mine)
+                c.gather(x, None, root)
+                c.gather_in_place(x, root)
+                assert vals(x) == mine, (lib, "gather non-root input changed", vals(x))
+            # scatter: the root's output a view of its block of the input, or explicit.
+            if r == root:
+                src = arr(gathered)
+                c.scatter(src, src[r * m : (r + 1) * m], root)
+                assert vals(src) == gathered, (lib, "scatter of a view", root, vals(src))
+                c.scatter_in_place(src, root)
+                assert vals(src) == gathered, (lib, "scatter_in_place root", root, vals(src))
+            else:
+                for in_place in (False, True):
+                    out = arr([-1.0] * m)
+                    if in_place:
+                        c.scatter_in_place(out, root)
+                    else:
+                        c.scatter(None, out, root)
+                    assert vals(out) == mine, (lib, "scatter", in_place, root, vals(out))
+            # reduce_into: the root's output gets the sum; every input is left as it was.
+            x = arr(mine)
+            out = arr([-1.0] * m) if r == root else None
+            c.reduce_into(x, out, root, oxcomm.ReduceOp.SUM)
+            assert vals(x) == mine, (lib, "reduce_into input changed", vals(x))
+            if r == root:
+                want = [float(10 * n * (n - 1) // 2 + n * j) for j in range(m)]
+                assert vals(out) == want, (lib, "reduce_into", root, vals(out))
+    return True
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_in_place_forms_and_reduce_into(world):
+    assert _torch_ranks.run(world, "test_native:case_in_place_forms", timeout=120) == [True] * world
+
+
 def case_compressed():
     import numpy as np
     import torch

@@ -21,9 +21,11 @@ import os as _os
 import pickle as _pickle
 
 from . import _native
+from ._buffers import block_of as _block_of
 from ._buffers import buffer as _buf
 from ._buffers import copy_of as _copy_of
 from ._buffers import overlap as _overlap
+from ._buffers import same as _same
 from ._errors import (  # noqa: F401 - re-exported
     AbortedError,
     InvalidArgumentError,
@@ -130,24 +132,55 @@ class Communicator:
         """Reduces ``buf`` into the root's ``buf``; other ranks' buffers are left unchanged."""
         return self._c.reduce(_buf(buf, "buf"), root, _op(op), async_op)
 
+    def reduce_into(self, input, output, root, op=ReduceOp.SUM, *, async_op=False):  # noqa: A002
+        """Out-of-place reduce (MPI_Reduce): the root's ``output`` gets the reduction of every
+        rank's ``input`` (``output`` is ``None`` elsewhere); no rank's ``input`` is written."""
+        if input is output:
+            return self.reduce(output, root, op, async_op=async_op)
+        out = None if output is None else _buf(output, "output")
+        inp = _buf(input, "input", write=False) if out is None else _input(input, out, "input")
+        return self._c.reduce_into(inp, out, root, _op(op), async_op)
+
     def broadcast(self, buf, root, *, async_op=False):
         """The root's ``buf`` on every rank."""
         return self._c.broadcast(_buf(buf, "buf"), root, async_op)
 
     def all_gather(self, input, output, *, async_op=False):  # noqa: A002
-        """``output`` (size × len(input)) gets every rank's ``input`` in rank order."""
+        """``output`` (size × len(input)) gets every rank's ``input`` in rank order.
+
+        An ``input`` that is this rank's block of ``output`` (a view, as FSDP passes it) runs
+        in place, without copying it first."""
         out = _buf(output, "output")
+        inp = _buf(input, "input", write=False)
+        if _block_of(inp, out, self.rank, self.size):
+            return self._c.all_gather_in_place(out, async_op)
         return self._c.all_gather(_input(input, out, "input"), out, async_op)
+
+    def all_gather_in_place(self, buf, *, async_op=False):
+        """All-gather in place: ``buf`` holds one block per rank, this rank's holding its input."""
+        return self._c.all_gather_in_place(_buf(buf, "buf"), async_op)
 
     def reduce_scatter(self, input, output, op=ReduceOp.SUM, *, async_op=False):  # noqa: A002
         """``output`` gets this rank's block of the reduction of ``input`` (size × len(output))."""
         out = _buf(output, "output")
         return self._c.reduce_scatter(_input(input, out, "input"), out, _op(op), async_op)
 
+    def reduce_scatter_in_place(self, buf, op=ReduceOp.SUM, *, async_op=False):
+        """Reduce-scatter in place: this rank's block of ``buf`` gets its block of the reduction;
+        the other blocks hold garbage afterwards (some algorithms use them)."""
+        return self._c.reduce_scatter_in_place(_buf(buf, "buf"), _op(op), async_op)
+
     def all_to_all(self, send, recv, *, async_op=False):
-        """Block j of ``send`` goes to rank j; block i of ``recv`` comes from rank i."""
+        """Block j of ``send`` goes to rank j; block i of ``recv`` comes from rank i (``send``
+        may be ``recv`` itself: then it runs in place, without a copy)."""
         out = _buf(recv, "recv")
+        if _same(_buf(send, "send", write=False), out):
+            return self._c.all_to_all_in_place(out, async_op)
         return self._c.all_to_all(_input(send, out, "send"), out, async_op)
+
+    def all_to_all_in_place(self, buf, *, async_op=False):
+        """All-to-all in place: block j of ``buf`` goes to rank j, block i comes from rank i."""
+        return self._c.all_to_all_in_place(_buf(buf, "buf"), async_op)
 
     def all_to_all_v(self, send, send_counts, recv, recv_counts, *, async_op=False):
         """Uneven all-to-all; counts in elements per rank."""
@@ -157,16 +190,39 @@ class Communicator:
         )
 
     def gather(self, input, output, root, *, async_op=False):  # noqa: A002
-        """Every rank's ``input`` into the root's ``output`` (``None`` elsewhere)."""
+        """Every rank's ``input`` into the root's ``output`` (``None`` elsewhere).
+
+        At the root, an ``input`` that is its own block of ``output`` runs in place."""
         out = None if output is None else _buf(output, "output")
-        inp = _buf(input, "input", write=False) if out is None else _input(input, out, "input")
-        return self._c.gather(inp, out, root, async_op)
+        if out is None:
+            return self._c.gather(_buf(input, "input", write=False), None, root, async_op)
+        if self.rank == root and _block_of(_buf(input, "input", write=False), out, root, self.size):
+            return self._c.gather_in_place(out, root, async_op)
+        return self._c.gather(_input(input, out, "input"), out, root, async_op)
+
+    def gather_in_place(self, buf, root, *, async_op=False):
+        """Gather in place: at the root ``buf`` holds one block per rank (its own holding its
+        input) and receives the others; elsewhere ``buf`` is the rank's input."""
+        return self._c.gather_in_place(_buf(buf, "buf"), root, async_op)
 
     def scatter(self, input, output, root, *, async_op=False):  # noqa: A002
-        """Block i of the root's ``input`` (``None`` elsewhere) into rank i's ``output``."""
+        """Block i of the root's ``input`` (``None`` elsewhere) into rank i's ``output``.
+
+        At the root, an ``output`` that is its own block of ``input`` runs in place (nothing
+        is copied into it)."""
         out = _buf(output, "output")
-        inp = None if input is None else _input(input, out, "input")
-        return self._c.scatter(inp, out, root, async_op)
+        if input is None:
+            return self._c.scatter(None, out, root, async_op)
+        inp = _buf(input, "input", write=False)
+        if self.rank == root and _block_of(out, inp, root, self.size):
+            # The root's block stays where it is and nothing else of `input` is written.
+            return self._c.scatter_in_place(inp, root, async_op)
+        return self._c.scatter(_input(input, out, "input"), out, root, async_op)
+
+    def scatter_in_place(self, buf, root, *, async_op=False):
+        """Scatter in place: at the root ``buf`` holds one block per rank and is only read
+        (its own block stays where it is); elsewhere ``buf`` receives the rank's block."""
+        return self._c.scatter_in_place(_buf(buf, "buf"), root, async_op)
 
     def barrier(self, *, async_op=False):
         return self._c.barrier(async_op)

@@ -91,6 +91,22 @@ def overlap(a, b):
     return a[0] < b[0] + b[1] * _SIZES[b[2]] and b[0] < a[0] + a[1] * size
 
 
+def block_of(inner, outer, index, parts):
+    """Whether buffer ``inner`` is exactly block ``index`` of ``outer`` cut into ``parts`` equal
+    blocks (same dtype): the layout of an in-place all_gather, gather or scatter."""
+    return (
+        inner[2] == outer[2]
+        and inner[1] > 0
+        and inner[1] * parts == outer[1]
+        and inner[0] == outer[0] + index * inner[1] * _SIZES[inner[2]]
+    )
+
+
+def same(a, b):
+    """Whether two buffers are the same memory with the same dtype and length."""
+    return a[0] == b[0] and a[1] == b[1] and a[2] == b[2]
+
+
 _SIZES = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i8": 1, "u8": 1, "i32": 4, "i64": 8}
 
 
