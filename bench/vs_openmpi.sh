@@ -120,8 +120,12 @@ for n in $RANKS; do
                     }
                     print line bad;
                 }
-                for (m = 0; m < 2; m++) { if (worst[m] == 1e9) worst[m] = 0; if (worst16[m] == 1e9) worst16[m] = 0 }
-                printf "# summary: busbw ratio >= 64 KiB: worst %.2f (out-of-place), %.2f (in-place); >= 16 MiB: worst %.2f, %.2f; smallest size time ratio %s, %s\n", worst[0], worst[1], worst16[0], worst16[1], small[0], small[1];
+                # "-" where the run had no size in the range.
+                for (m = 0; m < 2; m++) {
+                    worst[m] = (worst[m] == 1e9) ? "-" : sprintf("%.2f", worst[m]);
+                    worst16[m] = (worst16[m] == 1e9) ? "-" : sprintf("%.2f", worst16[m]);
+                }
+                printf "# summary: busbw ratio >= 64 KiB: worst %s (out-of-place), %s (in-place); >= 16 MiB: worst %s, %s; smallest size time ratio %s, %s\n", worst[0], worst[1], worst16[0], worst16[1], small[0], small[1];
             }' "$OUT/ompi_${op}_$n.txt" "$OUT/oxcomm_${op}_$n.txt"
     done
 done
