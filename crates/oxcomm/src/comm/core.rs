@@ -120,7 +120,10 @@ impl Communicator {
         let core = &*self.core;
         let timeout = opts.timeout.unwrap_or(core.config.timeout);
         let _turn = core.await_turn(ticket, timeout, || self.describe(fp))?;
-        fp.seq = self.group.seq.fetch_add(1, Ordering::SeqCst);
+        // Only the turn's holder moves a group's sequence number (every op of the group takes
+        // this core's turn), so a load and a store do, without a read-modify-write.
+        fp.seq = self.group.seq.load(Ordering::Relaxed);
+        self.group.seq.store(fp.seq + 1, Ordering::Release);
         let logged = core.logging(fp.kind.name());
         let started = if logged { core.logger.now_ns() } else { 0 };
         core.check_alive(|| fp.to_string())?;
@@ -405,7 +408,8 @@ impl Core {
 impl Core {
     /// Starts every pending `isend`/`irecv` as one batch on the async worker.
     pub(super) fn flush_p2p(self: &Arc<Self>) {
-        if !self.p2p_pending.swap(false, Ordering::SeqCst) {
+        // A plain load first: the swap (a read-modify-write) only when something is pending.
+        if !self.p2p_pending.load(Ordering::SeqCst) || !self.p2p_pending.swap(false, Ordering::SeqCst) {
             return;
         }
         let jobs: Vec<P2pJob> = std::mem::take(&mut *self.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()));

@@ -3,9 +3,13 @@
 //! a peer the error can say what this rank did just before, and a hung job's ranks can be
 //! compared to see who stopped where (as torch's NCCL flight recorder does).
 //!
-//! It is a fixed ring of small `Copy` records behind one mutex that only the op's own thread
-//! takes, twice per op (start and end): no allocation, no formatting, one coarse clock read
-//! each time. Formatting happens only when something failed or someone asks.
+//! It is a fixed ring of records of atomic words that only the thread running the op writes
+//! (the one holding the communicator's turn), twice per op (start and end), as a seqlock: the
+//! record's version is odd while it is rewritten, and a reader on another thread retries until
+//! it reads the same even version before and after the words. No lock, no read-modify-write,
+//! no allocation, no formatting, one coarse clock read each time (two lock/unlock pairs per op
+//! cost 0.02–0.03 µs, a tenth of an 8-byte all-reduce). Formatting happens only when something
+//! failed or someone asks.
 //!
 //! What it gives:
 //! * [`FlightRecorder::annotate`]: the error of a failed op that timed out or names a peer gets
@@ -23,10 +27,11 @@
 //!
 //! It knows nothing about transports; the communicator calls it around every op.
 
-use std::sync::Mutex;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 
+use crate::algorithms::Algorithm;
 use crate::error::{Error, ErrorKind};
-use crate::wire::Fingerprint;
+use crate::wire::{Fingerprint, FP_BYTES};
 
 /// Number of ops kept.
 pub const CAPACITY: usize = 64;
@@ -63,26 +68,47 @@ pub struct FlightEntry {
     pub end_ns: u64,
 }
 
-struct Ring {
-    entries: [Option<FlightEntry>; CAPACITY],
-    /// Ops started so far; op `i` lives at `i % CAPACITY`.
-    started: u64,
+/// Words of a record: the op's id, its encoded fingerprint, then the algorithm's name, the
+/// peer, the state, and the start and end times.
+const FP_WORDS: usize = FP_BYTES / 8;
+const ID: usize = 0;
+const FP: usize = 1;
+const ALGORITHM: usize = FP + FP_WORDS;
+const PEER: usize = ALGORITHM + 1;
+const STATE: usize = PEER + 1;
+const START: usize = STATE + 1;
+const END: usize = START + 1;
+const WORDS: usize = END + 1;
+
+/// One op's record: a seqlock over atomic words (module docs).
+struct Record {
+    /// Odd while the writer rewrites the words; 0 until the first write.
+    version: AtomicU64,
+    words: [AtomicU64; WORDS],
 }
 
 /// The ring of this rank's last ops (see the module docs).
 pub struct FlightRecorder {
-    ring: Mutex<Ring>,
+    /// Ops started so far; op `i` lives in record `i % CAPACITY`.
+    started: AtomicU64,
+    records: [Record; CAPACITY],
 }
 
 impl Default for FlightRecorder {
     fn default() -> FlightRecorder {
-        FlightRecorder { ring: Mutex::new(Ring { entries: [None; CAPACITY], started: 0 }) }
+        FlightRecorder {
+            started: AtomicU64::new(0),
+            records: std::array::from_fn(|_| Record {
+                version: AtomicU64::new(0),
+                words: std::array::from_fn(|_| AtomicU64::new(0)),
+            }),
+        }
     }
 }
 
 impl std::fmt::Debug for FlightRecorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FlightRecorder").field("started", &self.lock().started).finish_non_exhaustive()
+        f.debug_struct("FlightRecorder").field("started", &self.started.load(Ordering::Relaxed)).finish_non_exhaustive()
     }
 }
 
@@ -90,46 +116,166 @@ impl std::fmt::Debug for FlightRecorder {
 #[derive(Debug, Clone, Copy)]
 pub struct FlightId(u64);
 
-impl FlightRecorder {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
-        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+/// The names a record can carry: every algorithm's, and the routes that are not algorithms.
+fn known_names() -> impl Iterator<Item = &'static str> {
+    Algorithm::ALL.into_iter().map(Algorithm::name).chain(["p2p", "mpi"])
+}
+
+/// A name of at most 8 bytes as one word (longer ones are not recorded: read back as `?`).
+fn name_word(name: &str) -> u64 {
+    let mut b = [0u8; 8];
+    if name.len() <= 8 {
+        b[..name.len()].copy_from_slice(name.as_bytes());
+    }
+    u64::from_le_bytes(b)
+}
+
+/// Every error kind, in the order of [`kind_code`].
+const KINDS: [ErrorKind; 9] = [
+    ErrorKind::InvalidArgument,
+    ErrorKind::Timeout,
+    ErrorKind::PeerGone,
+    ErrorKind::Mismatch,
+    ErrorKind::Aborted,
+    ErrorKind::Protocol,
+    ErrorKind::Unsupported,
+    ErrorKind::Io,
+    ErrorKind::Rendezvous,
+];
+
+fn kind_code(kind: ErrorKind) -> u64 {
+    match kind {
+        ErrorKind::InvalidArgument => 0,
+        ErrorKind::Timeout => 1,
+        ErrorKind::PeerGone => 2,
+        ErrorKind::Mismatch => 3,
+        ErrorKind::Aborted => 4,
+        ErrorKind::Protocol => 5,
+        ErrorKind::Unsupported => 6,
+        ErrorKind::Io => 7,
+        ErrorKind::Rendezvous => 8,
+    }
+}
+
+/// The state word: 0 running, 1 done, 2 + the kind's code failed.
+fn state_word(state: FlightState) -> u64 {
+    match state {
+        FlightState::Running => 0,
+        FlightState::Done => 1,
+        FlightState::Failed(kind) => 2 + kind_code(kind),
+    }
+}
+
+fn state_of(word: u64) -> FlightState {
+    match word {
+        0 => FlightState::Running,
+        1 => FlightState::Done,
+        w => FlightState::Failed(KINDS.get((w - 2) as usize).copied().unwrap_or(ErrorKind::Io)),
+    }
+}
+
+impl Record {
+    /// Rewrites the words `f` sets. Only the op's thread writes (module docs).
+    fn write(&self, f: impl FnOnce(&[AtomicU64; WORDS])) {
+        let v = self.version.load(Ordering::Relaxed);
+        self.version.store(v | 1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        f(&self.words);
+        self.version.store((v | 1) + 1, Ordering::Release);
     }
 
+    /// A consistent copy of the words, or `None` if never written (or the writer kept
+    /// rewriting it while this thread tried).
+    fn read(&self) -> Option<[u64; WORDS]> {
+        for attempt in 0..10_000 {
+            let v = self.version.load(Ordering::Acquire);
+            if v == 0 {
+                return None;
+            }
+            if v & 1 == 0 {
+                let words = std::array::from_fn(|i| self.words[i].load(Ordering::Relaxed));
+                fence(Ordering::Acquire);
+                if self.version.load(Ordering::Relaxed) == v {
+                    return Some(words);
+                }
+            }
+            if attempt > 100 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        None
+    }
+}
+
+/// The entry a record's words hold, if they decode.
+fn entry_of(words: &[u64; WORDS]) -> Option<FlightEntry> {
+    let mut fp = [0u8; FP_BYTES];
+    for (chunk, w) in fp.chunks_exact_mut(8).zip(&words[FP..FP + FP_WORDS]) {
+        chunk.copy_from_slice(&w.to_le_bytes());
+    }
+    let fp = Fingerprint::decode(&fp).ok()?;
+    let algorithm = known_names().find(|n| name_word(n) == words[ALGORITHM]).unwrap_or("?");
+    let peer = (words[PEER] != u64::MAX).then_some(words[PEER] as usize);
+    Some(FlightEntry { fp, algorithm, peer, state: state_of(words[STATE]), start_ns: words[START], end_ns: words[END] })
+}
+
+impl FlightRecorder {
     /// Records that `fp` starts now with `algorithm` (talking to `peer`, for point-to-point).
+    /// Called by the thread that runs the op, holding the communicator's turn.
     pub fn start(&self, fp: &Fingerprint, algorithm: &'static str, peer: Option<usize>) -> FlightId {
         let now = crate::transport::monotonic_ns();
-        let mut ring = self.lock();
-        let id = ring.started;
-        ring.started += 1;
-        ring.entries[(id % CAPACITY as u64) as usize] =
-            Some(FlightEntry { fp: *fp, algorithm, peer, state: FlightState::Running, start_ns: now, end_ns: 0 });
+        let id = self.started.load(Ordering::Relaxed);
+        let encoded = fp.encode();
+        self.records[(id % CAPACITY as u64) as usize].write(|w| {
+            w[ID].store(id, Ordering::Relaxed);
+            for (word, chunk) in w[FP..FP + FP_WORDS].iter().zip(encoded.chunks_exact(8)) {
+                word.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Ordering::Relaxed);
+            }
+            w[ALGORITHM].store(name_word(algorithm), Ordering::Relaxed);
+            w[PEER].store(peer.map_or(u64::MAX, |p| p as u64), Ordering::Relaxed);
+            w[STATE].store(state_word(FlightState::Running), Ordering::Relaxed);
+            w[START].store(now, Ordering::Relaxed);
+            w[END].store(0, Ordering::Relaxed);
+        });
+        self.started.store(id + 1, Ordering::Release);
         FlightId(id)
     }
 
-    /// Records how op `id` ended (if it is still in the ring).
+    /// Records how op `id` ended (if it is still in the ring); by the thread that started it.
     pub fn finish(&self, id: FlightId, outcome: std::result::Result<(), &Error>) {
         let now = crate::transport::monotonic_ns();
-        let mut ring = self.lock();
-        if ring.started - id.0 > CAPACITY as u64 {
+        let record = &self.records[(id.0 % CAPACITY as u64) as usize];
+        if record.words[ID].load(Ordering::Relaxed) != id.0 || record.version.load(Ordering::Relaxed) == 0 {
             return;
         }
-        if let Some(e) = &mut ring.entries[(id.0 % CAPACITY as u64) as usize] {
-            e.end_ns = now;
-            match outcome {
-                Ok(()) => e.state = FlightState::Done,
+        record.write(|w| {
+            w[END].store(now, Ordering::Relaxed);
+            let state = match outcome {
+                Ok(()) => FlightState::Done,
                 Err(err) => {
-                    e.state = FlightState::Failed(err.kind());
-                    e.peer = err.peer().or(e.peer);
+                    if let Some(p) = err.peer() {
+                        w[PEER].store(p as u64, Ordering::Relaxed);
+                    }
+                    FlightState::Failed(err.kind())
                 }
-            }
-        }
+            };
+            w[STATE].store(state_word(state), Ordering::Relaxed);
+        });
     }
 
-    /// The recorded ops, oldest first.
+    /// The recorded ops, oldest first (from any thread, also while an op runs).
     pub fn entries(&self) -> Vec<FlightEntry> {
-        let ring = self.lock();
-        let first = ring.started.saturating_sub(CAPACITY as u64);
-        (first..ring.started).filter_map(|i| ring.entries[(i % CAPACITY as u64) as usize]).collect()
+        let started = self.started.load(Ordering::Acquire);
+        let first = started.saturating_sub(CAPACITY as u64);
+        (first..started)
+            .filter_map(|i| {
+                let words = self.records[(i % CAPACITY as u64) as usize].read()?;
+                // A record rewritten for a later op since `started` was read is left out.
+                (words[ID] == i).then(|| entry_of(&words)).flatten()
+            })
+            .collect()
     }
 
     /// Finishes op `id` with its error `err` and, if it timed out or names a peer, appends the
@@ -258,6 +404,64 @@ mod tests {
         // An old id whose slot was reused is ignored.
         fr.finish(FlightId(0), Ok(()));
         assert_eq!(fr.entries().last().unwrap().state, FlightState::Failed(ErrorKind::Timeout));
+    }
+
+    #[test]
+    fn every_route_name_and_state_reads_back() {
+        let fr = FlightRecorder::default();
+        let names: Vec<&str> = known_names().collect();
+        for (i, name) in names.iter().enumerate() {
+            let id = fr.start(&fp(i as u64), name, Some(i));
+            match KINDS.get(i) {
+                Some(kind) => fr.finish(id, Err(&Error::new(*kind, "x"))),
+                None => fr.finish(id, Ok(())),
+            }
+        }
+        let all = fr.entries();
+        assert_eq!(all.iter().map(|e| e.algorithm).collect::<Vec<_>>(), names);
+        for (i, e) in all.iter().enumerate() {
+            let want = KINDS.get(i).map_or(FlightState::Done, |k| FlightState::Failed(*k));
+            assert_eq!((e.state, e.peer, e.fp), (want, Some(i), fp(i as u64)));
+        }
+        assert!(KINDS.iter().enumerate().all(|(i, k)| kind_code(*k) == i as u64));
+        // A name the recorder does not know reads back as `?`, not as another.
+        fr.start(&fp(99), "unheard-of", None);
+        assert_eq!(fr.entries().last().unwrap().algorithm, "?");
+    }
+
+    /// A reader on another thread sees whole records while the op thread rewrites them.
+    #[test]
+    fn readers_never_see_a_torn_record() {
+        use std::sync::atomic::AtomicUsize;
+        let fr = std::sync::Arc::new(FlightRecorder::default());
+        let passes = std::sync::Arc::new(AtomicUsize::new(0));
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (fr, passes, done) = (fr.clone(), passes.clone(), done.clone());
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    for e in fr.entries() {
+                        // Op s is written with count s and, once finished, end_ns ≥ start_ns.
+                        assert_eq!(e.fp.count, e.fp.seq, "{e:?}");
+                        assert!(e.state == FlightState::Running || e.end_ns >= e.start_ns, "{e:?}");
+                    }
+                    passes.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        // Write until the reader has read the ring 2000 times while it changed (at most 20 s).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut s = 0u64;
+        while passes.load(Ordering::Relaxed) < 2000 && !reader.is_finished() && std::time::Instant::now() < deadline {
+            let mut f = fp(s);
+            f.count = s;
+            let id = fr.start(&f, "direct", None);
+            fr.finish(id, Ok(()));
+            s += 1;
+        }
+        done.store(true, Ordering::Relaxed);
+        reader.join().unwrap();
+        assert!(passes.load(Ordering::Relaxed) >= 2000, "the reader made {} passes", passes.load(Ordering::Relaxed));
     }
 
     #[test]
