@@ -1,0 +1,144 @@
+/*
+ * The floor of oxcomm's small direct ops on this host, with no software around them: two
+ * threads pinned to cores 0 and 1 run the bare shared-memory protocol of
+ * crates/oxcomm/src/algorithms/shm_direct/mod.rs (8 slots of 128-byte lines, a stamp per
+ * slot) and nothing else — no fingerprint, no turn, no flight record, no error paths.
+ *
+ *   ping-pong:   one line written on one core and read on the other, and back (half of it is
+ *                the one-way latency);
+ *   all_reduce:  each rank writes its slot for op k (stamp, 8-byte payload) and waits for the
+ *                peer's stamp of op k, then reads its payload (the 8 B direct all_reduce);
+ *   broadcast:   the root writes its slot for op k once the peer has stamped op k - 4 (so it
+ *                runs up to 4 ops ahead); the non-root stamps op k and waits for the root's
+ *                (the 8 B direct broadcast with loose arrivals).
+ *
+ *   gcc -O2 -o /tmp/floor bench/floor_small_ops.c -lpthread && /tmp/floor
+ *
+ * A benchmark, not a test: it measures what the protocol costs on this machine, so that
+ * oxcomm's own figures (`oxcomm bench -b 8 -e 8`) split into protocol and software.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <time.h>
+
+#define OPS 2000000L
+#define SLOTS 8
+#define EAGER (SLOTS / 2)
+
+struct slot {
+    _Atomic long stamp;
+    long check;
+    long len;
+    float payload[10];
+} __attribute__((aligned(128)));
+
+static struct slot slots[2][SLOTS];
+static volatile float sink;
+
+static void pin(int core) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(core, &set);
+    sched_setaffinity(0, sizeof set, &set);
+}
+
+static double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static void wait_stamp(struct slot *s, long stamp) {
+    while (atomic_load_explicit(&s->stamp, memory_order_acquire) < stamp)
+        __builtin_ia32_pause();
+}
+
+static void publish(struct slot *s, long stamp, float value) {
+    s->check = 42;
+    s->len = 8;
+    s->payload[0] = value;
+    atomic_store_explicit(&s->stamp, stamp, memory_order_release);
+}
+
+/* One rank of the modelled op; returns ns per op. */
+typedef double (*rank_fn)(int me);
+
+static double ping_pong(int me) {
+    double t0 = now_ns();
+    for (long k = 1; k <= OPS; k++) {
+        if (me == 0) {
+            publish(&slots[0][0], k, 0);
+            wait_stamp(&slots[1][0], k);
+        } else {
+            wait_stamp(&slots[0][0], k);
+            publish(&slots[1][0], k, 0);
+        }
+    }
+    return (now_ns() - t0) / OPS;
+}
+
+static double all_reduce(int me) {
+    float acc = 0;
+    double t0 = now_ns();
+    for (long k = 0; k < OPS; k++) {
+        struct slot *mine = &slots[me][k % SLOTS], *theirs = &slots[1 - me][k % SLOTS];
+        publish(mine, k + 1, (float)(me + 1));
+        wait_stamp(theirs, k + 1);
+        acc += theirs->payload[0] + mine->payload[0];
+    }
+    sink = acc;
+    return (now_ns() - t0) / OPS;
+}
+
+static double broadcast(int me) {
+    float acc = 0;
+    double t0 = now_ns();
+    for (long k = 0; k < OPS; k++) {
+        if (k >= EAGER)
+            wait_stamp(&slots[1 - me][(k - EAGER) % SLOTS], k - EAGER + 1);
+        publish(&slots[me][k % SLOTS], k + 1, (float)k);
+        if (me == 1) {
+            wait_stamp(&slots[0][k % SLOTS], k + 1);
+            acc += slots[0][k % SLOTS].payload[0];
+        }
+    }
+    sink = acc;
+    return (now_ns() - t0) / OPS;
+}
+
+struct job {
+    rank_fn fn;
+    double ns;
+};
+
+static void *rank1(void *arg) {
+    struct job *j = arg;
+    pin(1);
+    j->ns = j->fn(1);
+    return NULL;
+}
+
+static void run(const char *name, rank_fn fn, double scale) {
+    for (int round = 0; round < 3; round++) {
+        for (int r = 0; r < 2; r++)
+            for (int s = 0; s < SLOTS; s++)
+                atomic_store(&slots[r][s].stamp, 0);
+        struct job j = {fn, 0};
+        pthread_t t;
+        pthread_create(&t, NULL, rank1, &j);
+        pin(0);
+        double ns0 = fn(0);
+        pthread_join(t, NULL);
+        printf("%-11s %6.1f ns per op (rank 0), %6.1f (rank 1)\n", name, ns0 * scale, j.ns * scale);
+    }
+}
+
+int main(void) {
+    run("one-way", ping_pong, 0.5);
+    run("all_reduce", all_reduce, 1.0);
+    run("broadcast", broadcast, 1.0);
+    return 0;
+}
