@@ -63,9 +63,11 @@ def _op(op):
     raise TypeError(f"op: expected an oxcomm.ReduceOp or its name, got {op!r}")
 
 
-def _input(inp, out, name):
-    """``inp``'s buffer; a copy of it when it shares memory with ``out`` (Rust may not alias them)."""
-    b = _buf(inp, name, write=False)
+def _input(inp, out, name, b=None):
+    """``inp``'s buffer (``b`` if already made); a copy of it when it shares memory with ``out``
+    (Rust may not alias them)."""
+    if b is None:
+        b = _buf(inp, name, write=False)
     if _overlap(b, out):
         b = _buf(_copy_of(inp), name, write=False)
     return b
@@ -154,7 +156,7 @@ class Communicator:
         inp = _buf(input, "input", write=False)
         if _block_of(inp, out, self.rank, self.size):
             return self._c.all_gather_in_place(out, async_op)
-        return self._c.all_gather(_input(input, out, "input"), out, async_op)
+        return self._c.all_gather(_input(input, out, "input", inp), out, async_op)
 
     def all_gather_in_place(self, buf, *, async_op=False):
         """All-gather in place: ``buf`` holds one block per rank, this rank's holding its input."""
@@ -174,9 +176,10 @@ class Communicator:
         """Block j of ``send`` goes to rank j; block i of ``recv`` comes from rank i (``send``
         may be ``recv`` itself: then it runs in place, without a copy)."""
         out = _buf(recv, "recv")
-        if _same(_buf(send, "send", write=False), out):
+        inp = _buf(send, "send", write=False)
+        if _same(inp, out):
             return self._c.all_to_all_in_place(out, async_op)
-        return self._c.all_to_all(_input(send, out, "send"), out, async_op)
+        return self._c.all_to_all(_input(send, out, "send", inp), out, async_op)
 
     def all_to_all_in_place(self, buf, *, async_op=False):
         """All-to-all in place: block j of ``buf`` goes to rank j, block i comes from rank i."""
@@ -196,9 +199,10 @@ class Communicator:
         out = None if output is None else _buf(output, "output")
         if out is None:
             return self._c.gather(_buf(input, "input", write=False), None, root, async_op)
-        if self.rank == root and _block_of(_buf(input, "input", write=False), out, root, self.size):
+        inp = _buf(input, "input", write=False)
+        if self.rank == root and _block_of(inp, out, root, self.size):
             return self._c.gather_in_place(out, root, async_op)
-        return self._c.gather(_input(input, out, "input"), out, root, async_op)
+        return self._c.gather(_input(input, out, "input", inp), out, root, async_op)
 
     def gather_in_place(self, buf, root, *, async_op=False):
         """Gather in place: at the root ``buf`` holds one block per rank (its own holding its
@@ -217,7 +221,7 @@ class Communicator:
         if self.rank == root and _block_of(out, inp, root, self.size):
             # The root's block stays where it is and nothing else of `input` is written.
             return self._c.scatter_in_place(inp, root, async_op)
-        return self._c.scatter(_input(input, out, "input"), out, root, async_op)
+        return self._c.scatter(_input(input, out, "input", inp), out, root, async_op)
 
     def scatter_in_place(self, buf, root, *, async_op=False):
         """Scatter in place: at the root ``buf`` holds one block per rank and is only read

@@ -73,7 +73,7 @@ pub(crate) struct DirectState {
     pub checked: u64,
     /// This rank's fingerprints of its last [`SLOTS`] ops (op `k` at `k % SLOTS`), for checking
     /// the loose ones when every rank has arrived.
-    pub recent: [Option<Fingerprint>; SLOTS],
+    pub recent: Box<[Option<Fingerprint>; SLOTS]>,
     /// Whether every rank reads every peer's memory by single copy (`None`: not found out
     /// yet; see `single_copy.rs`).
     pub single_copy: Option<bool>,
