@@ -295,6 +295,18 @@ fn eager_rooted_ops(comm: &Communicator) -> Vec<String> {
         }
     };
     for i in 0..600 {
+        if i % 100 == 0 {
+            // A burst of broadcasts while the last rank sleeps: the root runs as far ahead as
+            // the slots let it, and the sleeper then reads every value it published.
+            if me == n - 1 {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            for j in 0..40 {
+                let mut x = [if me == 0 { value(i, j, 0) } else { -1 }];
+                comm.broadcast(&mut x, 0).unwrap();
+                expect("burst broadcast", i + j, &x, &[value(i, j, 0)]);
+            }
+        }
         let root = i % n;
         let mut buf: Vec<i64> = (0..3).map(|j| if me == root { value(i, root, j) } else { -1 }).collect();
         comm.broadcast(&mut buf, root).unwrap();
