@@ -1,15 +1,15 @@
 /*
  * The floor of oxcomm's small direct ops on this host, with no software around them: two
  * threads pinned to cores 0 and 1 run the bare shared-memory protocol of
- * crates/oxcomm/src/algorithms/shm_direct/mod.rs (8 slots of 128-byte lines, a stamp per
+ * crates/oxcomm/src/algorithms/shm_direct/mod.rs (16 slots of 128-byte lines, a stamp per
  * slot) and nothing else — no fingerprint, no turn, no flight record, no error paths.
  *
  *   ping-pong:   one line written on one core and read on the other, and back (half of it is
  *                the one-way latency);
  *   all_reduce:  each rank writes its slot for op k (stamp, 8-byte payload) and waits for the
  *                peer's stamp of op k, then reads its payload (the 8 B direct all_reduce);
- *   broadcast:   the root writes its slot for op k once the peer has stamped op k - 4 (so it
- *                runs up to 4 ops ahead); the non-root stamps op k and waits for the root's
+ *   broadcast:   the root writes its slot for op k once the peer has stamped op k - 8 (so it
+ *                runs up to 8 ops ahead); the non-root stamps op k and waits for the root's
  *                (the 8 B direct broadcast with loose arrivals).
  *
  *   gcc -O2 -o /tmp/floor bench/floor_small_ops.c -lpthread && /tmp/floor
@@ -25,7 +25,7 @@
 #include <time.h>
 
 #define OPS 2000000L
-#define SLOTS 8
+#define SLOTS 16
 #define EAGER (SLOTS / 2)
 
 struct slot {
