@@ -16,6 +16,8 @@ pub(crate) const MAGIC: u32 = 0x4f58_4331;
 
 /// Size of an encoded [`Fingerprint`].
 pub(crate) const FP_BYTES: usize = 48;
+/// The wire form in 64-bit words ([`Fingerprint::words`]).
+pub(crate) const FP_WORDS: usize = FP_BYTES / 8;
 
 /// The kind of an op, as it appears in fingerprints, errors and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -128,17 +130,25 @@ impl Fingerprint {
     /// Encodes to the 48-byte wire form.
     pub(crate) fn encode(&self) -> [u8; FP_BYTES] {
         let mut b = [0u8; FP_BYTES];
-        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-        b[4] = self.kind as u8;
-        b[5] = self.dtype.map_or(0xff, |d| d as u8);
-        b[6] = self.op.map_or(0xff, |o| o as u8);
-        b[7] = u8::from(self.root.is_some());
-        b[8..12].copy_from_slice(&self.root.unwrap_or(0).to_le_bytes());
-        b[16..24].copy_from_slice(&self.count.to_le_bytes());
-        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
-        b[32..40].copy_from_slice(&self.group.to_le_bytes());
-        b[40..48].copy_from_slice(&self.extra.to_le_bytes());
+        for (chunk, w) in b.chunks_exact_mut(8).zip(self.words()) {
+            chunk.copy_from_slice(&w.to_le_bytes());
+        }
         b
+    }
+
+    /// The wire form as its six little-endian words, built in registers: bytes 0–3 the magic,
+    /// 4 the kind, 5 the dtype (0xff: none), 6 the reduce op (0xff: none), 7 whether there is a
+    /// root, 8–11 the root, 12–15 zero, then count, seq, group and extra. The direct path
+    /// hashes and stores these words without going through bytes (a byte-wise encode read
+    /// back as words stalls on store forwarding).
+    pub(crate) fn words(&self) -> [u64; FP_WORDS] {
+        let tag = |t: Option<u8>| u64::from(t.unwrap_or(0xff));
+        let head = u64::from(MAGIC)
+            | (self.kind as u64) << 32
+            | tag(self.dtype.map(|d| d as u8)) << 40
+            | tag(self.op.map(|o| o as u8)) << 48
+            | u64::from(self.root.is_some()) << 56;
+        [head, u64::from(self.root.unwrap_or(0)), self.count, self.seq, self.group, self.extra]
     }
 
     /// Decodes the wire form; a wrong length, bad magic, unknown tag or a reserved byte that
@@ -233,6 +243,32 @@ mod tests {
         let mut bad = fp.encode();
         bad[0] ^= 1;
         assert!(Fingerprint::decode(&bad).is_err());
+    }
+
+    /// The wire bytes, spelled out: peers of other builds read them.
+    #[test]
+    fn the_wire_form_is_the_documented_bytes() {
+        let fp = Fingerprint {
+            kind: OpKind::Broadcast,
+            dtype: Some(DType::BF16),
+            op: None,
+            root: Some(0x0102_0304),
+            count: 0x1112_1314_1516_1718,
+            seq: 7,
+            group: 0x2122_2324_2526_2728,
+            extra: u64::MAX,
+        };
+        let b = fp.encode();
+        assert_eq!(b[0..4], MAGIC.to_le_bytes());
+        assert_eq!(b[4..8], [OpKind::Broadcast as u8, DType::BF16 as u8, 0xff, 1]);
+        assert_eq!(b[8..16], [4, 3, 2, 1, 0, 0, 0, 0]);
+        assert_eq!(b[16..24], fp.count.to_le_bytes());
+        assert_eq!(b[24..32], 7u64.to_le_bytes());
+        assert_eq!(b[32..40], fp.group.to_le_bytes());
+        assert_eq!(b[40..48], [0xff; 8]);
+        assert_eq!(Fingerprint::decode(&b).unwrap(), fp);
+        let none = Fingerprint::new(OpKind::Barrier, 0, 0).encode();
+        assert_eq!(none[4..16], [OpKind::Barrier as u8, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]

@@ -31,7 +31,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use crate::algorithms::Algorithm;
 use crate::error::{Error, ErrorKind};
-use crate::wire::{Fingerprint, FP_BYTES};
+use crate::wire::{Fingerprint, FP_BYTES, FP_WORDS};
 
 /// Number of ops kept.
 pub const CAPACITY: usize = 64;
@@ -70,7 +70,6 @@ pub struct FlightEntry {
 
 /// Words of a record: the op's id, its encoded fingerprint, then the algorithm's name, the
 /// peer, the state, and the start and end times.
-const FP_WORDS: usize = FP_BYTES / 8;
 const ID: usize = 0;
 const FP: usize = 1;
 const ALGORITHM: usize = FP + FP_WORDS;
@@ -227,11 +226,11 @@ impl FlightRecorder {
     pub fn start(&self, fp: &Fingerprint, algorithm: &'static str, peer: Option<usize>) -> FlightId {
         let now = crate::transport::monotonic_ns();
         let id = self.started.load(Ordering::Relaxed);
-        let encoded = fp.encode();
+        let words = fp.words();
         self.records[(id % CAPACITY as u64) as usize].write(|w| {
             w[ID].store(id, Ordering::Relaxed);
-            for (word, chunk) in w[FP..FP + FP_WORDS].iter().zip(encoded.chunks_exact(8)) {
-                word.store(u64::from_le_bytes(chunk.try_into().expect("8 bytes")), Ordering::Relaxed);
+            for (word, value) in w[FP..FP + FP_WORDS].iter().zip(words) {
+                word.store(value, Ordering::Relaxed);
             }
             w[ALGORITHM].store(name_word(algorithm), Ordering::Relaxed);
             w[PEER].store(peer.map_or(u64::MAX, |p| p as u64), Ordering::Relaxed);

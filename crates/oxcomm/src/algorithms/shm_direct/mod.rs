@@ -60,7 +60,7 @@ pub(crate) use rooted::{gather, reduce, scatter};
 use crate::engine::{Ctx, Watch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::shm::workspace::{Counter, ShmDirect, SLOTS, SLOT_HEADER, SMALL_BYTES};
-use crate::wire::{Fingerprint, FP_BYTES};
+use crate::wire::{Fingerprint, FP_BYTES, FP_WORDS};
 
 /// Per-communicator progress of the direct protocol (identical on every rank).
 #[derive(Debug, Default)]
@@ -107,6 +107,9 @@ pub(super) fn copy_out_for(total: usize) -> fn(&mut [u8], &[u8]) {
 pub(crate) fn is_small(bytes: usize) -> bool {
     bytes <= SMALL_BYTES
 }
+
+// A slot's header is the fingerprint's words and the payload's length.
+const _: () = assert!(FP_WORDS + 1 == SLOT_HEADER / 8);
 
 /// How many ops a rank may run ahead of the slowest rank (module docs).
 pub(super) const EAGER: u64 = (SLOTS / 2) as u64;
@@ -158,11 +161,11 @@ pub(super) fn arrive_for(
     }
     d.state.ops += 1;
     d.state.recent[slot] = Some(*fp);
-    debug_assert_eq!(FP_BYTES + 8, SLOT_HEADER);
-    let mut header = [0u8; FP_BYTES + 8];
-    header[..FP_BYTES].copy_from_slice(&fp.encode());
-    header[FP_BYTES..].copy_from_slice(&(payload.len() as u64).to_le_bytes());
-    let check = check_word(&header[..FP_BYTES]);
+    let words = fp.words();
+    let check = check_word(&words);
+    let mut header = [0u64; SLOT_HEADER / 8];
+    header[..FP_WORDS].copy_from_slice(&words);
+    header[FP_WORDS] = payload.len() as u64;
     // SAFETY: every rank has stamped op k − EAGER (just checked), so none still reads op
     // k − SLOTS's slot, which this write replaces (module docs).
     unsafe { d.shm.write_slot(slot, stamp, check, &header, payload) };
@@ -193,7 +196,7 @@ fn check_stamped(d: &mut Direct<'_>, end: u64) {
             return;
         }
         let Some(fp) = d.state.recent[slot] else { return };
-        if check_fingerprints(d.shm, slot, &fp, check_word(&fp.encode()), 0..n).is_err() {
+        if check_fingerprints(d.shm, slot, &fp, check_word(&fp.words()), 0..n).is_err() {
             return;
         }
         d.state.checked += 1;
@@ -209,7 +212,7 @@ fn check_through(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, last: u64) -> Result<()>
         let slot = (op % SLOTS as u64) as usize;
         let fp = d.state.recent[slot].expect("this rank's fingerprint of each of its last SLOTS ops");
         arrive_wait(ctx, d.shm, &fp, slot, op + 1, 0..n)?;
-        check_fingerprints(d.shm, slot, &fp, check_word(&fp.encode()), 0..n)?;
+        check_fingerprints(d.shm, slot, &fp, check_word(&fp.words()), 0..n)?;
         d.state.checked += 1;
     }
     Ok(())
@@ -253,14 +256,11 @@ fn arrive_wait(
     }
 }
 
-/// The check word of an encoded fingerprint: a 64-bit hash that arrival compares first, on the
-/// stamp's own cache line; the whole fingerprint (the next line) is read only when they differ.
-fn check_word(encoded: &[u8]) -> u64 {
-    encoded.chunks(8).fold(0x9E37_79B9_7F4A_7C15u64, |h, w| {
-        let mut word = [0u8; 8];
-        word[..w.len()].copy_from_slice(w);
-        (h ^ u64::from_le_bytes(word)).wrapping_mul(0xFF51_AFD7_ED55_8CCD).rotate_left(29)
-    })
+/// The check word of a fingerprint (its [`Fingerprint::words`]): a 64-bit hash that arrival
+/// compares first, on the stamp's own cache line; the whole fingerprint (the next line) is read
+/// only when they differ.
+fn check_word(words: &[u64; FP_WORDS]) -> u64 {
+    words.iter().fold(0x9E37_79B9_7F4A_7C15u64, |h, w| (h ^ w).wrapping_mul(0xFF51_AFD7_ED55_8CCD).rotate_left(29))
 }
 
 /// Checks that the slots `slot` of `ranks` (stamped for the op `fp`) carry `fp`: their check

@@ -182,23 +182,33 @@ impl ShmDirect {
         unsafe { self.slot_base(rank, slot).cast::<AtomicU64>().as_ref() }
     }
 
-    /// Writes this rank's slot `slot`: `header` (≤ [`SLOT_HEADER`] bytes), its `check` word
-    /// and `payload` (≤ [`SMALL_BYTES`]; inline when ≤ [`INLINE_BYTES`]), then stamps it
-    /// `stamp` and wakes every other rank.
+    /// Writes this rank's slot `slot`: `header` (the [`SLOT_HEADER`] bytes as little-endian
+    /// words), its `check` word and `payload` (≤ [`SMALL_BYTES`]; inline when ≤
+    /// [`INLINE_BYTES`]), then stamps it `stamp` and wakes every other rank.
     ///
     /// # Safety
     /// No other rank may be reading this slot: the caller follows the slot protocol of
     /// `algorithms/shm_direct/mod.rs` (a slot is rewritten [`SLOTS`] ops later, once every rank
     /// has read it and checked its fingerprint).
-    pub unsafe fn write_slot(&self, slot: usize, stamp: u64, check: u64, header: &[u8], payload: &[u8]) {
-        assert!(header.len() <= SLOT_HEADER && payload.len() <= SMALL_BYTES);
+    pub unsafe fn write_slot(
+        &self,
+        slot: usize,
+        stamp: u64,
+        check: u64,
+        header: &[u64; SLOT_HEADER / 8],
+        payload: &[u8],
+    ) {
+        assert!(payload.len() <= SMALL_BYTES);
         let base = self.slot_base(self.rank, slot);
         let at = if payload.len() <= INLINE_BYTES { SLOT_INLINE } else { SLOT_PAYLOAD };
-        // SAFETY: every range lies inside the slot (asserted sizes, layout constants); by the
-        // caller's contract nobody reads them now; the sources are ordinary memory, not in
-        // this slot.
+        // SAFETY: every range lies inside the slot (asserted sizes, layout constants; the
+        // header is on the slot's second line, so 8-aligned); by the caller's contract nobody
+        // reads them now; the payload is ordinary memory, not in this slot.
         unsafe {
-            std::ptr::copy_nonoverlapping(header.as_ptr(), base.as_ptr().add(SLOT_HEADER_AT), header.len());
+            let words = base.as_ptr().add(SLOT_HEADER_AT).cast::<u64>();
+            for (i, w) in header.iter().enumerate() {
+                words.add(i).write(w.to_le());
+            }
             base.as_ptr().add(SLOT_CHECK).cast::<u64>().write(check);
             base.as_ptr().add(SLOT_LEN).cast::<u64>().write(payload.len() as u64);
             crate::copy::copy_raw(base.as_ptr().add(at), payload.as_ptr(), payload.len());
