@@ -87,8 +87,8 @@ pub(super) fn copy_out<T: Element>(
     Ok(())
 }
 
-/// `out` = the `n` ranks' payloads in this op's `slot` (each `out`'s size),
-/// reduced in rank order.
+/// `out` = the `n` ranks' payloads in this op's `slot` (each `out`'s size), reduced in rank
+/// order.
 pub(super) fn reduce_slots<T: Element>(d: &Direct<'_>, slot: usize, n: usize, out: &mut [T], op: ReduceOp) {
     let bytes = std::mem::size_of_val(out);
     for r in 0..n {

@@ -277,9 +277,9 @@ impl CountTable {
         send.iter().chain(recv).flat_map(|r| (r.len() as u64).to_le_bytes()).collect()
     }
 
-    /// Every rank's table, read from this op's `slot`; a payload whose length
-    /// is neither the table nor the table and the send buffer it describes is a protocol error
-    /// naming its rank.
+    /// Every rank's table, read from this op's `slot`; a payload whose length is neither the
+    /// table nor the table and the send buffer it describes is a protocol error naming its
+    /// rank.
     fn read(d: &Direct<'_>, slot: usize, n: usize, size: usize) -> Result<CountTable> {
         let table = CountTable::bytes(n);
         let mut t = CountTable { send: Vec::with_capacity(n), recv: Vec::with_capacity(n), inline: Vec::new(), size };
