@@ -16,10 +16,15 @@
 //! rank copies its block out of the root's slot. Large: the exchange with n − 1 lanes at the
 //! root: ⌈S / lane⌉ steps, in each the root copies the next piece of every block into its half
 //! and every rank copies its own out; at the root (n − 1) · S copied in, per rank S copied
-//! out.
+//! out. Out of place the root copies its own block last, while the others copy out (the root
+//! is the bottleneck: first, it would delay every other rank by S).
 //!
-//! Single copy (`single_copy.rs`) is not used here: with inputs rewritten before every op, as
-//! training does, it was slower than these paths at every size it could take (docs/benchmarks.md).
+//! Single copy (`single_copy.rs`) is not used here: in a loop that rewrites the input and
+//! sends it, op after op, as training does, it was slower than these paths at every size it
+//! could take, because the root must wait until every reader is done with its buffer where
+//! the chunked path lets it go once its pieces are in (docs/benchmarks.md; with a barrier
+//! before every op, which hides that, a 2-rank scatter by single copy won from 64 KiB to
+//! 1 MiB blocks).
 //!
 //! **Reduce.** Small: arrival carries every buffer; the root reduces the n payloads in rank
 //! order. Large, per chunk: the reduce of the direct all-reduce, with only the root copying
@@ -120,19 +125,22 @@ pub(crate) fn scatter<T: Element>(
         let b = Blocks { io: ExchangeBuffers::Apart { send: &[], recv: dst }, send: vec![0..0; n], recv };
         return exchange(ctx, d, b, Lanes::PerPeer, steps(s, Lanes::PerPeer.bytes(n)));
     }
+    let src = as_bytes(io.input(0..n * m));
+    if small {
+        // Small: the root publishes the whole input and leaves.
+        arrive_for(ctx, d, fp, src, Wait::Nobody)?;
+    } else {
+        arrive(ctx, d, fp, &[])?;
+        let send = (0..n).map(|p| if p != me { p * s..(p + 1) * s } else { 0..0 }).collect();
+        let b = Blocks { io: ExchangeBuffers::Apart { send: src, recv: &mut [] }, send, recv: vec![0..0; n] };
+        exchange(ctx, d, b, Lanes::PerPeer, steps(s, Lanes::PerPeer.bytes(n)))?;
+    }
+    // Apart, the root's own block last: the others copy their last pieces out meanwhile,
+    // where copying it first would hold back their first.
     if let (out, Some(own)) = io.result_and_own(me, m, 0..m) {
         out.copy_from_slice(own);
     }
-    let src = as_bytes(io.input(0..n * m));
-    // Small: the root publishes the whole input and leaves.
-    if small {
-        arrive_for(ctx, d, fp, src, Wait::Nobody)?;
-        return Ok(());
-    }
-    arrive(ctx, d, fp, &[])?;
-    let send = (0..n).map(|p| if p != me { p * s..(p + 1) * s } else { 0..0 }).collect();
-    let b = Blocks { io: ExchangeBuffers::Apart { send: src, recv: &mut [] }, send, recv: vec![0..0; n] };
-    exchange(ctx, d, b, Lanes::PerPeer, steps(s, Lanes::PerPeer.bytes(n)))
+    Ok(())
 }
 
 /// Direct reduce to group rank `root` of `io` (`op` is the combiner; `Avg` is finished by the
