@@ -1,7 +1,7 @@
 /* Open MPI's collectives (f32) timed the way `oxcomm bench` times oxcomm's, with the same
  * table, so bench/vs_openmpi.sh can put the two side by side.
  *
- *   mpirun -np 4 ./mpi_collectives [-o all_reduce] [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5]
+ *   mpirun -np 4 ./mpi_collectives [-o all_reduce] [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-F]
  *
  * -o is one of all_reduce (MPI_Allreduce, sum), all_gather (MPI_Allgather), reduce_scatter
  * (MPI_Reduce_scatter_block, sum), broadcast (MPI_Bcast), reduce (MPI_Reduce, sum), all_to_all
@@ -16,7 +16,9 @@
  *
  * Per size and mode: a barrier, -w warm-up calls, a barrier, then -n calls back to back timed
  * with MPI_Wtime as a whole (mean) and one by one (median); the table shows the maximum over
- * ranks of each. Then one checked call with exact inputs; #wrong counts the elements that
+ * ranks of each. With -F (fresh inputs, as `oxcomm bench --fresh-inputs`), every call is preceded,
+ * untimed, by a rewrite of what the rank contributes and a barrier, and the mean is the sum of
+ * the per-call times / -n. Then one checked call with exact inputs; #wrong counts the elements that
  * differ, summed over ranks. In-place mode is MPI_IN_PLACE where MPI defines it (all_reduce,
  * all_gather, reduce_scatter, all_to_all, and at the root of reduce, gather, scatter; for
  * reduce_scatter MPI puts the result at the start of the buffer); broadcast has no
@@ -135,6 +137,29 @@ static void run(const struct line *l) {
     }
 }
 
+/* -F (fresh inputs): rewrites what this rank contributes to the op with a value that changes
+ * with `iter`, then waits at a barrier (oxcomm bench --fresh-inputs does the same). */
+static void rewrite_inputs(const struct line *l, int iter) {
+    const size_t b = l->block, t = l->total;
+    const int me = l->rank, ip = l->in_place, at_root = me == 0;
+    float *dst = l->send;
+    size_t len = t;
+    switch (l->op) {
+        case BROADCAST: case SCATTER:
+            if (!at_root) len = 0;
+            break;
+        case ALL_GATHER: case GATHER:
+            len = b;
+            if (ip && (l->op == ALL_GATHER || at_root)) dst = l->recv + (size_t)me * b;
+            break;
+        default:
+            break;
+    }
+    const float v = (float)(iter % 3);
+    for (size_t i = 0; i < len; i++) dst[i] = v;
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 /* Fills the buffers for the checked call: every value the op reads is input(rank of origin,
  * index in the origin's buffer) (all_to_all: input(origin * n + destination, i)); 113 marks
  * what the op should overwrite. Returns the elements that differ from the expected result. */
@@ -210,18 +235,24 @@ static long long checked_call(const struct line *l) {
 }
 
 /* One mode at one size: mean and median (max over ranks, us), and #wrong (sum over ranks). */
-static void measure(const struct line *l, int warmup, int iters, double *each, double *mean_us,
+static void measure(const struct line *l, int warmup, int iters, int fresh, double *each, double *mean_us,
                     double *median_us, long long *wrong) {
     MPI_Barrier(MPI_COMM_WORLD);
-    for (int i = 0; i < warmup; i++) run(l);
+    for (int i = 0; i < warmup; i++) {
+        if (fresh) rewrite_inputs(l, i);
+        run(l);
+    }
     MPI_Barrier(MPI_COMM_WORLD);
-    double start = MPI_Wtime();
+    double start = MPI_Wtime(), sum = 0;
     for (int i = 0; i < iters; i++) {
+        if (fresh) rewrite_inputs(l, i);
         double t = MPI_Wtime();
         run(l);
         each[i] = MPI_Wtime() - t;
+        sum += each[i];
     }
-    double total = MPI_Wtime() - start;
+    /* Fresh inputs: the rewrites and barriers between the calls are not the op's time. */
+    double total = fresh ? sum : MPI_Wtime() - start;
     qsort(each, (size_t)iters, sizeof(double), cmp_double);
     double med = iters % 2 ? each[iters / 2] : (each[iters / 2 - 1] + each[iters / 2]) / 2;
     double local[2] = {total / iters * 1e6, med * 1e6}, global[2];
@@ -239,8 +270,12 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     size_t minb = 8, maxb = 64u << 20;
     long factor = 2, iters = 20, warmup = 5;
-    int op = ALL_REDUCE;
+    int op = ALL_REDUCE, fresh = 0;
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-F")) {
+            fresh = 1;
+            continue;
+        }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int ok = v != NULL;
         if (ok && !strcmp(argv[i], "-o")) {
@@ -274,7 +309,10 @@ int main(int argc, char **argv) {
     if (rank == 0) {
         printf("# mpi_collectives  ranks: %d  transport: mpi  dtype: f32  minBytes: %zu  maxBytes: %zu  step: %ld(factor)  "
                "warmup iters: %ld  iters: %ld  validation: 1\n", n, minb, maxb, factor, warmup, iters);
-        printf("# time: mean of %ld back-to-back ops, max over ranks; p50: median of the per-op times, max over ranks\n#\n", iters);
+        if (fresh)
+            printf("# time: mean of %ld ops, each after rewriting the inputs and a barrier (untimed), max over ranks; p50: median of the per-op times, max over ranks\n#\n", iters);
+        else
+            printf("# time: mean of %ld back-to-back ops, max over ranks; p50: median of the per-op times, max over ranks\n#\n", iters);
         printf("# Collective: %s  (%s; in-place = MPI_IN_PLACE, see bench/mpi_collectives.c)\n", OP_NAMES[op], MPI_NAMES[op]);
         printf("#%11s  %12s  %8s  %6s  %6s  %9s  %6s  %6s  %6s  %9s  %6s  %6s  %6s  %9s %9s\n", "size", "count",
                "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong",
@@ -294,7 +332,7 @@ int main(int argc, char **argv) {
         for (int mode = 0; mode < 2; mode++) {
             struct line l = {(enum op)op, count, count / (size_t)n, mode, rank, n, send, recv};
             if (op == ALL_REDUCE || op == BROADCAST || op == REDUCE) l.block = count;
-            measure(&l, (int)warmup, (int)iters, each, &t[mode], &med[mode], &wrong[mode]);
+            measure(&l, (int)warmup, (int)iters, fresh, each, &t[mode], &med[mode], &wrong[mode]);
         }
         if (rank == 0) {
             char ts[2][32], ms[2][32];

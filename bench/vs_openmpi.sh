@@ -11,7 +11,10 @@
 #
 # Environment: RANKS (default "2 4"), OPS (default: the eight above), MIN (8), MAX (256M),
 # ITERS (20) and WARMUP (5) for sizes from 64 KiB, SMALL_ITERS (2000) and SMALL_WARMUP (200)
-# below, OUT (where the raw tables go; default $CARGO_TARGET_DIR or target, then /vs_openmpi).
+# below, OUT (where the raw tables go; default $CARGO_TARGET_DIR or target, then /vs_openmpi),
+# FRESH (1: every op's inputs are rewritten before it, untimed, followed by a barrier, on both
+# sides: `oxcomm bench --fresh-inputs`, `mpi_collectives -F`; default 0, nccl-tests' unchanged
+# buffers, which a single-copy transport such as Open MPI's CMA path may read from its cache).
 #
 # Both modes are compared: out-of-place (separate buffers) and in-place (MPI_IN_PLACE; oxcomm's
 # in-place API). Where an API lacks a mode, both sides emulate it the same way (broadcast
@@ -36,6 +39,7 @@ ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 SMALL_ITERS=${SMALL_ITERS:-2000}
 SMALL_WARMUP=${SMALL_WARMUP:-200}
+FRESH=${FRESH:-0}
 TARGET=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET/vs_openmpi}
 mkdir -p "$OUT"
@@ -58,6 +62,9 @@ if [ "$(id -u)" = 0 ]; then MPIRUN+=(--allow-run-as-root); fi
 echo "# host: $(nproc) cores, load average $(cut -d" " -f1-3 /proc/loadavg), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 echo "# $(mpirun --version 2>/dev/null | head -1); oxcomm $(git describe --always --dirty 2>/dev/null || echo '?')"
 echo "# f32 (sum where the op reduces, root 0), $WARMUP warm-up + $ITERS timed iterations from 64 KiB ($SMALL_WARMUP + $SMALL_ITERS below), time = mean per call (max over ranks)"
+if [ "$FRESH" = 1 ]; then
+    echo "# FRESH=1: each call's inputs rewritten just before it, then a barrier (both untimed); time = mean of the calls alone"
+fi
 
 # Sizes below 64 KiB take microseconds, where 20 calls measure mostly noise: they run as a
 # separate range with SMALL_ITERS calls after SMALL_WARMUP, on both sides alike.
@@ -82,9 +89,12 @@ for n in $RANKS; do
         for range in "${RANGES[@]}"; do
             read -r lo hi iters warmup <<<"$range"
             ARGS=(-b "$lo" -e "$hi" -f 2 -n "$iters" -w "$warmup")
-            "${MPIRUN[@]}" "${OVERSUB[@]}" -np "$n" "$OUT/mpi_collectives" -o "$op" "${ARGS[@]}" >>"$OUT/ompi_${op}_$n.txt"
+            MPI_FRESH=() OX_FRESH=()
+            if [ "$FRESH" = 1 ]; then MPI_FRESH=(-F) OX_FRESH=(--fresh-inputs); fi
+            "${MPIRUN[@]}" "${OVERSUB[@]}" -np "$n" "$OUT/mpi_collectives" -o "$op" "${ARGS[@]}" "${MPI_FRESH[@]}" \
+                >>"$OUT/ompi_${op}_$n.txt"
             "$OXCOMM" bench --transport shm --world-size "$n" --op "$op" --dtype f32 --redop sum --root 0 "${ARGS[@]}" \
-                --quiet >>"$OUT/oxcomm_${op}_$n.txt"
+                "${OX_FRESH[@]}" --quiet >>"$OUT/oxcomm_${op}_$n.txt"
         done
         echo "#"
         echo "# $op, $n ranks (raw tables: $OUT/ompi_${op}_$n.txt, $OUT/oxcomm_${op}_$n.txt)"

@@ -93,6 +93,13 @@ pub struct BenchArgs {
     #[arg(long = "ranks-per-host", value_name = "K")]
     pub ranks_per_host: Option<usize>,
 
+    /// Rewrite this rank's input before every op, as the step that produced it would have
+    /// (untimed; every timed op then starts after a barrier, and the time is the mean of the
+    /// ops alone). Without it, ops resend unchanged buffers (nccl-tests' way), which a
+    /// transport reading peers' memory in place may find in cache.
+    #[arg(long = "fresh-inputs")]
+    pub fresh_inputs: bool,
+
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,

@@ -37,6 +37,8 @@ pub(super) struct BenchPlan {
     pub(super) iters: usize,
     pub(super) warmup: usize,
     pub(super) check: bool,
+    /// `--fresh-inputs`: inputs rewritten before every timed op ([`super::cases::Case::time`]).
+    pub(super) fresh_inputs: bool,
     /// `None` only for a rank of a job ([`BenchPlan::in_job`]) started without --world-size (the
     /// job decides).
     pub(super) world: Option<usize>,
@@ -160,6 +162,7 @@ impl BenchPlan {
             iters: args.iters,
             warmup: args.warmup_iters,
             check: args.check,
+            fresh_inputs: args.fresh_inputs,
             world,
             transport: args.transport,
             algorithm: args.algorithm,
@@ -229,6 +232,9 @@ impl BenchPlan {
         if let Some(k) = self.ranks_per_host {
             a.push("--ranks-per-host".into());
             a.push(k.to_string());
+        }
+        if self.fresh_inputs {
+            a.push("--fresh-inputs".into());
         }
         a
     }

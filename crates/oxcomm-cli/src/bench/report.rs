@@ -26,7 +26,7 @@
 //! `--json FILE` writes one JSON object per line per (op, size, mode) with the fields `op`,
 //! `dtype`, `redop` (`null` for ops that do not reduce), `root` (`null` unless rooted),
 //! `world_size`, `transport`, `algorithm` (`auto` unless forced), `size_bytes`, `count`,
-//! `in_place`, `emulated`, `iters`, `warmup_iters`, `time_us`, `median_us`, `algbw_gbps`,
+//! `in_place`, `emulated`, `iters`, `warmup_iters`, `fresh_inputs`, `time_us`, `median_us`, `algbw_gbps`,
 //! `busbw_gbps`, `wrong` (`null` when not checked), `wire_bytes`. `--csv FILE` writes the same
 //! columns with a header row.
 //!
@@ -85,6 +85,7 @@ struct Row<'a> {
     emulated: bool,
     iters: usize,
     warmup_iters: usize,
+    fresh_inputs: bool,
     time_us: f64,
     median_us: f64,
     algbw_gbps: f64,
@@ -94,13 +95,13 @@ struct Row<'a> {
 }
 
 const CSV_HEADER: &str = "op,dtype,redop,root,world_size,transport,algorithm,size_bytes,count,in_place,emulated,\
-                          iters,warmup_iters,time_us,median_us,algbw_gbps,busbw_gbps,wrong,wire_bytes";
+                          iters,warmup_iters,fresh_inputs,time_us,median_us,algbw_gbps,busbw_gbps,wrong,wire_bytes";
 
 impl Row<'_> {
     fn csv(&self) -> String {
         let opt = |v: Option<String>| v.unwrap_or_default();
         format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.6},{:.6},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.6},{:.6},{},{}",
             self.op,
             self.dtype,
             opt(self.redop.map(str::to_string)),
@@ -114,6 +115,7 @@ impl Row<'_> {
             self.emulated,
             self.iters,
             self.warmup_iters,
+            self.fresh_inputs,
             self.time_us,
             self.median_us,
             self.algbw_gbps,
@@ -207,11 +209,19 @@ impl Report {
             p.iters,
             u8::from(p.check)
         );
-        let _ = writeln!(
-            h,
-            "# time: mean of {} back-to-back ops, max over ranks; p50: median of the per-op times, max over ranks",
-            p.iters
-        );
+        if p.fresh_inputs {
+            let _ = writeln!(
+                h,
+                "# time: mean of {} ops, each after rewriting the inputs and a barrier (untimed), max over ranks; p50: median of the per-op times, max over ranks",
+                p.iters
+            );
+        } else {
+            let _ = writeln!(
+                h,
+                "# time: mean of {} back-to-back ops, max over ranks; p50: median of the per-op times, max over ranks",
+                p.iters
+            );
+        }
         if let Some(a) = p.algorithm {
             let skipped: Vec<&str> =
                 p.ops.iter().filter(|o| p.algorithm_for(**o).is_none()).map(|o| o.name()).collect();
@@ -316,6 +326,7 @@ impl Report {
                 emulated: line.op.emulated(in_place),
                 iters: p.iters,
                 warmup_iters: p.warmup,
+                fresh_inputs: p.fresh_inputs,
                 time_us: m.time_us,
                 median_us: m.median_us,
                 algbw_gbps: algbw,

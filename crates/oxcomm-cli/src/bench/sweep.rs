@@ -66,7 +66,7 @@ fn rank_typed<T: BenchElement>(comm: &Communicator, plan: &BenchPlan, sink: Opti
                 };
                 let what =
                     || format!("{} of {} B ({})", op.name(), size, if in_place { "in-place" } else { "out-of-place" });
-                let timed = case.time(&mut bufs, plan.warmup, plan.iters).with_context(what)?;
+                let timed = case.time(&mut bufs, plan.warmup, plan.iters, plan.fresh_inputs).with_context(what)?;
                 let wrong = if plan.check && (!op.reduces() || pattern.unsupported().is_none()) {
                     Some(case.check(&mut bufs, &pattern).with_context(what)?)
                 } else {

@@ -9,7 +9,11 @@
 //!
 //! For each op, size and mode (out-of-place, in-place): a barrier, `-w` warm-up ops, a
 //! barrier, then `-n` ops back to back, timed as a whole with `Instant` (time = total / n) and
-//! one by one (for the median). Each rank measures its own mean and median; the table shows
+//! one by one (for the median). With `--fresh-inputs`, every op (warm-up and timed) is
+//! preceded, untimed, by a rewrite of the bytes this rank contributes ([`Case::input_range`])
+//! and a barrier, and time = the sum of the per-op times / n: the op then reads what the
+//! producing step just wrote (in its writer's cache or in memory), as in a training step,
+//! where without it a transport that reads peers' memory in place finds last op's lines. Each rank measures its own mean and median; the table shows
 //! the **maximum over ranks** of each (the op is done when the slowest rank is; nccl-tests
 //! prints the average over ranks by default). Buffers are allocated and touched once, at the
 //! largest size, and reused for every size (first-touch page faults are slow).
@@ -93,6 +97,7 @@
 mod op;
 mod pattern;
 
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
@@ -295,33 +300,67 @@ impl Case<'_> {
         }
     }
 
-    /// Warm-up, then `iters` timed ops back to back: mean and median in µs and the bytes sent
-    /// per op, each the maximum over ranks.
+    /// Warm-up, then `iters` timed ops back to back (with `fresh`, each after rewriting this
+    /// rank's inputs and a barrier, untimed): mean and median in µs and the bytes sent per op,
+    /// each the maximum over ranks.
     pub(crate) fn time<T: BenchElement>(
         &self,
         bufs: &mut Buffers<T>,
         warmup: usize,
         iters: usize,
+        fresh: bool,
     ) -> oxcomm::Result<Timed> {
         self.comm.barrier()?;
-        for _ in 0..warmup {
+        for i in 0..warmup {
+            if fresh {
+                self.rewrite_inputs(bufs, i)?;
+            }
             self.run_once(bufs)?;
         }
         self.comm.barrier()?;
         let mut each: Vec<Duration> = Vec::with_capacity(iters);
         let sent = self.comm.stats().bytes_sent;
         let start = Instant::now();
-        for _ in 0..iters {
+        for i in 0..iters {
+            if fresh {
+                self.rewrite_inputs(bufs, i)?;
+            }
             let t = Instant::now();
             self.run_once(bufs)?;
             each.push(t.elapsed());
         }
-        let total = start.elapsed();
+        // Fresh inputs: the rewrites and barriers between the ops are not the op's time.
+        let total = if fresh { each.iter().sum() } else { start.elapsed() };
         let wire = (self.comm.stats().bytes_sent - sent) as f64 / iters.max(1) as f64;
         let mut stats =
             [total.as_secs_f64() * 1e6 / iters.max(1) as f64, median(&mut each).as_secs_f64() * 1e6, wire.round()];
         self.comm.all_reduce(&mut stats, ReduceOp::Max)?;
         Ok(Timed { mean_us: stats[0], median_us: stats[1], wire_bytes: stats[2] as u64 })
+    }
+
+    /// The elements of `a` this rank contributes to the op (its input; at the root of an
+    /// in-place gather, its own block), or `None` when it contributes nothing (a broadcast's
+    /// or scatter's non-root).
+    pub(crate) fn input_range(&self) -> Option<Range<usize>> {
+        let Layout { input, block, .. } = self.layout;
+        let me = self.comm.rank();
+        let root = me == self.root;
+        match self.op {
+            BenchOp::Broadcast | BenchOp::Scatter if !root => None,
+            BenchOp::AllGather if self.in_place => Some(me * block..(me + 1) * block),
+            BenchOp::Gather if self.in_place && root => Some(me * block..(me + 1) * block),
+            _ => Some(0..input),
+        }
+    }
+
+    /// Rewrites this rank's input ([`Case::input_range`]) with a value that changes with `i`,
+    /// then waits at a barrier, so the next op starts on every rank with its inputs just
+    /// written (`--fresh-inputs`).
+    fn rewrite_inputs<T: BenchElement>(&self, bufs: &mut Buffers<T>, i: usize) -> oxcomm::Result<()> {
+        if let Some(range) = self.input_range() {
+            bufs.a[range].fill(T::from_f64((i % 3) as f64));
+        }
+        self.comm.barrier()
     }
 
     /// Fills the inputs with the check pattern and the outputs with a sentinel, runs the op
