@@ -17,6 +17,7 @@
  * `FRESH=1 MIN=16M bash bench/vs_openmpi.sh` (all_gather, in-place column).
  */
 #define _GNU_SOURCE
+#include "floor_common.h"
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -32,19 +33,6 @@ static char *block[2], *output[2];
 static int fresh;
 static pthread_barrier_t bar;
 static double copy_ns[2];
-
-static void pin(int core) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(core, &set);
-    sched_setaffinity(0, sizeof set, &set);
-}
-
-static double now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
 
 static void *rank(void *arg) {
     int me = (int)(long)arg;

@@ -23,6 +23,7 @@
  * oxcomm's own figures (`oxcomm bench -b 8 -e 8`) split into protocol and software.
  */
 #define _GNU_SOURCE
+#include "floor_common.h"
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -44,19 +45,6 @@ static struct slot slots[2][SLOTS];
 static volatile float sink;
 /* Whether every op is bracketed by two clock reads (see the header). */
 static int time_each;
-
-static void pin(int core) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(core, &set);
-    sched_setaffinity(0, sizeof set, &set);
-}
-
-static double now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
 
 static void wait_stamp(struct slot *s, long stamp) {
     while (atomic_load_explicit(&s->stamp, memory_order_acquire) < stamp)

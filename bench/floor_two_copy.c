@@ -11,6 +11,7 @@
  * A benchmark, not a test. Compare with `oxcomm bench --op broadcast --world-size 2 -b 64K -e 512K`.
  */
 #define _GNU_SOURCE
+#include "floor_common.h"
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -25,19 +26,6 @@ static size_t bytes;
 static char *shared, *input, *output;
 static _Atomic long copied_in, copied_out;
 static double in_ns, out_ns;
-
-static void pin(int core) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(core, &set);
-    sched_setaffinity(0, sizeof set, &set);
-}
-
-static double now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
 
 static void *consumer(void *arg) {
     (void)arg;
