@@ -16,10 +16,10 @@
  *
  * Per size and mode: a barrier, -w warm-up calls, a barrier, then -n calls back to back timed
  * with MPI_Wtime as a whole (mean) and one by one (median); the table shows the maximum over
- * ranks of each. With -F (fresh inputs, as `oxcomm bench --fresh-inputs`), every call is preceded,
- * untimed, by a rewrite of what the rank contributes and a barrier, and the mean is the sum of
- * the per-call times / -n. Then one checked call with exact inputs; #wrong counts the elements that
- * differ, summed over ranks. In-place mode is MPI_IN_PLACE where MPI defines it (all_reduce,
+ * ranks of each. With -F (fresh inputs, as `oxcomm bench --fresh-inputs`), every call is
+ * preceded, untimed, by a rewrite of what the rank contributes and a barrier, and the mean is
+ * the sum of the per-call times / -n. Then one checked call with exact inputs; #wrong counts
+ * the elements that differ, summed over ranks. In-place mode is MPI_IN_PLACE where MPI defines it (all_reduce,
  * all_gather, reduce_scatter, all_to_all, and at the root of reduce, gather, scatter; for
  * reduce_scatter MPI puts the result at the start of the buffer); broadcast has no
  * out-of-place form in MPI, so out-of-place is a copy at the root and then MPI_Bcast, as
@@ -235,8 +235,8 @@ static long long checked_call(const struct line *l) {
 }
 
 /* One mode at one size: mean and median (max over ranks, us), and #wrong (sum over ranks). */
-static void measure(const struct line *l, int warmup, int iters, int fresh, double *each, double *mean_us,
-                    double *median_us, long long *wrong) {
+static void measure(const struct line *l, int warmup, int iters, int fresh, double *each,
+                    double *mean_us, double *median_us, long long *wrong) {
     MPI_Barrier(MPI_COMM_WORLD);
     for (int i = 0; i < warmup; i++) {
         if (fresh) rewrite_inputs(l, i);

@@ -26,9 +26,9 @@
 //! `--json FILE` writes one JSON object per line per (op, size, mode) with the fields `op`,
 //! `dtype`, `redop` (`null` for ops that do not reduce), `root` (`null` unless rooted),
 //! `world_size`, `transport`, `algorithm` (`auto` unless forced), `size_bytes`, `count`,
-//! `in_place`, `emulated`, `iters`, `warmup_iters`, `fresh_inputs`, `time_us`, `median_us`, `algbw_gbps`,
-//! `busbw_gbps`, `wrong` (`null` when not checked), `wire_bytes`. `--csv FILE` writes the same
-//! columns with a header row.
+//! `in_place`, `emulated`, `iters`, `warmup_iters`, `fresh_inputs` (`--fresh-inputs`),
+//! `time_us`, `median_us`, `algbw_gbps`, `busbw_gbps`, `wrong` (`null` when not checked),
+//! `wire_bytes`. `--csv FILE` writes the same columns with a header row.
 //!
 //! `--plot FILE.svg` or `FILE.png` draws busbw and latency against size for every op and mode
 //! after the run; `--compare A.json B.json … --plot FILE` draws the rows of earlier `--json`

@@ -9,14 +9,16 @@
 //!
 //! For each op, size and mode (out-of-place, in-place): a barrier, `-w` warm-up ops, a
 //! barrier, then `-n` ops back to back, timed as a whole with `Instant` (time = total / n) and
-//! one by one (for the median). With `--fresh-inputs`, every op (warm-up and timed) is
-//! preceded, untimed, by a rewrite of the bytes this rank contributes ([`Case::input_range`])
-//! and a barrier, and time = the sum of the per-op times / n: the op then reads what the
-//! producing step just wrote (in its writer's cache or in memory), as in a training step,
-//! where without it a transport that reads peers' memory in place finds last op's lines. Each rank measures its own mean and median; the table shows
+//! one by one (for the median). Each rank measures its own mean and median; the table shows
 //! the **maximum over ranks** of each (the op is done when the slowest rank is; nccl-tests
 //! prints the average over ranks by default). Buffers are allocated and touched once, at the
 //! largest size, and reused for every size (first-touch page faults are slow).
+//!
+//! With `--fresh-inputs`, every op (warm-up and timed) is preceded, untimed, by a rewrite of
+//! the bytes this rank contributes ([`Case::input_range`]) and a barrier, and time = the sum of
+//! the per-op times / n. The op then reads what the producing step just wrote, as in a
+//! training step; without it, a transport that reads peers' memory in place finds the last
+//! op's lines still in its cache.
 //!
 //! # Out-of-place and in-place
 //!
