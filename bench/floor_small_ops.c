@@ -10,7 +10,9 @@
  *                peer's stamp of op k, then reads its payload (the 8 B direct all_reduce);
  *   broadcast:   the root writes its slot for op k once the peer has stamped op k - 8 (so it
  *                runs up to 8 ops ahead); the non-root stamps op k and waits for the root's
- *                (the 8 B direct broadcast with loose arrivals).
+ *                (the 8 B direct broadcast with loose arrivals). As in the code, a rank that
+ *                waits for op k - 8 then reads ahead the stamps the peer already wrote, and
+ *                waits again only once it is 8 ops past the last one it saw.
  *
  * Each of the two ops runs twice: back to back, then with every op between two clock reads, as
  * `oxcomm bench` and bench/mpi_collectives.c time each call for their medians (clock_gettime
@@ -93,10 +95,17 @@ static double all_reduce(int me) {
 static double broadcast(int me) {
     float acc = 0;
     double t0 = now_ns(), timed = 0;
+    /* Ops 0..checked had the peer's stamp seen (check_through / check_stamped in the code). */
+    long checked = 0;
     for (long k = 0; k < OPS; k++) {
         if (time_each) timed -= now_ns();
-        if (k >= EAGER)
+        if (k >= EAGER && checked <= k - EAGER) {
             wait_stamp(&slots[1 - me][(k - EAGER) % SLOTS], k - EAGER + 1);
+            checked = k - EAGER + 1;
+            while (checked < k &&
+                   atomic_load_explicit(&slots[1 - me][checked % SLOTS].stamp, memory_order_acquire) > checked)
+                checked++;
+        }
         publish(&slots[me][k % SLOTS], k + 1, (float)k);
         if (me == 1) {
             wait_stamp(&slots[0][k % SLOTS], k + 1);
