@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 import oxcomm
 import oxcomm.torch as oxtorch
+from oxcomm.onebit_torch import CompressedAllreduce
 
 __all__ = ["CompressedBackend", "reduce_scatter_coalesced", "all_to_all_quant_reduce", "init_distributed"]
 
@@ -46,20 +47,10 @@ def _oxcomm_group(group):
     return side, oxtorch.communicator(side)
 
 
-def _f32_cpu(name, t, flat=False):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"compressed_allreduce: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"compressed_allreduce: {name} is on {t.device}; oxcomm runs on CPU tensors")
-    if t.dtype != torch.float32:
-        raise TypeError(f"compressed_allreduce: {name} is {t.dtype}; the 1-bit all-reduce takes float32")
-    if flat and (t.dim() != 1 or not t.is_contiguous()):
-        raise ValueError(f"compressed_allreduce: {name} must be a contiguous 1-D tensor, got shape {tuple(t.shape)}")
-
-
 class CompressedBackend:
     """DeepSpeed's 1-bit compressed all-reduce backend (``NcclBackend``/``CompressedBackend`` of
-    ``deepspeed/runtime/comm/`` up to 0.19.4), running oxcomm's 1-bit all-reduce.
+    ``deepspeed/runtime/comm/`` up to 0.19.4), running oxcomm's 1-bit all-reduce
+    (:class:`oxcomm.onebit_torch.CompressedAllreduce`).
 
     ``CompressedBackend(mpu=None)``: the group is ``mpu.get_data_parallel_group()`` when an
     ``mpu`` is given, else the default group (a new oxcomm group over it when the default
@@ -71,71 +62,15 @@ class CompressedBackend:
         if mpu is not None:
             group = mpu.get_data_parallel_group()
         self.world_group, self.comm = _oxcomm_group(group)
+        self._allreduce = CompressedAllreduce(self.comm)
         self.rank = self.comm.rank
         self.size = self.comm.size
-        # per (worker_error, server_error) pair: the oxcomm state and the tensors' versions
-        # after we last wrote them, so a state is rebuilt only when the caller changed them.
-        self._states = {}
 
     def compressed_allreduce(self, buffer_m, worker_error, server_error, local_rank=0):
-        """DeepSpeed's ``compressed_allreduce``: the 1-bit error-compensated mean of
-        ``buffer_m`` over the group, with this rank's ``worker_error`` (1-D float32 of length
-        ``N``, ``N % (8·size) == 0``, ``N >= buffer_m.numel()``) and ``server_error`` (``N /
-        size``) updated in place. Returns the result with ``buffer_m``'s shape; as in DeepSpeed,
-        ``buffer_m`` itself holds it when it is contiguous with exactly ``N`` elements, and is
-        left untouched otherwise. ``local_rank`` (a device index) is accepted and unused.
-        An empty ``buffer_m`` zeroes both errors and is returned unchanged, with no
-        communication (DeepSpeed's ``check_and_handle_empty_buffer``)."""
-        _f32_cpu("buffer_m", buffer_m)
-        _f32_cpu("worker_error", worker_error, flat=True)
-        _f32_cpu("server_error", server_error, flat=True)
-        shape = buffer_m.shape
-        length = buffer_m.numel()
-        n_padded = worker_error.numel()
-        if length == 0:
-            worker_error.zero_()
-            server_error.zero_()
-            return buffer_m
-        n = self.size
-        if n_padded % (8 * n) != 0:
-            raise ValueError(
-                f"compressed_allreduce: worker_error has {n_padded} elements, not a multiple of 8 × {n} ranks"
-            )
-        if server_error.numel() != n_padded // n:
-            raise ValueError(
-                f"compressed_allreduce: server_error has {server_error.numel()} elements, expected {n_padded} / {n}"
-            )
-        if length > n_padded:
-            raise ValueError(
-                f"compressed_allreduce: buffer_m has {length} elements, more than worker_error's {n_padded}"
-            )
-        state = self._state(worker_error, server_error)
-        in_place = length == n_padded and buffer_m.is_contiguous()
-        buf = buffer_m.view(-1) if in_place else buffer_m.reshape(-1).clone()
-        oxcomm.onebit.all_reduce(self.comm, buf, state)
-        _errors_into(state, worker_error, server_error)
-        self._states[_key(worker_error, server_error)] = (state, worker_error._version, server_error._version)
-        return buffer_m if in_place else buf.view(shape)
-
-    def _state(self, worker_error, server_error):
-        key = _key(worker_error, server_error)
-        cached = self._states.get(key)
-        if cached is not None and cached[1] == worker_error._version and cached[2] == server_error._version:
-            return cached[0]
-        return oxcomm.onebit.State.from_errors(worker_error, server_error, self.comm)
-
-
-def _key(worker_error, server_error):
-    return (worker_error.data_ptr(), worker_error.numel(), server_error.data_ptr(), server_error.numel())
-
-
-def _errors_into(state, worker_error, server_error):
-    """Copy the state's errors into the caller's tensors."""
-    if hasattr(state, "errors_into"):
-        state.errors_into(worker_error, server_error)
-        return
-    worker_error.copy_(torch.as_tensor(state.worker_error()))
-    server_error.copy_(torch.as_tensor(state.server_error()))
+        """DeepSpeed's ``compressed_allreduce`` (see
+        :meth:`oxcomm.onebit_torch.CompressedAllreduce.__call__`); ``local_rank`` (a device
+        index) is accepted and unused."""
+        return self._allreduce(buffer_m, worker_error, server_error)
 
 
 def _as_tensors(results, like):

@@ -1,0 +1,125 @@
+"""The ``torch.distributed`` backend ``"oxcomm"``, and the 1-bit optimizers.
+
+Importing this package registers the backend name ``"oxcomm"`` with
+``torch.distributed.Backend.register_backend``, so that a training script runs on oxcomm by
+changing one word::
+
+    import oxcomm.torch  # noqa: F401  (registers "oxcomm")
+    torch.distributed.init_process_group("oxcomm")   # under torchrun or `oxcomm launch`
+
+Rendezvous goes through the store torch hands the backend (the group's ``PrefixStore``), so
+no second port or token is needed. The default group builds its communicator with
+:meth:`oxcomm.Communicator.from_store`; a group from ``new_group`` is carved out of the
+default group's links with ``comm.group(global_ranks)``, which only the members call, as
+torch requires. When the default group is not oxcomm (``init_process_group("gloo")`` then
+``new_group(backend="oxcomm")``) the members rendezvous on the new group's own store.
+
+The package is split by question: :mod:`.process_group` maps c10d's calls onto a
+communicator, :mod:`.work` completes async ops, :mod:`.rendezvous` serves ``env://`` under
+``oxcomm launch``; this file builds groups and registers the backend. The optimizers
+(:class:`OnebitAdam`, :class:`OnebitLamb`, :class:`ZeroOneAdam`) live in :mod:`oxcomm.optim`
+and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import weakref
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import oxcomm
+
+from .process_group import BACKEND, ProcessGroupOxcomm
+from .rendezvous import wrap_env_rendezvous
+from .work import _DONE  # noqa: F401  (bench/py_allreduce.py times the bare path with it)
+
+__all__ = ["ProcessGroupOxcomm", "OnebitAdam", "OnebitLamb", "ZeroOneAdam", "communicator", "BACKEND"]
+
+# The communicator of the default group when it is an oxcomm group (global rank == its rank).
+_world_comm = None
+
+# Optimizers are imported on first use: oxcomm.optim imports this package for `communicator`.
+_OPTIMIZERS = ("OnebitAdam", "OnebitLamb", "ZeroOneAdam")
+
+
+def __getattr__(name):
+    if name in _OPTIMIZERS:
+        import oxcomm.optim
+
+        return getattr(oxcomm.optim, name)
+    raise AttributeError(f"module 'oxcomm.torch' has no attribute {name!r}")
+
+
+def communicator(group=None):
+    """The :class:`oxcomm.Communicator` behind a torch process group built with backend
+    ``"oxcomm"`` (the default group when ``group`` is None); ``None`` on a rank outside the
+    group. ``ValueError`` if the group is not an oxcomm group."""
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    if group == dist.GroupMember.NON_GROUP_MEMBER:
+        return None
+    if isinstance(group, ProcessGroupOxcomm):
+        return group.comm
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        backend = None
+    if isinstance(backend, ProcessGroupOxcomm):
+        return backend.comm
+    raise ValueError(f"oxcomm: the group's CPU backend is {dist.get_backend(group)!r}, not 'oxcomm'")
+
+
+def _create(dist_opts, backend_options):
+    """The creator torch calls on every member of a new oxcomm group (extended API)."""
+    global _world_comm
+    rank, size = dist_opts.group_rank, dist_opts.group_size
+    timeout = dist_opts.timeout
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    global_ranks = list(dist_opts.global_ranks_in_group)
+    comm = None
+    if not global_ranks:
+        comm = oxcomm.Communicator.from_store(dist_opts.store, rank, size, timeout=seconds)
+        _world_comm = comm
+        _finalizer_for(comm)
+    elif _world_comm is not None and hasattr(_world_comm, "group") and _world_default_is_oxcomm():
+        comm = _world_comm.group(global_ranks)
+    if comm is None:
+        comm = oxcomm.Communicator.from_store(dist_opts.store, rank, size, timeout=seconds)
+    if comm.rank != rank or comm.size != size:
+        raise RuntimeError(
+            f"oxcomm: group of global ranks {global_ranks}: torch says rank {rank} of {size}, "
+            f"the communicator says {comm.rank} of {comm.size}"
+        )
+    return ProcessGroupOxcomm(comm, rank, size)
+
+
+def _world_default_is_oxcomm():
+    try:
+        return dist.get_backend() == BACKEND
+    except (RuntimeError, ValueError):
+        return False
+
+
+def _finalizer_for(comm):
+    def forget(_):
+        global _world_comm
+        _world_comm = None
+
+    try:
+        weakref.finalize(comm, forget, None)
+    except TypeError:
+        pass
+
+
+def _register():
+    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    _wrap_env_rendezvous()
+
+    wrap_env_rendezvous()
+
+
+_register()

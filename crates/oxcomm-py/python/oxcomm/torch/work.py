@@ -1,0 +1,134 @@
+"""torch ``Work`` objects for oxcomm ops, and the per-group thread that completes them.
+
+This module owns completion: an async oxcomm op becomes an :class:`_Op` queued on its group's
+:class:`_Waiter`, whose thread waits for the ops in issue order and completes their torch
+futures; :class:`_Work` is what torch hands the caller. It does not issue ops (the process
+group does) nor know which device a tensor is on.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+import torch
+import torch.distributed as dist
+
+class _Op:
+    """One async oxcomm op: its native Work, the tensors its future holds (the outputs, as
+    gloo's works hold) and ``finish``, which runs once after completion (copies out of
+    scratch buffers) before anyone sees the result."""
+
+    __slots__ = ("native", "result", "finish", "future", "name")
+
+    def __init__(self, native, result, finish, future, name):
+        self.native, self.result, self.finish, self.future, self.name = native, result, finish, future, name
+
+    def complete(self):
+        try:
+            self.native.wait()
+            if self.finish is not None:
+                self.finish()
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
+            self.future.set_exception(e)
+        else:
+            self.future.set_result(self.result)
+        self.native = None
+
+
+class _Waiter:
+    """One daemon thread per group that waits for its async ops in issue order and completes
+    their torch futures (a torch Work from a Python backend reports completion only through
+    its future)."""
+
+    def __init__(self):
+        self._queue = collections.deque()
+        self._cv = threading.Condition()
+        self._thread = None
+
+    def submit(self, op):
+        with self._cv:
+            self._queue.append(op)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="oxcomm-torch-waiter", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def idle(self):
+        """No async op of this group in flight. Lock-free: ``_busy`` is set before an op
+        leaves the queue and cleared after it completed, so one of the two shows it."""
+        return not self._busy and not self._queue
+
+    _busy = False
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                self._busy = True
+                op = self._queue.popleft()
+            op.complete()
+            with self._cv:
+                self._busy = False
+
+
+class _Nothing:
+    def wait(self, timeout=None):
+        pass
+
+
+_NOTHING = _Nothing()
+
+
+class _Work(dist.Work):
+    """torch's Work for an oxcomm op: ``wait`` (raises the op's error), ``is_completed``,
+    ``get_future`` (a ``torch.futures.Future`` holding the output tensors, as gloo's).
+    ``future`` is None for an op that completed before the Work was made."""
+
+    def __init__(self, result, future=None):
+        super().__init__()
+        self._result = result
+        self._future = future
+
+    def wait(self, timeout=None):
+        if self._future is not None:
+            self._future.wait()
+        return True
+
+    def is_completed(self):
+        return self._future is None or self._future.done()
+
+    def is_success(self):
+        if not self.is_completed():
+            return False
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - the question is only whether it failed
+            return False
+        return True
+
+    def exception(self):
+        try:
+            self.wait()
+        except Exception as e:  # noqa: BLE001
+            return e
+        return None
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def get_future(self):
+        if self._future is None:
+            self._future = torch.futures.Future()
+            self._future.set_result(self._result)
+        return self._future
+
+
+def _done(result):
+    """A completed Work whose future holds ``result``."""
+    return _Work(result)
+
+
+_DONE = _Work([])
