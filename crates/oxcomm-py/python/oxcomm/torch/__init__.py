@@ -117,8 +117,6 @@ def _register():
     if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
         return
     dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
-    _wrap_env_rendezvous()
-
     wrap_env_rendezvous()
 
 

@@ -19,6 +19,7 @@ completed by one waiter thread per group.
 
 from __future__ import annotations
 
+import math
 import sys
 from datetime import timedelta
 
