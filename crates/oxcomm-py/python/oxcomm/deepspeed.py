@@ -50,26 +50,39 @@ def _oxcomm_group(group):
 class CompressedBackend:
     """DeepSpeed's 1-bit compressed all-reduce backend (``NcclBackend``/``CompressedBackend`` of
     ``deepspeed/runtime/comm/`` up to 0.19.4), running oxcomm's 1-bit all-reduce
-    (:class:`oxcomm.onebit_torch.CompressedAllreduce`).
+    (:class:`oxcomm.onebit_torch.CompressedAllreduce`) on CPU and CUDA tensors.
 
     ``CompressedBackend(mpu=None)``: the group is ``mpu.get_data_parallel_group()`` when an
-    ``mpu`` is given, else the default group (a new oxcomm group over it when the default
-    group is not oxcomm; that constructor is then collective, as DeepSpeed's). ``group=``
-    names a group directly. ``rank`` and ``size`` are this rank's and the group's.
+    ``mpu`` is given; ``group=`` names one directly. Any torch group serves, used as it is:
+    an oxcomm group moves the packed bytes on oxcomm, a gloo or nccl group on
+    ``torch.distributed`` (the seeds' design: a GPU cluster keeps NCCL as its transport and
+    gets the 1-bit algorithm from oxcomm). With neither, the group is the default group when
+    that is an oxcomm group (nothing is communicated); otherwise, as DeepSpeed's
+    constructor does, a new group over every rank with the default group's backends
+    (``dist.new_group(ranks=range(world_size))``: collective, every rank must construct the
+    backend). ``rank`` and ``size`` are this rank's and the group's; ``comm`` is the oxcomm
+    communicator serving CPU tensors, or None when the group's CPU backend is not oxcomm.
     """
 
     def __init__(self, mpu=None, group=None):
         if mpu is not None:
             group = mpu.get_data_parallel_group()
-        self.world_group, self.comm = _oxcomm_group(group)
-        self._allreduce = CompressedAllreduce(self.comm)
-        self.rank = self.comm.rank
-        self.size = self.comm.size
+        if group is None:
+            try:
+                oxtorch.communicator(None)
+                group = dist.distributed_c10d._get_default_group()
+            except ValueError:
+                group = dist.new_group(ranks=list(range(dist.get_world_size())))
+        self.world_group = group
+        self._allreduce = CompressedAllreduce(group)
+        self.comm = self._allreduce.comm
+        self.rank = self._allreduce.rank
+        self.size = self._allreduce.size
 
     def compressed_allreduce(self, buffer_m, worker_error, server_error, local_rank=0):
         """DeepSpeed's ``compressed_allreduce`` (see
-        :meth:`oxcomm.onebit_torch.CompressedAllreduce.__call__`); ``local_rank`` (a device
-        index) is accepted and unused."""
+        :meth:`oxcomm.onebit_torch.CompressedAllreduce.__call__`) on CPU or CUDA tensors;
+        ``local_rank`` (a device index) is accepted and unused: the tensors' device is used."""
         return self._allreduce(buffer_m, worker_error, server_error)
 
 

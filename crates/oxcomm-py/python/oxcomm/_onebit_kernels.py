@@ -1,0 +1,224 @@
+"""The arithmetic of the 1-bit compressed all-reduce as torch ops, on whatever device the
+tensors are on (CUDA on a GPU; CPU in the tests, which so run the very code the GPU runs).
+
+This module owns the device side of one call: packing signs into bytes, unpacking bytes to
+``±scale``, the sums of squares and scales, and the worker and server steps that update the
+caller's error tensors in place. It does not move bytes between ranks (that is
+:mod:`oxcomm.onebit_torch`'s transports) and allocates no state of its own: every function
+takes its inputs and output buffers.
+
+Wire format and numerics are those of the Rust crate (``crates/oxcomm/src/compression/
+onebit.rs`` and ``pack.rs``), so that a CUDA rank and a CPU rank produce the same bytes:
+
+* ``sgn(v) = −1`` if ``v < 0``, else ``+1``: ``+0``, ``−0`` and NaN give bit 1 (DeepSpeed's
+  ``sign(x) + 1 != 0``). Element ``8m + j`` is bit ``7 − j`` of byte ``m`` (numpy's and
+  cupy's ``packbits`` default, the reference NCCL/cupy wire format).
+* A *row* is ``C/8`` sign bytes followed by its scale, an f32 in little-endian bytes
+  (:data:`SCALE_BYTES`); ``n`` rows make the worker's all-to-all, one row the server's
+  all-gather.
+* A scale is ``f32(sqrt(Σv²)) / f32(sqrt(len))``: the sum of squares in float64, rounded to
+  f32 once after the square root, then divided in f32 as DeepSpeed divides its norm.
+* The sum of squares follows the Rust kernels' order so that the scales are the same bits
+  (``pack::SQUARE_LANES``): per chunk of the worker's buffer (per ``C`` elements), each whole
+  block of 64 elements is summed per lane of 16 in f32 (four fused multiply-adds per lane,
+  emulated here in float64 and rounded to f32 after each), those partials and the exact
+  squares of the elements after the last whole block are added in float64, and a chunk
+  whose total is infinite or below 2⁻⁶⁰ is recomputed with every square in float64. The
+  float64 additions are done in another order than the Rust loop's, which changes the total
+  by at most a few float64 ulps; the scale, rounded to f32 afterwards, differs only where
+  that total sits within those ulps of an f32 rounding boundary (about one call in 10⁸), by
+  one f32 ulp. The same holds for the double rounding (float64, then f32) of the emulated
+  fused multiply-add. Everything else is f32 in the Rust (and DeepSpeed) order of
+  operations: ``u = x + e``, ``e ← u − α·sgn(u)``, ``m = Σᵢ (αᵢ · f32(1/n)) · sgnᵢ`` added
+  in rank order from ``0``, ``m ← m + s``, ``s ← m − β·sgn(m)``, ``y = β_j · sgn_j``.
+
+Each function is a handful of torch ops (a few passes over memory each). Where Triton is
+available, :mod:`oxcomm._onebit_triton` may later fuse them; these stay the reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "SCALE_BYTES",
+    "pack_signs",
+    "unpack_scaled",
+    "minus_signed",
+    "sum_squares",
+    "scale_of",
+    "inverse_size",
+    "worker_step",
+    "server_step",
+    "unpack_rows",
+]
+
+#: Bytes of the f32 scale (little-endian) that ends each row on the wire.
+SCALE_BYTES = 4
+
+#: Elements per block whose squares are first summed in f32 (Rust's ``pack::SQUARE_BLOCK``).
+SQUARE_BLOCK = 64
+#: Lanes of those f32 partial sums (Rust's ``pack::SQUARE_LANES``).
+SQUARE_LANES = 16
+#: Totals below this (2⁻⁶⁰) are recomputed with every square in float64
+#: (Rust's ``pack::SQUARE_EXACT_BELOW``).
+SQUARE_EXACT_BELOW = 2.0**-60
+
+# The weight of element j of a group of 8 in its byte: bit 7 − j (big-endian bit order).
+_WEIGHTS = {}
+_SHIFTS = {}
+
+
+def _weights(device):
+    w = _WEIGHTS.get(device)
+    if w is None:
+        w = _WEIGHTS[device] = torch.tensor([1 << (7 - j) for j in range(8)], dtype=torch.uint8, device=device)
+    return w
+
+
+def _shifts(device):
+    s = _SHIFTS.get(device)
+    if s is None:
+        s = _SHIFTS[device] = torch.tensor([7 - j for j in range(8)], dtype=torch.uint8, device=device)
+    return s
+
+
+def pack_signs(v, out=None):
+    """The sign bytes of ``v`` (float32, last dimension a multiple of 8): a uint8 tensor with
+    the last dimension divided by 8, bit 1 unless the element is ``< 0``, element ``8m + j``
+    at bit ``7 − j`` of byte ``m``. Written into ``out`` when given (any strides)."""
+    if v.shape[-1] % 8 != 0:
+        raise ValueError(f"pack_signs: the last dimension ({v.shape[-1]}) is not a multiple of 8")
+    bits = torch.lt(v, 0).logical_not_()  # NaN < 0 is false: bit 1
+    groups = bits.view(torch.uint8).reshape(*v.shape[:-1], v.shape[-1] // 8, 8)
+    packed = groups.mul_(_weights(v.device)).sum(-1, dtype=torch.uint8)
+    if out is None:
+        return packed
+    out.copy_(packed)
+    return out
+
+
+def unpack_scaled(signs, scales, out=None):
+    """``±scale`` from sign bytes: ``signs`` is (rows, B) uint8 and ``scales`` a float32 tensor
+    of ``rows`` scales (or a 0-d one for every row); the result, (rows, 8B) float32, holds
+    ``+scale`` for bit 1 and ``−scale`` for bit 0 (exactly ``scale · (±1)``)."""
+    rows = signs.reshape(-1, signs.shape[-1])
+    bits = rows.unsqueeze(-1).bitwise_right_shift(_shifts(signs.device)).bitwise_and_(1).bool()
+    bits = bits.reshape(rows.shape[0], rows.shape[1] * 8)
+    s = scales.reshape(-1, 1) if scales.dim() > 0 else scales
+    if out is None:
+        return torch.where(bits, s, -s)
+    return torch.where(bits, s, -s, out=out)
+
+
+def minus_signed(v, scale, out):
+    """``out = v − scale · sgn(v)`` (the error update; ``sgn(±0) = sgn(NaN) = +1``), with
+    ``scale`` a 0-d float32 tensor. ``out`` may be ``v``."""
+    return torch.where(torch.lt(v, 0), v + scale, v - scale, out=out)
+
+
+def sum_squares(v):
+    """The sum of squares of each row of ``v`` ((rows, L) float32, ``L`` a multiple of 8) as a
+    float64 tensor of ``rows`` totals, in the Rust kernels' order (see the module docs)."""
+    rows, length = v.shape
+    blocks = length // SQUARE_BLOCK
+    blocked = blocks * SQUARE_BLOCK
+    total = torch.zeros(rows, dtype=torch.float64, device=v.device)
+    if blocks:
+        # Element k of a block is step k // 16 of lane k % 16: four f32 fused multiply-adds
+        # per lane from 0, each computed exactly in float64 (v² is exact there) and rounded.
+        steps = v[:, :blocked].reshape(rows, blocks, 4, SQUARE_LANES)
+        partial = None
+        for step in range(4):
+            w = steps[:, :, step, :].double()
+            w.mul_(w)
+            if partial is not None:
+                w.add_(partial)
+            partial = w.float().double()
+        total += partial.sum(dim=(1, 2))
+    if blocked < length:
+        tail = v[:, blocked:].double()
+        total += tail.mul_(tail).sum(dim=1)
+    # A total that overflowed in the f32 partials, or too small for them to be exact, is
+    # recomputed with every square in float64 (NaN stays NaN: both tests are false).
+    redo = torch.isinf(total) | (total < SQUARE_EXACT_BELOW)
+    exact = v.double()
+    exact = exact.mul_(exact).sum(dim=1)
+    return torch.where(redo, exact, total)
+
+
+def scale_of(total, length):
+    """``f32(sqrt(total)) / f32(sqrt(length))``: the scale of ``length`` elements whose sum of
+    squares is ``total`` (a float64 tensor), as a float32 tensor of the same shape."""
+    root = torch.tensor(math.sqrt(length), dtype=torch.float32, device=total.device)
+    return total.sqrt().float().div_(root)
+
+
+def inverse_size(n, device):
+    """``f32(1) / f32(n)`` as a 0-d float32 tensor (the factor of the server's mean)."""
+    return torch.ones((), dtype=torch.float32, device=device).div_(float(n))
+
+
+def _put_scale(row_bytes, scale):
+    """Writes the f32 ``scale`` (0-d) as little-endian bytes into the last ``SCALE_BYTES`` of
+    every row of ``row_bytes`` ((rows, B + 4) uint8)."""
+    as_bytes = scale.reshape(1).view(torch.uint8)
+    if as_bytes.numel() != SCALE_BYTES:
+        raise AssertionError("a float32 is 4 bytes")
+    row_bytes[:, -SCALE_BYTES:].copy_(as_bytes.expand(row_bytes.shape[0], SCALE_BYTES))
+
+
+def scales_in(rows):
+    """The f32 scales ending each row of ``rows`` ((rows, B + 4) uint8), as a float32 tensor."""
+    return rows[:, -SCALE_BYTES:].contiguous().view(torch.float32).reshape(rows.shape[0])
+
+
+def worker_step(x, worker_error, send):
+    """The worker's half: ``u = pad(x) + e`` into ``worker_error`` (``x`` flat float32 of
+    ``L ≤ N`` elements, the rest of ``u`` is ``e`` itself), the signs of chunk ``j`` of ``u``
+    into row ``j`` of ``send`` ((n, C/8 + 4) uint8) and ``α = ‖u‖/√N`` after each row, then
+    ``e ← u − α·sgn(u)`` in place. Returns ``α`` (0-d float32)."""
+    n = send.shape[0]
+    length = x.numel()
+    u = worker_error
+    u[:length].add_(x)  # e + x in f32: the same bits as x + e
+    chunks = u.view(n, -1)
+    pack_signs(chunks, out=send[:, :-SCALE_BYTES])
+    alpha = scale_of(sum_squares(chunks).sum(), u.numel())
+    _put_scale(send, alpha)
+    minus_signed(u, alpha, out=u)
+    return alpha
+
+
+def server_step(received, inv_n, server_error, send_row):
+    """The server's half: ``m = Σᵢ (αᵢ · inv_n) · sgnᵢ`` over the rows of ``received`` ((n,
+    C/8 + 4) uint8, rank order), ``m ← m + s`` into ``server_error`` (``C`` float32), its
+    signs and ``β = ‖m‖/√C`` into ``send_row`` ((1, C/8 + 4) uint8), then ``s ← m − β·sgn(m)``
+    in place. Returns ``β`` (0-d float32)."""
+    scales = scales_in(received) * inv_n
+    terms = unpack_scaled(received[:, :-SCALE_BYTES], scales)
+    m = torch.zeros_like(server_error)
+    for i in range(terms.shape[0]):
+        m.add_(terms[i])
+    m.add_(server_error)
+    server_error.copy_(m)
+    pack_signs(m.view(1, -1), out=send_row[:, :-SCALE_BYTES])
+    beta = scale_of(sum_squares(m.view(1, -1))[0], m.numel())
+    _put_scale(send_row, beta)
+    minus_signed(server_error, beta, out=server_error)
+    return beta
+
+
+def unpack_rows(gathered, out):
+    """The result: ``y[j·C + k] = β_j · sgn_j[k]`` from every server's row of ``gathered``
+    ((n, C/8 + 4) uint8), written into ``out`` (flat float32 of ``L ≤ N`` elements)."""
+    length = out.numel()
+    signs = gathered[:, :-SCALE_BYTES]
+    n, per_row = signs.shape
+    if length == n * per_row * 8:
+        unpack_scaled(signs, scales_in(gathered), out=out.view(n, -1))
+        return out
+    out.copy_(unpack_scaled(signs, scales_in(gathered)).view(-1)[:length])
+    return out

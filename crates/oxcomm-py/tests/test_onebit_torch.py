@@ -1,0 +1,225 @@
+"""The 1-bit compressed all-reduce's device path (``oxcomm._onebit_kernels`` and the
+transports of ``oxcomm.onebit_torch``) on CPU tensors: the CPU twins of
+``tests_cuda/test_cuda_onebit.py``, which run the same kernels on CUDA.
+
+The reference is the Rust crate's path (``oxcomm.onebit``, CPU tensors on an oxcomm group):
+for the same inputs (x, worker error, server error) over several calls, the device path over
+a gloo group, over an oxcomm communicator with the staging steps, and
+``CompressedBackend`` over a non-oxcomm default group must give the same output bits and the
+same errors (to 1e-6 relative; in these runs, the same bits).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import _torch_ranks
+
+torch = pytest.importorskip("torch")
+
+from oxcomm import _onebit_kernels as kernels  # noqa: E402
+from oxcomm.onebit_torch import padded_len  # noqa: E402
+
+SPECIAL = (0.0, -0.0, float("nan"), -float("nan"), float("inf"), -float("inf"), 1e-30, -1e-30)
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int32)
+
+
+# ------------------------------------------------------------------------------ kernels, in pytest
+
+
+def test_pack_signs_matches_numpy_packbits_with_zeros_nan_and_inf():
+    import numpy as np
+
+    gen = torch.Generator().manual_seed(1)
+    for numel in (8, 64, 8 * 37):
+        v = torch.randn(numel, generator=gen)
+        v[:: 3] = torch.tensor(SPECIAL).repeat(numel)[: len(v[::3])]
+        want = np.packbits((~(v.numpy() < 0)).astype(np.uint8))  # bit 1 unless x < 0
+        got = kernels.pack_signs(v)
+        assert got.dtype == torch.uint8 and got.tolist() == want.tolist()
+        # rows pack independently, into a strided output
+        out = torch.full((2, numel // 16 + 3), 7, dtype=torch.uint8)
+        if numel % 16 == 0:
+            kernels.pack_signs(v.view(2, -1), out=out[:, : numel // 16])
+            assert out[:, : numel // 16].reshape(-1).tolist() == want.tolist()
+            assert (out[:, numel // 16 :] == 7).all()
+    with pytest.raises(ValueError, match="multiple of 8"):
+        kernels.pack_signs(torch.zeros(12))
+
+
+def test_unpack_scaled_is_plus_minus_scale_exactly():
+    signs = torch.tensor([[0b10110000, 0xFF], [0x00, 0b00000001]], dtype=torch.uint8)
+    scales = torch.tensor([0.3, -2.5])
+    got = kernels.unpack_scaled(signs, scales)
+    want_signs = [
+        [1, -1, 1, 1, -1, -1, -1, -1] + [1] * 8,
+        [-1] * 8 + [-1] * 7 + [1],
+    ]
+    want = torch.tensor(want_signs, dtype=torch.float32) * scales.view(2, 1)
+    assert torch.equal(_bits(got), _bits(want))
+
+
+def _reference_squares(v):
+    """The Rust kernels' sum of squares (pack.rs ``scalar::Squares`` and ``settle``), one
+    element at a time, with numpy's f32 arithmetic for the fused multiply-adds (exact in
+    float64, then rounded to f32)."""
+    import numpy as np
+
+    x = v.numpy()
+    length = len(x)
+    blocked = length - length % 64
+    lanes = [0.0] * 16
+    partial = [np.float32(0)] * 16
+    for k in range(length):
+        lane = k % 16
+        if k >= blocked:
+            lanes[lane] += float(x[k]) * float(x[k])
+            continue
+        with np.errstate(over="ignore"):
+            partial[lane] = np.float32(float(x[k]) * float(x[k]) + float(partial[lane]))
+        if k % 64 == 63:
+            for i in range(16):
+                lanes[i] += float(partial[i])
+                partial[i] = np.float32(0)
+    total = sum(lanes)
+    if math.isinf(total) or total < 2.0**-60:
+        total = sum(float(a) * float(a) for a in x)
+    return total
+
+
+def test_sum_squares_follows_the_rust_order():
+    gen = torch.Generator().manual_seed(3)
+    for length in (8, 64, 72, 200, 1000):
+        for scale in (1.0, 1e-25, 1e21, 3.7):
+            v = (torch.randn(2, length, generator=gen) * scale).float()
+            got = kernels.sum_squares(v)
+            for r in range(2):
+                want = _reference_squares(v[r])
+                assert got[r].item() == pytest.approx(want, rel=1e-13), (length, scale)
+                # the scale, rounded to f32, is the same bits
+                a = kernels.scale_of(got[r], length)
+                b = kernels.scale_of(torch.tensor(want, dtype=torch.float64), length)
+                assert torch.equal(_bits(a.reshape(1)), _bits(b.reshape(1)))
+    nan = torch.tensor([[1.0] * 7 + [float("nan")]])
+    assert math.isnan(kernels.sum_squares(nan)[0].item())
+
+
+def test_padded_len_is_deepspeeds():
+    assert [padded_len(1, n) for n in (1, 2, 3, 4, 8)] == [8, 16, 72, 32, 64]
+    assert padded_len(0, 3) == 0 and padded_len(72, 3) == 72 and padded_len(73, 3) == 144
+    with pytest.raises(ValueError):
+        padded_len(5, 0)
+
+
+# ------------------------------------------------------------------------------ in the ranks
+
+
+def _inputs(rank, shape, call, n_padded, n, gen):
+    """This rank's x for one call, with ±0, NaN-free specials, and scales that reach the
+    float64 fallback of the sums of squares (tiny and huge values)."""
+    numel = torch.Size(shape).numel()
+    scale = (1.0, 1e-24, 3e18, 0.01)[call % 4]
+    x = torch.randn(numel, generator=gen) * scale
+    if numel >= 8:
+        x[1::7] = 0.0
+        x[2::7] = -0.0
+    return x.view(shape)
+
+
+def _errors(n_padded, n, gen):
+    return torch.randn(n_padded, generator=gen) * 0.1, torch.randn(n_padded // n, generator=gen) * 0.1
+
+
+def _max_rel(a, b):
+    return (a - b).abs().max().item() / max(1e-30, b.abs().max().item()) if b.numel() else 0.0
+
+
+def case_device_path_matches_rust():
+    """Rust path vs the device path (gloo group; oxcomm with staging; CompressedBackend on a
+    gloo default group), same inputs, several calls, several sizes; then NaN and empty."""
+    import torch.distributed as dist
+
+    import oxcomm.torch as oxtorch
+    from oxcomm import onebit_torch
+    from oxcomm.deepspeed import CompressedBackend
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    ox = dist.new_group(backend="oxcomm")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    rust = onebit_torch.CompressedAllreduce(ox)
+    assert rust._transport(torch.device("cpu")) is None  # the Rust path
+    staged = onebit_torch.CompressedAllreduce(oxtorch.communicator(ox))
+    staged._transports["cpu"] = onebit_torch._Staged(onebit_torch._OxcommBytes(staged.comm))
+    gloo = onebit_torch.CompressedAllreduce(None)  # the default group: gloo
+    assert isinstance(gloo._transport(torch.device("cpu")), onebit_torch._TorchBytes)
+    backend = CompressedBackend()  # default group not oxcomm: a new group over it, used as is
+    assert backend.comm is None and (backend.rank, backend.size) == (rank, n)
+    paths = {"staged": staged, "gloo": gloo, "backend": backend.compressed_allreduce}
+
+    stats = {"calls": 0, "errors_bit_equal": 0, "worst_error": 0.0}
+    gen = torch.Generator().manual_seed(11 + rank)
+    c_blocks = 64 * n * 2 + 8 * n  # a chunk of 2 whole blocks and a tail
+    for shape in [(1,), (13,), (padded_len(64, n),), (7, 9), (c_blocks,), (3000,)]:
+        numel = torch.Size(shape).numel()
+        big_n = padded_len(numel, n)
+        we0, se0 = _errors(big_n, n, gen)
+        errs = {name: (we0.clone(), se0.clone()) for name in ["rust", *paths]}
+        for call in range(4):
+            x = _inputs(rank, shape, call, big_n, n, gen)
+            want_x = x.clone()
+            want = rust(want_x, *errs["rust"])
+            for name, ar in paths.items():
+                got_x = x.clone()
+                got = ar(got_x, *errs[name])
+                label = f"{name} shape {shape} call {call}"
+                assert got.shape == x.shape, label
+                assert torch.equal(_bits(got), _bits(want)), f"{label}: output bits differ"
+                if numel == big_n:
+                    assert torch.equal(_bits(got_x), _bits(got)), f"{label}: not in place"
+                else:
+                    assert torch.equal(_bits(got_x), _bits(x)), f"{label}: padded buffer modified"
+                for e_got, e_want in zip(errs[name], errs["rust"]):
+                    d = _max_rel(e_got, e_want)
+                    stats["worst_error"] = max(stats["worst_error"], d)
+                    assert d <= 1e-6, f"{label}: error differs by {d} relative"
+                    stats["errors_bit_equal"] += int(torch.equal(_bits(e_got), _bits(e_want)))
+                stats["calls"] += 1
+
+    # a NaN on one rank: every output NaN on every rank, and both errors NaN (as the Rust docs say)
+    # (the worker error only on that rank), on every path alike
+    big_n = padded_len(40, n)
+    nan_masks = {}
+    for name, ar in [("rust", rust), *paths.items()]:
+        we, se = torch.zeros(big_n), torch.zeros(big_n // n)
+        x = torch.randn(40, generator=torch.Generator().manual_seed(5))
+        if rank == n - 1:
+            x[17] = float("nan")
+        y = ar(x, we, se)
+        assert torch.isnan(y).all() and torch.isnan(se).all(), name
+        assert bool(torch.isnan(we).all()) == (rank == n - 1), name
+        nan_masks[name] = torch.isnan(we)
+        # the empty buffer zeroes both errors and communicates nothing
+        out = ar(torch.zeros(0), we, se)
+        assert out.numel() == 0 and not we.any() and not se.any(), name
+
+    # wrong device mixes are named
+    with pytest.raises(ValueError, match="tensors on meta"):
+        gloo(torch.zeros(8, device="meta"), torch.zeros(16 * n, device="meta"), torch.zeros(16, device="meta"))
+    dist.barrier()
+    return stats
+
+
+def test_device_path_matches_rust_2_ranks():
+    stats = _torch_ranks.run(2, "test_onebit_torch:case_device_path_matches_rust", timeout=60)
+    assert all(s["errors_bit_equal"] == 2 * s["calls"] > 0 for s in stats), stats
+
+
+def test_device_path_matches_rust_3_ranks():
+    stats = _torch_ranks.run(3, "test_onebit_torch:case_device_path_matches_rust", timeout=60)
+    assert all(s["errors_bit_equal"] == 2 * s["calls"] > 0 for s in stats), stats
