@@ -1,11 +1,13 @@
-"""oxcomm: collective communication for Python on CPU — all-reduce, all-gather,
+"""oxcomm: collective communication for Python — all-reduce, all-gather,
 reduce-scatter, broadcast, all-to-all, point-to-point, groups, async ops, DeepSpeed's 1-bit
 all-reduce and ZeRO++'s quantized reduce-scatter — over shared memory between processes of
 one host and TCP between hosts. The engine is the Rust crate ``oxcomm``.
 
-Buffers are numpy arrays and torch CPU tensors, read and written in place (no copy). Every op
-releases the GIL while it runs; ``async_op=True`` returns a :class:`Work` at once and fills
-the buffers in place when the op completes.
+Buffers are numpy arrays and torch CPU tensors, read and written in place (no copy), and torch
+CUDA tensors, staged through pinned host memory with NCCL's stream semantics (the op runs after
+the work queued on the tensor's current stream, and later work on that stream sees the result;
+see :mod:`oxcomm._cuda`). Every op releases the GIL while it runs; ``async_op=True`` returns a
+:class:`Work` at once and fills the buffers in place when the op completes.
 
     import numpy as np, oxcomm
     comm = oxcomm.init()                # under `oxcomm launch -n 4 -- python3 prog.py`
@@ -21,6 +23,8 @@ import os as _os
 import pickle as _pickle
 
 from . import _native
+from ._cuda import device as _dev
+from ._cuda import ops as _staged
 from ._buffers import block_of as _block_of
 from ._buffers import buffer as _buf
 from ._buffers import copy_of as _copy_of
@@ -76,10 +80,27 @@ def _input(inp, out, name, b=None):
 class Communicator:
     """One rank's handle on a group of ranks; see the module docs."""
 
-    __slots__ = ("_c", "__weakref__")
+    # _st: the staging state (oxcomm._cuda.staging.Stager), made by the first op on device
+    # tensors; from then on every op goes through it, so that ops queued behind an async device
+    # op keep their issue order. A host twin of this communicator (``_st`` None) runs the ops
+    # on staged host buffers.
+    __slots__ = ("_c", "_st", "__weakref__")
 
     def __init__(self, native):
         self._c = native
+        self._st = None
+
+    def _stager(self):
+        if self._st is None:
+            from ._cuda.staging import Stager
+
+            self._st = Stager(Communicator(self._c), f"rank{self._c.rank}")
+        return self._st
+
+    def _drain(self, what):
+        """Before an op with no staged form: wait until the ops queued before it are issued."""
+        if self._st is not None:
+            self._st.drain(what)
 
     @staticmethod
     def from_store(store, rank, world_size, *, timeout=300.0, transport=None, master_addr=None, pin_to_core=None):
@@ -121,10 +142,16 @@ class Communicator:
 
     def all_reduce(self, buf, op=ReduceOp.SUM, *, async_op=False):
         """Reduces ``buf`` over the group in place."""
+        if self._st is not None or _dev.owns(buf):
+            return _staged.all_reduce(self._stager(), buf, op, async_op)
         return self._c.all_reduce(_buf(buf, "buf"), _op(op), async_op)
 
     def all_reduce_into(self, input, output, op=ReduceOp.SUM, *, async_op=False):  # noqa: A002
         """Out-of-place all-reduce: ``output`` gets the reduction of every rank's ``input``."""
+        if self._st is not None or _dev.owns(input) or _dev.owns(output):
+            if input is output:
+                return _staged.all_reduce(self._stager(), output, op, async_op)
+            return _staged.all_reduce_into(self._stager(), input, output, op, async_op)
         if input is output:
             return self.all_reduce(output, op, async_op=async_op)
         out = _buf(output, "output")
@@ -132,11 +159,17 @@ class Communicator:
 
     def reduce(self, buf, root, op=ReduceOp.SUM, *, async_op=False):
         """Reduces ``buf`` into the root's ``buf``; other ranks' buffers are left unchanged."""
+        if self._st is not None or _dev.owns(buf):
+            return _staged.reduce(self._stager(), buf, root, op, async_op)
         return self._c.reduce(_buf(buf, "buf"), root, _op(op), async_op)
 
     def reduce_into(self, input, output, root, op=ReduceOp.SUM, *, async_op=False):  # noqa: A002
         """Out-of-place reduce (MPI_Reduce): the root's ``output`` gets the reduction of every
         rank's ``input`` (``output`` is ``None`` elsewhere); no rank's ``input`` is written."""
+        if self._st is not None or _dev.owns(input) or _dev.owns(output):
+            if input is output:
+                return _staged.reduce(self._stager(), output, root, op, async_op)
+            return _staged.reduce_into(self._stager(), input, output, root, op, async_op)
         if input is output:
             return self.reduce(output, root, op, async_op=async_op)
         out = None if output is None else _buf(output, "output")
@@ -145,6 +178,8 @@ class Communicator:
 
     def broadcast(self, buf, root, *, async_op=False):
         """The root's ``buf`` on every rank."""
+        if self._st is not None or _dev.owns(buf):
+            return _staged.broadcast(self._stager(), buf, root, async_op)
         return self._c.broadcast(_buf(buf, "buf"), root, async_op)
 
     def all_gather(self, input, output, *, async_op=False):  # noqa: A002
@@ -152,6 +187,8 @@ class Communicator:
 
         An ``input`` that is this rank's block of ``output`` (a view, as FSDP passes it) runs
         in place, without copying it first."""
+        if self._st is not None or _dev.owns(input) or _dev.owns(output):
+            return _staged.all_gather(self._stager(), input, output, async_op)
         out = _buf(output, "output")
         inp = _buf(input, "input", write=False)
         if _block_of(inp, out, self.rank, self.size):
@@ -160,21 +197,29 @@ class Communicator:
 
     def all_gather_in_place(self, buf, *, async_op=False):
         """All-gather in place: ``buf`` holds one block per rank, this rank's holding its input."""
+        if self._st is not None or _dev.owns(buf):
+            return _staged.all_gather_in_place(self._stager(), buf, async_op)
         return self._c.all_gather_in_place(_buf(buf, "buf"), async_op)
 
     def reduce_scatter(self, input, output, op=ReduceOp.SUM, *, async_op=False):  # noqa: A002
         """``output`` gets this rank's block of the reduction of ``input`` (size × len(output))."""
+        if self._st is not None or _dev.owns(input) or _dev.owns(output):
+            return _staged.reduce_scatter(self._stager(), input, output, op, async_op)
         out = _buf(output, "output")
         return self._c.reduce_scatter(_input(input, out, "input"), out, _op(op), async_op)
 
     def reduce_scatter_in_place(self, buf, op=ReduceOp.SUM, *, async_op=False):
         """Reduce-scatter in place: this rank's block of ``buf`` gets its block of the reduction;
         the other blocks hold garbage afterwards (some algorithms use them)."""
+        if self._st is not None or _dev.owns(buf):
+            return _staged.reduce_scatter_in_place(self._stager(), buf, op, async_op)
         return self._c.reduce_scatter_in_place(_buf(buf, "buf"), _op(op), async_op)
 
     def all_to_all(self, send, recv, *, async_op=False):
         """Block j of ``send`` goes to rank j; block i of ``recv`` comes from rank i (``send``
         may be ``recv`` itself: then it runs in place, without a copy)."""
+        if self._st is not None or _dev.owns(send) or _dev.owns(recv):
+            return _staged.all_to_all(self._stager(), send, recv, async_op)
         out = _buf(recv, "recv")
         inp = _buf(send, "send", write=False)
         if _same(inp, out):
@@ -183,10 +228,15 @@ class Communicator:
 
     def all_to_all_in_place(self, buf, *, async_op=False):
         """All-to-all in place: block j of ``buf`` goes to rank j, block i comes from rank i."""
+        if self._st is not None or _dev.owns(buf):
+            return _staged.all_to_all_in_place(self._stager(), buf, async_op)
         return self._c.all_to_all_in_place(_buf(buf, "buf"), async_op)
 
     def all_to_all_v(self, send, send_counts, recv, recv_counts, *, async_op=False):
         """Uneven all-to-all; counts in elements per rank."""
+        if self._st is not None or _dev.owns(send) or _dev.owns(recv):
+            counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+            return _staged.all_to_all_v(self._stager(), send, counts[0], recv, counts[1], async_op)
         out = _buf(recv, "recv")
         return self._c.all_to_all_v(
             _input(send, out, "send"), [int(c) for c in send_counts], out, [int(c) for c in recv_counts], async_op
@@ -196,6 +246,8 @@ class Communicator:
         """Every rank's ``input`` into the root's ``output`` (``None`` elsewhere).
 
         At the root, an ``input`` that is its own block of ``output`` runs in place."""
+        if self._st is not None or _dev.owns(input) or _dev.owns(output):
+            return _staged.gather(self._stager(), input, output, root, async_op)
         out = None if output is None else _buf(output, "output")
         if out is None:
             return self._c.gather(_buf(input, "input", write=False), None, root, async_op)
@@ -207,6 +259,8 @@ class Communicator:
     def gather_in_place(self, buf, root, *, async_op=False):
         """Gather in place: at the root ``buf`` holds one block per rank (its own holding its
         input) and receives the others; elsewhere ``buf`` is the rank's input."""
+        if self._st is not None or _dev.owns(buf):
+            return _staged.gather_in_place(self._stager(), buf, root, async_op)
         return self._c.gather_in_place(_buf(buf, "buf"), root, async_op)
 
     def scatter(self, input, output, root, *, async_op=False):  # noqa: A002
@@ -214,6 +268,8 @@ class Communicator:
 
         At the root, an ``output`` that is its own block of ``input`` runs in place (nothing
         is copied into it)."""
+        if self._st is not None or _dev.owns(input) or _dev.owns(output):
+            return _staged.scatter(self._stager(), input, output, root, async_op)
         out = _buf(output, "output")
         if input is None:
             return self._c.scatter(None, out, root, async_op)
@@ -226,22 +282,31 @@ class Communicator:
     def scatter_in_place(self, buf, root, *, async_op=False):
         """Scatter in place: at the root ``buf`` holds one block per rank and is only read
         (its own block stays where it is); elsewhere ``buf`` receives the rank's block."""
+        if self._st is not None or _dev.owns(buf):
+            return _staged.scatter_in_place(self._stager(), buf, root, async_op)
         return self._c.scatter_in_place(_buf(buf, "buf"), root, async_op)
 
     def barrier(self, *, async_op=False):
+        if self._st is not None:
+            return _staged.barrier(self._st, async_op)
         return self._c.barrier(async_op)
 
     def monitored_barrier(self, timeout):
         """A barrier whose error lists every rank that did not arrive within ``timeout`` seconds."""
         seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+        self._drain("monitored_barrier")
         self._c.monitored_barrier(seconds)
 
     def all_reduce_coalesced(self, bufs, op=ReduceOp.SUM, *, async_op=False):
         """All-reduces every buffer of ``bufs`` (one dtype) as one op."""
+        if self._st is not None or any(_dev.owns(b) for b in bufs):
+            return _staged.all_reduce_coalesced(self._stager(), list(bufs), op, async_op)
         return self._c.all_reduce_coalesced([_buf(b, f"bufs[{i}]") for i, b in enumerate(bufs)], _op(op), async_op)
 
     def all_gather_coalesced(self, inputs, outputs, *, async_op=False):
         """All-gathers each input into the matching output, as one op."""
+        if self._st is not None or any(_dev.owns(b) for b in (*inputs, *outputs)):
+            return _staged.all_gather_coalesced(self._stager(), list(inputs), list(outputs), async_op)
         outs = [_buf(o, f"outputs[{i}]") for i, o in enumerate(outputs)]
         ins = [_buf(x, f"inputs[{i}]", write=False) for i, x in enumerate(inputs)]
         ins = [
@@ -253,37 +318,48 @@ class Communicator:
     # ------------------------------------------------------------------ point to point
 
     def send(self, buf, dst, tag=0):
+        if self._st is not None or _dev.owns(buf):
+            return _staged.send(self._stager(), buf, dst, tag)
         self._c.send(_buf(buf, "buf", write=False), dst, tag)
 
     def recv(self, buf, src, tag=0):
         if src is None:
             raise UnsupportedError("recv from any source is not supported: name the sender")
+        if self._st is not None or _dev.owns(buf):
+            return _staged.recv(self._stager(), buf, src, tag)
         self._c.recv(_buf(buf, "buf"), src, tag)
 
     def isend(self, buf, dst, tag=0):
         """Starts sending a copy of ``buf``; pending isend/irecv start together."""
+        if self._st is not None or _dev.owns(buf):
+            return _staged.isend(self._stager(), buf, dst, tag)
         return self._c.isend(_buf(buf, "buf", write=False), dst, tag)
 
     def irecv(self, buf, src, tag=0):
         """Starts receiving into ``buf`` (written when the returned Work completes)."""
         if src is None:
             raise UnsupportedError("irecv from any source is not supported: name the sender")
+        if self._st is not None or _dev.owns(buf):
+            return _staged.irecv(self._stager(), buf, src, tag)
         return self._c.irecv(_buf(buf, "buf"), src, tag)
 
     # ------------------------------------------------------------------ groups
 
     def new_group(self, ranks):
         """A sub-group of the listed ranks (collective over this group); ``None`` outside it."""
+        self._drain("new_group")
         c = self._c.new_group([int(r) for r in ranks])
         return None if c is None else Communicator(c)
 
     def group(self, ranks):
         """A sub-group over this communicator's links that only its members call; ``None`` outside."""
+        self._drain("group")
         c = self._c.group([int(r) for r in ranks])
         return None if c is None else Communicator(c)
 
     def split(self, color, key=0):
         """Splits by ``color`` (``None`` joins no group), ordered by ``key`` then rank."""
+        self._drain("split")
         c = self._c.split(None if color is None else int(color), int(key))
         return None if c is None else Communicator(c)
 
@@ -291,11 +367,13 @@ class Communicator:
 
     def broadcast_object(self, obj, root):
         """The root's ``obj`` (pickled) on every rank; other ranks' ``obj`` is ignored."""
+        self._drain("broadcast_object")
         data = _pickle.dumps(obj) if self.rank == root else b""
         return _pickle.loads(self._c.broadcast_bytes(data, root))
 
     def all_gather_object(self, obj):
         """Every rank's ``obj`` (pickled), in rank order."""
+        self._drain("all_gather_object")
         return [_pickle.loads(b) for b in self._c.all_gather_bytes(_pickle.dumps(obj))]
 
     # ------------------------------------------------------------------ the rest

@@ -3,6 +3,8 @@
 ``buffer(x, name, write)`` checks what oxcomm cannot see from Rust (device, dtype,
 contiguity, writability) and returns ``(address, element count, dtype name, x)``; the native
 module reads and writes that memory in place and holds ``x`` while an async op may use it.
+``check_device(x, name)`` makes the same checks of a device tensor before it is staged
+(``oxcomm._cuda``), so both name a bad tensor alike.
 """
 
 _TORCH_DTYPES = {
@@ -51,7 +53,10 @@ def buffer(x, name, write=True):
             return (x.data_ptr(), x.numel(), dtype, x)
     if _is_torch(x):
         if x.device.type != "cpu":
-            raise ValueError(f"{name}: a tensor on {x.device}; oxcomm works on CPU memory")
+            raise ValueError(
+                f"{name}: a tensor on {x.device} among host buffers; oxcomm takes CPU memory, and CUDA "
+                "tensors when every tensor of the op is on the device"
+            )
         if x.layout.__repr__() != "torch.strided":
             raise ValueError(f"{name}: a {x.layout} tensor; oxcomm works on dense (strided) tensors")
         dtype = _TORCH_DTYPES.get(str(x.dtype))
@@ -81,6 +86,20 @@ def buffer(x, name, write=True):
             raise TypeError(f"{name}: big-endian arrays are not supported")
         return (x.__array_interface__["data"][0], x.size, dtype, x)
     raise TypeError(f"{name}: expected a numpy array or a torch CPU tensor, got {type(x).__name__}")
+
+
+def check_device(x, name):
+    """``TypeError``/``ValueError`` naming ``name`` if the device tensor ``x`` cannot be staged:
+    the dtypes and layouts of :func:`buffer` (a CUDA op takes what the host op takes)."""
+    if x.layout.__repr__() != "torch.strided":
+        raise ValueError(f"{name}: a {x.layout} tensor; oxcomm works on dense (strided) tensors")
+    if _TORCH_DTYPES.get(str(x.dtype)) is None:
+        raise TypeError(f"{name}: dtype {x.dtype} on {x.device} is not one oxcomm reduces ({SUPPORTED})")
+    if not x.is_contiguous():
+        raise ValueError(
+            f"{name}: the tensor on {x.device} is not contiguous (strides {tuple(x.stride())}); pass "
+            "tensor.contiguous() and copy the result back"
+        )
 
 
 def overlap(a, b):
