@@ -7,6 +7,13 @@ changing one word::
     import oxcomm.torch  # noqa: F401  (registers "oxcomm")
     torch.distributed.init_process_group("oxcomm")   # under torchrun or `oxcomm launch`
 
+The backend is registered for ``cpu`` and ``cuda``: ``init_process_group("oxcomm")`` serves CPU
+and CUDA tensors (CUDA ones staged through pinned host memory with NCCL's stream semantics, see
+:mod:`oxcomm._cuda`), and a spec that mixes backends (``"cpu:gloo,cuda:oxcomm"``,
+``"cpu:oxcomm,cuda:nccl"``) routes each device to its own, where torch can host a Python backend
+beside another one (:func:`~.process_group.python_backends_supported`; where it cannot, such a
+spec is refused with an error that says so).
+
 Rendezvous goes through the store torch hands the backend (the group's ``PrefixStore``), so
 no second port or token is needed. The default group builds its communicator with
 :meth:`oxcomm.Communicator.from_store`; a group from ``new_group`` is carved out of the
@@ -23,6 +30,7 @@ and are re-exported here.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from datetime import timedelta
 
@@ -31,7 +39,7 @@ import torch.distributed as dist
 
 import oxcomm
 
-from .process_group import BACKEND, ProcessGroupOxcomm
+from .process_group import BACKEND, BackendOxcomm, ProcessGroupOxcomm, python_backends_supported
 from .rendezvous import wrap_env_rendezvous
 from .work import _DONE  # noqa: F401  (bench/py_allreduce.py times the bare path with it)
 
@@ -62,13 +70,14 @@ def communicator(group=None):
         return None
     if isinstance(group, ProcessGroupOxcomm):
         return group.comm
-    try:
-        backend = group._get_backend(torch.device("cpu"))
-    except RuntimeError:
-        backend = None
-    if isinstance(backend, ProcessGroupOxcomm):
-        return backend.comm
-    raise ValueError(f"oxcomm: the group's CPU backend is {dist.get_backend(group)!r}, not 'oxcomm'")
+    for device in ("cpu", "cuda"):
+        try:
+            backend = group._get_backend(torch.device(device))
+        except RuntimeError:
+            continue
+        if isinstance(backend, (ProcessGroupOxcomm, BackendOxcomm)):
+            return backend.comm
+    raise ValueError(f"oxcomm: no device of the group has backend 'oxcomm' (it is {dist.get_backend(group)!r})")
 
 
 def _create(dist_opts, backend_options):
@@ -92,7 +101,30 @@ def _create(dist_opts, backend_options):
             f"oxcomm: group of global ranks {global_ranks}: torch says rank {rank} of {size}, "
             f"the communicator says {comm.rank} of {comm.size}"
         )
+    if _mixed_spec():
+        if not python_backends_supported():
+            raise RuntimeError(
+                f"oxcomm: torch {torch.__version__} cannot run a Python backend beside another one in a "
+                "'device:backend' spec (its c10d bindings call the C++ Backend base class); use "
+                "init_process_group('oxcomm'), which serves both cpu and cuda"
+            )
+        return BackendOxcomm(comm, rank, size)
     return ProcessGroupOxcomm(comm, rank, size)
+
+
+def _mixed_spec():
+    """Whether the group being built gives some device a backend other than oxcomm. torch does
+    not tell the creator; its group builder (the caller, a frame or two up) holds the parsed
+    spec in ``backend_config``. Not found: treated as the plain ``"oxcomm"`` spec."""
+    frame = sys._getframe(1)
+    for _ in range(4):
+        frame = frame.f_back
+        if frame is None:
+            break
+        config = frame.f_locals.get("backend_config")
+        if config is not None and hasattr(config, "get_device_backend_map"):
+            return len(set(config.get_device_backend_map().values())) > 1
+    return False
 
 
 def _world_default_is_oxcomm():
@@ -116,7 +148,7 @@ def _finalizer_for(comm):
 def _register():
     if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
     wrap_env_rendezvous()
 
 

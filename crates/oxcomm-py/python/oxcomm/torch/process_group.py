@@ -15,6 +15,19 @@ Ops run in order per group. ``async_op=False`` calls run on the calling thread (
 released by oxcomm while they wait); ``async_op=True`` calls return at once and fill the
 caller's tensors in place when they complete. ``Work.get_future()`` (which DDP uses) is
 completed by one waiter thread per group.
+
+CUDA tensors: every call takes them, with NCCL's stream semantics (the communicator stages them
+through pinned host memory: :mod:`oxcomm._cuda`). A call's tensors are all on the device or all
+on the host (else ``ValueError`` naming the call); scratch tensors are made on the tensors'
+device, and copying out of them after an async op is queued on the device behind the op's
+copies (``oxcomm._cuda.staging.then``), so ``Work.wait()`` makes the caller's current stream
+wait for the result without blocking the host on the device, and ``get_future()`` completes
+when the result is in place on the device.
+
+The group is a ``ProcessGroup`` subclass (every device's calls come to it) when the job's
+backend is ``"oxcomm"``; in a spec that gives another device another backend
+(``"cpu:gloo,cuda:oxcomm"``) it is a c10d ``Backend`` subclass registered for its devices only,
+as torch treats a returned ``ProcessGroup`` as the whole group and would route every device to it.
 """
 
 from __future__ import annotations
@@ -28,8 +41,12 @@ import torch.distributed as dist
 
 import oxcomm
 from oxcomm._buffers import buffer as _buffer
+from oxcomm._cuda import device as _dev
+from oxcomm._cuda import staging as _staging
 
 from .work import _DONE, _NOTHING, _done, _Op, _Waiter, _Work
+
+_C10dBackend = torch._C._distributed_c10d.Backend
 
 #: The name under which the backend is registered.
 BACKEND = "oxcomm"
@@ -83,10 +100,16 @@ def _single(tensors, call):
     return tensors[0]
 
 
-def _check_cpu(call, *tensors):
-    for t in tensors:
-        if t is not None and t.device.type != "cpu":
-            raise ValueError(f"oxcomm: {call}: tensor on {t.device}; oxcomm reduces CPU tensors only")
+def _on_device(call, *tensors):
+    """Whether the call's tensors are device (CUDA) tensors; ``ValueError`` naming the call when
+    some are and some are not."""
+    owned = [_dev.owns(t) for t in tensors if t is not None]
+    if not any(owned):
+        return False
+    if not all(owned):
+        where = sorted({str(t.device) for t in tensors if t is not None})
+        raise ValueError(f"oxcomm: {call}: tensors on {', '.join(where)} in one call; pass all of them on one device")
+    return True
 
 
 def _flat(t):
@@ -125,7 +148,7 @@ def _adjacent_base(tensors):
     step = n * first.element_size()
     if any(t.data_ptr() != first.data_ptr() + i * step for i, t in enumerate(tensors)):
         return None
-    return torch.empty(0, dtype=first.dtype).set_(storage, first.storage_offset(), (n * len(tensors),))
+    return first.new_empty((0,)).set_(storage, first.storage_offset(), (n * len(tensors),))
 
 
 def _same_shape(tensors, call):
@@ -134,21 +157,399 @@ def _same_shape(tensors, call):
         raise NotImplementedError(f"oxcomm: {call} with tensors of different shapes or dtypes is not supported")
 
 
-class ProcessGroupOxcomm(dist.ProcessGroup):
-    """The c10d backend torch builds for a group created with backend ``"oxcomm"``.
+class _Calls:
+    """torch's c10d calls on an oxcomm communicator; the two classes below add what a
+    ``ProcessGroup`` and a ``Backend`` each need around them.
 
     ``self.comm`` is the group's :class:`oxcomm.Communicator` (rank and size as torch's).
     """
 
-    def __init__(self, comm, rank, size):
-        super().__init__(rank, size)
+    def _setup(self, comm):
         self.comm = comm
         self._native = comm._c
         self._waiter = _Waiter()
+
+    @property
+    def supports_splitting(self):
+        return False
+
+    @property
+    def supports_coalescing(self):
+        return False
+
+    def _run(self, op, opts, start, result, finish=None, device=False):
+        """Issue the oxcomm op ``start(async_op)`` and return torch's Work for it.
+
+        A blocking call (``opts.asyncOp`` false) runs here, unless an earlier async op of this
+        group is still in flight: then it is issued async behind it and waited, so that oxcomm
+        sees ops in the order torch issued them. ``device``: the op's tensors are device
+        tensors (then ``finish`` of an async op is queued on the device behind the op, and the
+        Work's ``wait`` has NCCL's stream semantics).
+        """
+        asynchronous = opts is None or getattr(opts, "asyncOp", True)
+        if not asynchronous and self._waiter.idle():
+            # (on device tensors, the op returns with the caller's current stream waiting for
+            # it, so ``finish`` queued now on that stream runs after it)
+            start(False)
+            if finish is not None:
+                finish()
+            # torch's blocking calls only wait() on it: one completed Work serves them all.
+            return _DONE
+        if device:
+            with _staging.then(finish):
+                native = start(True)
+            fut = torch.futures.Future()
+            self._waiter.submit(_Op(native, result, None, fut, op))
+            work = _Work(result, fut, native)
+            if not asynchronous:
+                work.wait()
+            return work
+        try:
+            native = start(True)
+        except (TypeError, NotImplementedError) as e:
+            if "async" not in str(e):
+                raise
+            # an op oxcomm runs only blocking: behind the in-flight ones, then here
+            self._drain()
+            start(False)
+            if finish is not None:
+                finish()
+            return _done(result)
+        fut = torch.futures.Future()
+        self._waiter.submit(_Op(native, result, finish, fut, op))
+        work = _Work(result, fut)
+        if not asynchronous:
+            work.wait()
+        return work
+
+    # ------------------------------------------------------------------ reductions
+
+    def allreduce(self, tensors, opts=None):
+        # The blocking one-tensor call a training step makes most: straight to the native
+        # communicator (each µs here is a µs of every small all-reduce). Anything else, and any
+        # tensor the fast checks do not pass, takes the general path below.
+        if opts is not None and len(tensors) == 1 and not opts.asyncOp and self._waiter.idle():
+            t = tensors[0]
+            if t.is_cpu and not _dev.OVERRIDDEN and t.is_contiguous():
+                op = opts.reduceOp
+                name = "sum" if op == _SUM else _reduce_op(op, "all_reduce").value
+                self._native.all_reduce(_buffer(t, "tensor"), name, False)
+                return _DONE
+        opts = opts or dist.AllreduceOptions()
+        op = _reduce_op(opts.reduceOp, "all_reduce")
+        dev = _on_device("all_reduce", *tensors)
+        if len(tensors) != 1:
+            return self.allreduce_coalesced(tensors, opts)
+        buf, finish = _contiguous_out(tensors[0], None)
+        return self._run("all_reduce", opts, lambda a: self.comm.all_reduce(buf, op, async_op=a), tensors, finish, device=dev)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts or dist.AllreduceCoalescedOptions()
+        op = _reduce_op(opts.reduceOp, "all_reduce_coalesced")
+        dev = _on_device("all_reduce_coalesced", *tensors)
+        finish = None
+        bufs = []
+        for t in tensors:
+            b, finish = _contiguous_out(t, finish)
+            bufs.append(b)
+        return self._run(
+            "all_reduce_coalesced",
+            opts,
+            lambda a: self.comm.all_reduce_coalesced(bufs, op, async_op=a),
+            tensors,
+            finish,
+            device=dev,
+        )
+
+    def allreduce_sparse(self, tensors, opts=None):
+        raise NotImplementedError("oxcomm: all_reduce of sparse tensors is not supported")
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        op = _reduce_op(opts.reduceOp, "reduce")
+        t = _single(tensors, "reduce")
+        dev = _on_device("reduce", t)
+        buf, finish = _contiguous_out(t, None)
+        root = opts.rootRank
+        return self._run("reduce", opts, lambda a: self.comm.reduce(buf, root, op, async_op=a), tensors, finish, device=dev)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        t = _single(tensors, "broadcast")
+        dev = _on_device("broadcast", t)
+        buf, finish = _contiguous_out(t, None)
+        root = opts.rootRank
+        return self._run("broadcast", opts, lambda a: self.comm.broadcast(buf, root, async_op=a), tensors, finish, device=dev)
+
+    # ------------------------------------------------------------------ gathers
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        inp = _single(input_tensors, "all_gather").contiguous()
+        outs = _single(output_tensors, "all_gather")
+        dev = _on_device("all_gather", inp, *outs)
+        if len(outs) != self.size():
+            raise ValueError(f"oxcomm: all_gather: {len(outs)} output tensors for a group of {self.size()}")
+        _same_shape(outs, "all_gather")
+        flat = _adjacent_base(outs)
+        finish = None
+        if flat is None:
+            flat = inp.new_empty((inp.numel() * len(outs),))
+
+            def finish():
+                for k, o in enumerate(outs):
+                    o.copy_(flat[k * inp.numel() : (k + 1) * inp.numel()].view(o.shape))
+
+        src = _flat(inp)
+        return self._run(
+            "all_gather", opts, lambda a: self.comm.all_gather(src, flat, async_op=a), output_tensors, finish, device=dev
+        )
+
+    def all_gather_single(self, output, input, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        dev = _on_device("all_gather_into_tensor", output, input)
+        src = _flat(input.contiguous())
+        out, finish = _contiguous_out(output, None)
+        dst = _flat(out)
+        return self._run(
+            "all_gather_into_tensor", opts, lambda a: self.comm.all_gather(src, dst, async_op=a), [output], finish, device=dev
+        )
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1] if works else _done([])
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs)]
+        return works[-1] if works else _done([])
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        inp = _single(input_tensors, "gather").contiguous()
+        root = opts.rootRank
+        finish = None
+        flat = None
+        dev = _on_device("gather", inp)
+        if self.rank() == root:
+            outs = _single(output_tensors, "gather")
+            dev = _on_device("gather", inp, *outs)
+            if len(outs) != self.size():
+                raise ValueError(f"oxcomm: gather: {len(outs)} output tensors for a group of {self.size()}")
+            _same_shape(outs, "gather")
+            flat = _adjacent_base(outs)
+            if flat is None:
+                flat = inp.new_empty((inp.numel() * len(outs),))
+
+                def finish():
+                    for k, o in enumerate(outs):
+                        o.copy_(flat[k * inp.numel() : (k + 1) * inp.numel()].view(o.shape))
+
+        src = _flat(inp)
+        return self._run(
+            "gather", opts, lambda a: self.comm.gather(src, flat, root, async_op=a), output_tensors, finish, device=dev
+        )
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
+        out = _single(output_tensors, "scatter")
+        root = opts.rootRank
+        flat = None
+        dev = _on_device("scatter", out)
+        if self.rank() == root:
+            ins = _single(input_tensors, "scatter")
+            dev = _on_device("scatter", out, *ins)
+            if len(ins) != self.size():
+                raise ValueError(f"oxcomm: scatter: {len(ins)} input tensors for a group of {self.size()}")
+            _same_shape(ins, "scatter")
+            flat = _adjacent_base(ins)
+            if flat is None:
+                flat = torch.cat([_flat(t.contiguous()) for t in ins])
+        buf, finish = _contiguous_out(out, None)
+        dst = _flat(buf)
+        return self._run(
+            "scatter", opts, lambda a: self.comm.scatter(flat, dst, root, async_op=a), output_tensors, finish, device=dev
+        )
+
+    # ------------------------------------------------------------------ reduce-scatter
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op = _reduce_op(opts.reduceOp, "reduce_scatter")
+        out = _single(output_tensors, "reduce_scatter")
+        ins = _single(input_tensors, "reduce_scatter")
+        dev = _on_device("reduce_scatter", out, *ins)
+        if len(ins) != self.size():
+            raise ValueError(f"oxcomm: reduce_scatter: {len(ins)} input tensors for a group of {self.size()}")
+        _same_shape(ins, "reduce_scatter")
+        flat = _adjacent_base(ins)
+        if flat is None:
+            flat = torch.cat([_flat(t.contiguous()) for t in ins])
+        buf, finish = _contiguous_out(out, None)
+        dst = _flat(buf)
+        return self._run(
+            "reduce_scatter",
+            opts,
+            lambda a: self.comm.reduce_scatter(flat, dst, op, async_op=a),
+            output_tensors,
+            finish,
+            device=dev,
+        )
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        op = _reduce_op(opts.reduceOp, "reduce_scatter_tensor")
+        dev = _on_device("reduce_scatter_tensor", output, input)
+        src = _flat(input.contiguous())
+        buf, finish = _contiguous_out(output, None)
+        dst = _flat(buf)
+        return self._run(
+            "reduce_scatter_tensor",
+            opts,
+            lambda a: self.comm.reduce_scatter(src, dst, op, async_op=a),
+            [output],
+            finish,
+            device=dev,
+        )
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return works[-1] if works else _done([])
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # ------------------------------------------------------------------ all-to-all
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise ValueError(
+                f"oxcomm: all_to_all: {len(input_tensors)} inputs and {len(output_tensors)} outputs for a group of {n}"
+            )
+        dev = _on_device("all_to_all", *output_tensors, *input_tensors)
+        dtype = input_tensors[0].dtype
+        if any(t.dtype != dtype for t in (*input_tensors, *output_tensors)):
+            raise NotImplementedError("oxcomm: all_to_all with tensors of different dtypes is not supported")
+        send_counts = [t.numel() for t in input_tensors]
+        recv_counts = [t.numel() for t in output_tensors]
+        send = _adjacent_base(input_tensors) if len(set(send_counts)) == 1 else None
+        if send is None:
+            send = torch.cat([_flat(t.contiguous()) for t in input_tensors])
+        recv = _adjacent_base(output_tensors) if len(set(recv_counts)) == 1 else None
+        finish = None
+        if recv is None:
+            recv = output_tensors[0].new_empty((sum(recv_counts),))
+
+            def finish():
+                at = 0
+                for o, c in zip(output_tensors, recv_counts):
+                    o.copy_(recv[at : at + c].view(o.shape))
+                    at += c
+
+        if len(set(send_counts)) == 1 and len(set(recv_counts)) == 1:
+            start = lambda a: self.comm.all_to_all(send, recv, async_op=a)  # noqa: E731
+        else:
+            start = lambda a: self.comm.all_to_all_v(send, send_counts, recv, recv_counts, async_op=a)  # noqa: E731
+        return self._run("all_to_all", opts, start, output_tensors, finish, device=dev)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        dev = _on_device("all_to_all_single", output, input)
+        src = _flat(input.contiguous())
+        buf, finish = _contiguous_out(output, None)
+        dst = _flat(buf)
+        if not output_split_sizes and not input_split_sizes:
+            start = lambda a: self.comm.all_to_all(src, dst, async_op=a)  # noqa: E731
+        else:
+            n = self.size()
+            in_row = math.prod(input.shape[1:]) if input.dim() > 1 else 1
+            out_row = math.prod(output.shape[1:]) if output.dim() > 1 else 1
+            send_counts = (
+                [int(s) * in_row for s in input_split_sizes] if input_split_sizes else [input.numel() // n] * n
+            )
+            recv_counts = (
+                [int(s) * out_row for s in output_split_sizes] if output_split_sizes else [output.numel() // n] * n
+            )
+            if len(send_counts) != n or len(recv_counts) != n:
+                raise ValueError(f"oxcomm: all_to_all_single: split sizes must have {n} entries")
+            start = lambda a: self.comm.all_to_all_v(src, send_counts, dst, recv_counts, async_op=a)  # noqa: E731
+        return self._run("all_to_all_single", opts, start, [output], finish, device=dev)
+
+    alltoall_base = all_to_all_single
+
+    # ------------------------------------------------------------------ barriers and p2p
+
+    def barrier(self, opts=None):
+        opts = opts or dist.BarrierOptions()
+        return self._run("barrier", opts, lambda a: self.comm.barrier(async_op=a), [])
+
+    def monitored_barrier(self, opts=None, wait_all_ranks=False):
+        timeout = _timeout(opts) if opts is not None and not isinstance(opts, timedelta) else None
+        if isinstance(opts, timedelta):
+            timeout = opts.total_seconds()
+        self._drain()
+        self.comm.monitored_barrier(timeout if timeout is not None else 1800.0)
+
+    def _drain(self):
+        """Wait until this group's async ops are done (before an op that has no async form)."""
+        if not self._waiter.idle():
+            fut = torch.futures.Future()
+            self._waiter.submit(_Op(_NOTHING, [], None, fut, "drain"))
+            fut.wait()
+
+    def send(self, tensors, dst, tag=0):
+        t = _single(tensors, "send")
+        dev = _on_device("send", t)
+        buf = t.contiguous()
+        return self._p2p("send", lambda: self.comm.isend(buf, dst, tag), tensors, None, dev)
+
+    def recv(self, tensors, src, tag=0):
+        t = _single(tensors, "recv")
+        dev = _on_device("recv", t)
+        buf, finish = _contiguous_out(t, None)
+        return self._p2p("recv", lambda: self.comm.irecv(buf, src, tag), tensors, finish, dev)
+
+    def _p2p(self, name, start, result, finish, device):
+        if device:
+            # the copy out of a scratch tensor goes on the device behind the op's own copies
+            with _staging.then(finish):
+                native = start()
+            finish = None
+        else:
+            native = start()
+        fut = torch.futures.Future()
+        self._waiter.submit(_Op(native, result, finish, fut, name))
+        return _Work(result, fut, native if device else None)
+
+    def recv_anysource(self, tensors, tag=0):
+        raise NotImplementedError("oxcomm: recv from any source (src=None) is not supported; name the source rank")
+
+    recvAnysource = recv_anysource
+
+    def abort(self):
+        try:
+            self.comm.abort("torch.distributed abort")
+        except Exception:  # noqa: BLE001 - abort is best effort
+            pass
+
+    def shutdown(self):
+        pass
+
+
+class ProcessGroupOxcomm(_Calls, dist.ProcessGroup):
+    """The group torch builds for backend ``"oxcomm"``: every device's calls come here."""
+
+    def __init__(self, comm, rank, size):
+        dist.ProcessGroup.__init__(self, rank, size)
+        self._setup(comm)
         self._group_name = ""
         self._group_desc = "undefined"
-
-    # ------------------------------------------------------------------ plumbing
 
     def getBackendName(self):
         return BACKEND
@@ -188,351 +589,43 @@ class ProcessGroupOxcomm(dist.ProcessGroup):
         # which a Python group has not; torch skips it for a group that lists no device.
         if sys._getframe(1).f_code.co_name == "_maybe_attach_flight_recorder":
             return []
-        return [torch.device("cpu")]
+        return [torch.device("cpu"), torch.device("cuda")]
 
-    @property
-    def supports_splitting(self):
-        return False
 
-    @property
-    def supports_coalescing(self):
-        return False
 
-    def _run(self, op, opts, start, result, finish=None):
-        """Issue the oxcomm op ``start(async_op)`` and return torch's Work for it.
+class BackendOxcomm(_Calls, _C10dBackend):
+    """oxcomm as the backend of some devices of a group whose other devices have another
+    backend (``"cpu:gloo,cuda:oxcomm"``): torch's group routes only those devices' calls here."""
 
-        A blocking call (``opts.asyncOp`` false) runs here, unless an earlier async op of this
-        group is still in flight: then it is issued async behind it and waited, so that oxcomm
-        sees ops in the order torch issued them.
-        """
-        asynchronous = opts is None or getattr(opts, "asyncOp", True)
-        if not asynchronous and self._waiter.idle():
-            start(False)
-            if finish is not None:
-                finish()
-            # torch's blocking calls only wait() on it: one completed Work serves them all.
-            return _DONE
-        try:
-            native = start(True)
-        except (TypeError, NotImplementedError) as e:
-            if "async" not in str(e):
-                raise
-            # an op oxcomm runs only blocking: behind the in-flight ones, then here
-            self._drain()
-            start(False)
-            if finish is not None:
-                finish()
-            return _done(result)
-        fut = torch.futures.Future()
-        self._waiter.submit(_Op(native, result, finish, fut, op))
-        work = _Work(result, fut)
-        if not asynchronous:
-            work.wait()
-        return work
+    def __init__(self, comm, rank, size):
+        _C10dBackend.__init__(self, rank, size)
+        self._setup(comm)
 
-    # ------------------------------------------------------------------ reductions
+    def getBackendName(self):
+        return BACKEND
 
-    def allreduce(self, tensors, opts=None):
-        # The blocking one-tensor call a training step makes most: straight to the native
-        # communicator (each µs here is a µs of every small all-reduce). Anything else, and any
-        # tensor the fast checks do not pass, takes the general path below.
-        if opts is not None and len(tensors) == 1 and not opts.asyncOp and self._waiter.idle():
-            t = tensors[0]
-            if t.is_cpu and t.is_contiguous():
-                op = opts.reduceOp
-                name = "sum" if op == _SUM else _reduce_op(op, "all_reduce").value
-                self._native.all_reduce(_buffer(t, "tensor"), name, False)
-                return _DONE
-        opts = opts or dist.AllreduceOptions()
-        op = _reduce_op(opts.reduceOp, "all_reduce")
-        _check_cpu("all_reduce", *tensors)
-        if len(tensors) != 1:
-            return self.allreduce_coalesced(tensors, opts)
-        buf, finish = _contiguous_out(tensors[0], None)
-        return self._run("all_reduce", opts, lambda a: self.comm.all_reduce(buf, op, async_op=a), tensors, finish)
+    def _get_backend_name(self):
+        return BACKEND
 
-    def allreduce_coalesced(self, tensors, opts=None):
-        opts = opts or dist.AllreduceCoalescedOptions()
-        op = _reduce_op(opts.reduceOp, "all_reduce_coalesced")
-        _check_cpu("all_reduce_coalesced", *tensors)
-        finish = None
-        bufs = []
-        for t in tensors:
-            b, finish = _contiguous_out(t, finish)
-            bufs.append(b)
-        return self._run(
-            "all_reduce_coalesced",
-            opts,
-            lambda a: self.comm.all_reduce_coalesced(bufs, op, async_op=a),
-            tensors,
-            finish,
-        )
 
-    def allreduce_sparse(self, tensors, opts=None):
-        raise NotImplementedError("oxcomm: all_reduce of sparse tensors is not supported")
+def python_backends_supported():
+    """Whether this torch lets a Python ``Backend`` subclass serve c10d's calls (torch routes a
+    call to the subclass's method only if its bindings have a trampoline for ``Backend``; older
+    ones call the C++ base, which refuses). Probed once, with a barrier that moves nothing."""
+    if _PROBE:
+        return _PROBE[0]
 
-    def reduce(self, tensors, opts=None):
-        opts = opts or dist.ReduceOptions()
-        op = _reduce_op(opts.reduceOp, "reduce")
-        t = _single(tensors, "reduce")
-        _check_cpu("reduce", t)
-        buf, finish = _contiguous_out(t, None)
-        root = opts.rootRank
-        return self._run("reduce", opts, lambda a: self.comm.reduce(buf, root, op, async_op=a), tensors, finish)
+    class _Probe(_C10dBackend):
+        def barrier(self, opts=None):
+            return _done([])
 
-    def broadcast(self, tensors, opts=None):
-        opts = opts or dist.BroadcastOptions()
-        t = _single(tensors, "broadcast")
-        _check_cpu("broadcast", t)
-        buf, finish = _contiguous_out(t, None)
-        root = opts.rootRank
-        return self._run("broadcast", opts, lambda a: self.comm.broadcast(buf, root, async_op=a), tensors, finish)
+    try:
+        _C10dBackend.barrier(_Probe(0, 1), dist.BarrierOptions())
+        ok = True
+    except Exception:  # noqa: BLE001 - any refusal means "not supported"
+        ok = False
+    _PROBE.append(ok)
+    return ok
 
-    # ------------------------------------------------------------------ gathers
 
-    def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllgatherOptions()
-        inp = _single(input_tensors, "all_gather").contiguous()
-        outs = _single(output_tensors, "all_gather")
-        _check_cpu("all_gather", inp, *outs)
-        if len(outs) != self.size():
-            raise ValueError(f"oxcomm: all_gather: {len(outs)} output tensors for a group of {self.size()}")
-        _same_shape(outs, "all_gather")
-        flat = _adjacent_base(outs)
-        finish = None
-        if flat is None:
-            flat = torch.empty(inp.numel() * len(outs), dtype=inp.dtype)
-
-            def finish():
-                for k, o in enumerate(outs):
-                    o.copy_(flat[k * inp.numel() : (k + 1) * inp.numel()].view(o.shape))
-
-        src = _flat(inp)
-        return self._run(
-            "all_gather", opts, lambda a: self.comm.all_gather(src, flat, async_op=a), output_tensors, finish
-        )
-
-    def all_gather_single(self, output, input, opts=None):
-        opts = opts or dist.AllgatherOptions()
-        _check_cpu("all_gather_into_tensor", output, input)
-        src = _flat(input.contiguous())
-        out, finish = _contiguous_out(output, None)
-        dst = _flat(out)
-        return self._run(
-            "all_gather_into_tensor", opts, lambda a: self.comm.all_gather(src, dst, async_op=a), [output], finish
-        )
-
-    _allgather_base = all_gather_single
-
-    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return works[-1] if works else _done([])
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-
-    def allgather_coalesced(self, output_lists, inputs, opts=None):
-        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs)]
-        return works[-1] if works else _done([])
-
-    def gather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.GatherOptions()
-        inp = _single(input_tensors, "gather").contiguous()
-        root = opts.rootRank
-        finish = None
-        flat = None
-        if self.rank() == root:
-            outs = _single(output_tensors, "gather")
-            _check_cpu("gather", inp, *outs)
-            if len(outs) != self.size():
-                raise ValueError(f"oxcomm: gather: {len(outs)} output tensors for a group of {self.size()}")
-            _same_shape(outs, "gather")
-            flat = _adjacent_base(outs)
-            if flat is None:
-                flat = torch.empty(inp.numel() * len(outs), dtype=inp.dtype)
-
-                def finish():
-                    for k, o in enumerate(outs):
-                        o.copy_(flat[k * inp.numel() : (k + 1) * inp.numel()].view(o.shape))
-
-        src = _flat(inp)
-        return self._run(
-            "gather", opts, lambda a: self.comm.gather(src, flat, root, async_op=a), output_tensors, finish
-        )
-
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ScatterOptions()
-        out = _single(output_tensors, "scatter")
-        root = opts.rootRank
-        flat = None
-        if self.rank() == root:
-            ins = _single(input_tensors, "scatter")
-            _check_cpu("scatter", out, *ins)
-            if len(ins) != self.size():
-                raise ValueError(f"oxcomm: scatter: {len(ins)} input tensors for a group of {self.size()}")
-            _same_shape(ins, "scatter")
-            flat = _adjacent_base(ins)
-            if flat is None:
-                flat = torch.cat([_flat(t.contiguous()) for t in ins])
-        buf, finish = _contiguous_out(out, None)
-        dst = _flat(buf)
-        return self._run(
-            "scatter", opts, lambda a: self.comm.scatter(flat, dst, root, async_op=a), output_tensors, finish
-        )
-
-    # ------------------------------------------------------------------ reduce-scatter
-
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
-        op = _reduce_op(opts.reduceOp, "reduce_scatter")
-        out = _single(output_tensors, "reduce_scatter")
-        ins = _single(input_tensors, "reduce_scatter")
-        _check_cpu("reduce_scatter", out, *ins)
-        if len(ins) != self.size():
-            raise ValueError(f"oxcomm: reduce_scatter: {len(ins)} input tensors for a group of {self.size()}")
-        _same_shape(ins, "reduce_scatter")
-        flat = _adjacent_base(ins)
-        if flat is None:
-            flat = torch.cat([_flat(t.contiguous()) for t in ins])
-        buf, finish = _contiguous_out(out, None)
-        dst = _flat(buf)
-        return self._run(
-            "reduce_scatter",
-            opts,
-            lambda a: self.comm.reduce_scatter(flat, dst, op, async_op=a),
-            output_tensors,
-            finish,
-        )
-
-    def reduce_scatter_single(self, output, input, opts=None):
-        opts = opts or dist.ReduceScatterOptions()
-        op = _reduce_op(opts.reduceOp, "reduce_scatter_tensor")
-        _check_cpu("reduce_scatter_tensor", output, input)
-        src = _flat(input.contiguous())
-        buf, finish = _contiguous_out(output, None)
-        dst = _flat(buf)
-        return self._run(
-            "reduce_scatter_tensor",
-            opts,
-            lambda a: self.comm.reduce_scatter(src, dst, op, async_op=a),
-            [output],
-            finish,
-        )
-
-    _reduce_scatter_base = reduce_scatter_single
-
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return works[-1] if works else _done([])
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-
-    # ------------------------------------------------------------------ all-to-all
-
-    def alltoall(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllToAllOptions()
-        n = self.size()
-        if len(output_tensors) != n or len(input_tensors) != n:
-            raise ValueError(
-                f"oxcomm: all_to_all: {len(input_tensors)} inputs and {len(output_tensors)} outputs for a group of {n}"
-            )
-        _check_cpu("all_to_all", *output_tensors, *input_tensors)
-        dtype = input_tensors[0].dtype
-        if any(t.dtype != dtype for t in (*input_tensors, *output_tensors)):
-            raise NotImplementedError("oxcomm: all_to_all with tensors of different dtypes is not supported")
-        send_counts = [t.numel() for t in input_tensors]
-        recv_counts = [t.numel() for t in output_tensors]
-        send = _adjacent_base(input_tensors) if len(set(send_counts)) == 1 else None
-        if send is None:
-            send = torch.cat([_flat(t.contiguous()) for t in input_tensors])
-        recv = _adjacent_base(output_tensors) if len(set(recv_counts)) == 1 else None
-        finish = None
-        if recv is None:
-            recv = torch.empty(sum(recv_counts), dtype=dtype)
-
-            def finish():
-                at = 0
-                for o, c in zip(output_tensors, recv_counts):
-                    o.copy_(recv[at : at + c].view(o.shape))
-                    at += c
-
-        if len(set(send_counts)) == 1 and len(set(recv_counts)) == 1:
-            start = lambda a: self.comm.all_to_all(send, recv, async_op=a)  # noqa: E731
-        else:
-            start = lambda a: self.comm.all_to_all_v(send, send_counts, recv, recv_counts, async_op=a)  # noqa: E731
-        return self._run("all_to_all", opts, start, output_tensors, finish)
-
-    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        opts = opts or dist.AllToAllOptions()
-        _check_cpu("all_to_all_single", output, input)
-        src = _flat(input.contiguous())
-        buf, finish = _contiguous_out(output, None)
-        dst = _flat(buf)
-        if not output_split_sizes and not input_split_sizes:
-            start = lambda a: self.comm.all_to_all(src, dst, async_op=a)  # noqa: E731
-        else:
-            n = self.size()
-            in_row = math.prod(input.shape[1:]) if input.dim() > 1 else 1
-            out_row = math.prod(output.shape[1:]) if output.dim() > 1 else 1
-            send_counts = (
-                [int(s) * in_row for s in input_split_sizes] if input_split_sizes else [input.numel() // n] * n
-            )
-            recv_counts = (
-                [int(s) * out_row for s in output_split_sizes] if output_split_sizes else [output.numel() // n] * n
-            )
-            if len(send_counts) != n or len(recv_counts) != n:
-                raise ValueError(f"oxcomm: all_to_all_single: split sizes must have {n} entries")
-            start = lambda a: self.comm.all_to_all_v(src, send_counts, dst, recv_counts, async_op=a)  # noqa: E731
-        return self._run("all_to_all_single", opts, start, [output], finish)
-
-    alltoall_base = all_to_all_single
-
-    # ------------------------------------------------------------------ barriers and p2p
-
-    def barrier(self, opts=None):
-        opts = opts or dist.BarrierOptions()
-        return self._run("barrier", opts, lambda a: self.comm.barrier(async_op=a), [])
-
-    def monitored_barrier(self, opts=None, wait_all_ranks=False):
-        timeout = _timeout(opts) if opts is not None and not isinstance(opts, timedelta) else None
-        if isinstance(opts, timedelta):
-            timeout = opts.total_seconds()
-        self._drain()
-        self.comm.monitored_barrier(timeout if timeout is not None else 1800.0)
-
-    def _drain(self):
-        """Wait until this group's async ops are done (before an op that has no async form)."""
-        if not self._waiter.idle():
-            fut = torch.futures.Future()
-            self._waiter.submit(_Op(_NOTHING, [], None, fut, "drain"))
-            fut.wait()
-
-    def send(self, tensors, dst, tag=0):
-        t = _single(tensors, "send")
-        _check_cpu("send", t)
-        buf = t.contiguous()
-        return self._p2p("send", lambda: self.comm.isend(buf, dst, tag), tensors, None)
-
-    def recv(self, tensors, src, tag=0):
-        t = _single(tensors, "recv")
-        _check_cpu("recv", t)
-        buf, finish = _contiguous_out(t, None)
-        return self._p2p("recv", lambda: self.comm.irecv(buf, src, tag), tensors, finish)
-
-    def _p2p(self, name, start, result, finish):
-        fut = torch.futures.Future()
-        self._waiter.submit(_Op(start(), result, finish, fut, name))
-        return _Work(result, fut)
-
-    def recv_anysource(self, tensors, tag=0):
-        raise NotImplementedError("oxcomm: recv from any source (src=None) is not supported; name the source rank")
-
-    recvAnysource = recv_anysource
-
-    def abort(self):
-        try:
-            self.comm.abort("torch.distributed abort")
-        except Exception:  # noqa: BLE001 - abort is best effort
-            pass
-
-    def shutdown(self):
-        pass
+_PROBE = []

@@ -3,7 +3,10 @@
 This module owns completion: an async oxcomm op becomes an :class:`_Op` queued on its group's
 :class:`_Waiter`, whose thread waits for the ops in issue order and completes their torch
 futures; :class:`_Work` is what torch hands the caller. It does not issue ops (the process
-group does) nor know which device a tensor is on.
+group does) nor know which device a tensor is on: an op on device tensors hands it a staged
+Work (``oxcomm._cuda.work``), whose ``synchronize`` the waiter blocks on (the future completes
+when the result is in place on the device) and whose ``wait`` the caller's ``Work.wait()`` calls
+(the caller's current stream waits; the host does not wait for the device).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ class _Op:
 
     def complete(self):
         try:
-            self.native.wait()
+            getattr(self.native, "synchronize", self.native.wait)()
             if self.finish is not None:
                 self.finish()
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the future
@@ -84,14 +87,20 @@ _NOTHING = _Nothing()
 class _Work(dist.Work):
     """torch's Work for an oxcomm op: ``wait`` (raises the op's error), ``is_completed``,
     ``get_future`` (a ``torch.futures.Future`` holding the output tensors, as gloo's).
-    ``future`` is None for an op that completed before the Work was made."""
+    ``future`` is None for an op that completed before the Work was made. ``device_work``: the
+    staged Work of an op on device tensors, whose ``wait`` makes the caller's current stream
+    wait for the result (NCCL's ``Work.wait()``), where the future would block the host."""
 
-    def __init__(self, result, future=None):
+    def __init__(self, result, future=None, device_work=None):
         super().__init__()
         self._result = result
         self._future = future
+        self._device_work = device_work
 
     def wait(self, timeout=None):
+        if self._device_work is not None:
+            self._device_work.wait()
+            return True
         if self._future is not None:
             self._future.wait()
         return True
