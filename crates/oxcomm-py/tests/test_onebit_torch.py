@@ -36,7 +36,7 @@ def test_pack_signs_matches_numpy_packbits_with_zeros_nan_and_inf():
     import numpy as np
 
     gen = torch.Generator().manual_seed(1)
-    for numel in (8, 64, 8 * 37):
+    for numel in (8, 64, 8 * 37, 8 * 4099):
         v = torch.randn(numel, generator=gen)
         v[:: 3] = torch.tensor(SPECIAL).repeat(numel)[: len(v[::3])]
         want = np.packbits((~(v.numpy() < 0)).astype(np.uint8))  # bit 1 unless x < 0
@@ -62,6 +62,33 @@ def test_unpack_scaled_is_plus_minus_scale_exactly():
     ]
     want = torch.tensor(want_signs, dtype=torch.float32) * scales.view(2, 1)
     assert torch.equal(_bits(got), _bits(want))
+    # both methods (CUDA's select, CPU's sign flip) give the same bits, into an output too
+    gen = torch.Generator().manual_seed(2)
+    signs = torch.randint(0, 256, (3, 40), dtype=torch.uint8, generator=gen)
+    for scales in (torch.tensor([0.25, -3.0, float("inf")]), torch.tensor(1.5e-40)):
+        a = kernels.unpack_scaled(signs, scales, method="select")
+        b = kernels.unpack_scaled(signs, scales, method="flip")
+        out = torch.empty(3, 320)
+        kernels.unpack_scaled(signs, scales, out=out, method="flip")
+        assert torch.equal(_bits(a), _bits(b)) and torch.equal(_bits(a), _bits(out))
+        # the bits round-trip through pack_signs where the scale is positive
+        if scales.dim() == 0:
+            assert torch.equal(kernels.pack_signs(a), signs)
+    with pytest.raises(ValueError, match="unknown method"):
+        kernels.unpack_scaled(signs, scales, method="lut")
+
+
+def test_minus_signed_methods_agree_with_rusts_formula():
+    v = torch.tensor([1.5, -1.5, 0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-38, -7.0, 2.0])
+    for scale in (0.75, 0.0, float("inf")):
+        s = torch.tensor(scale)
+        want = [x - scale * (-1.0 if x < 0 else 1.0) for x in v.tolist()]
+        for method in ("select", "flip"):
+            out = torch.empty_like(v)
+            kernels.minus_signed(v, s, out=out, method=method)
+            assert torch.equal(_bits(out), _bits(torch.tensor(want))) or all(
+                (a == b) or (math.isnan(a) and math.isnan(b)) for a, b in zip(out.tolist(), want)
+            ), (scale, method, out, want)
 
 
 def _reference_squares(v):
@@ -92,8 +119,15 @@ def _reference_squares(v):
     return total
 
 
-def test_sum_squares_follows_the_rust_order():
+def test_sum_squares_follows_the_rust_order(monkeypatch):
     gen = torch.Generator().manual_seed(3)
+    # slices of the float64 scratch change nothing: 3 rows × 1000 elements in slices of 128
+    v = torch.randn(3, 1000, generator=gen)
+    whole = kernels.sum_squares(v)
+    monkeypatch.setattr(kernels, "SQUARES_SLICE", 128)
+    sliced = kernels.sum_squares(v)
+    assert torch.allclose(sliced, whole, rtol=1e-15, atol=0)
+    assert torch.equal(_bits(kernels.scale_of(sliced, 1000)), _bits(kernels.scale_of(whole, 1000)))
     for length in (8, 64, 72, 200, 1000):
         for scale in (1.0, 1e-25, 1e21, 3.7):
             v = (torch.randn(2, length, generator=gen) * scale).float()
@@ -215,11 +249,7 @@ def case_device_path_matches_rust():
     return stats
 
 
-def test_device_path_matches_rust_2_ranks():
-    stats = _torch_ranks.run(2, "test_onebit_torch:case_device_path_matches_rust", timeout=60)
-    assert all(s["errors_bit_equal"] == 2 * s["calls"] > 0 for s in stats), stats
-
-
-def test_device_path_matches_rust_3_ranks():
-    stats = _torch_ranks.run(3, "test_onebit_torch:case_device_path_matches_rust", timeout=60)
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_device_path_matches_rust(world):
+    stats = _torch_ranks.run(world, "test_onebit_torch:case_device_path_matches_rust", timeout=60)
     assert all(s["errors_bit_equal"] == 2 * s["calls"] > 0 for s in stats), stats

@@ -65,17 +65,16 @@ SQUARE_LANES = 16
 #: Totals below this (2⁻⁶⁰) are recomputed with every square in float64
 #: (Rust's ``pack::SQUARE_EXACT_BELOW``).
 SQUARE_EXACT_BELOW = 2.0**-60
+#: Elements whose squares :func:`sum_squares` holds in float64 at once (32 MiB of scratch).
+SQUARES_SLICE = 1 << 22
 
-# The weight of element j of a group of 8 in its byte: bit 7 − j (big-endian bit order).
-_WEIGHTS = {}
+# Packing multiplies each group of 8 sign bytes, read as one little-endian int64 (element j's
+# 0/1 at bit 8j), by this constant (2^(63 - 9j) summed over j, wrapping mod 2^64): element j
+# lands on bit 63 - j, and no other product term reaches the top byte or collides with another
+# (8j + 63 - 9i is distinct for every (i, j), so nothing carries). The top byte is the packed
+# byte in the big bit order.
+_GATHER = 0x8040201008040201 - (1 << 64)  # as a (wrapping) int64
 _SHIFTS = {}
-
-
-def _weights(device):
-    w = _WEIGHTS.get(device)
-    if w is None:
-        w = _WEIGHTS[device] = torch.tensor([1 << (7 - j) for j in range(8)], dtype=torch.uint8, device=device)
-    return w
 
 
 def _shifts(device):
@@ -91,32 +90,66 @@ def pack_signs(v, out=None):
     at bit ``7 − j`` of byte ``m``. Written into ``out`` when given (any strides)."""
     if v.shape[-1] % 8 != 0:
         raise ValueError(f"pack_signs: the last dimension ({v.shape[-1]}) is not a multiple of 8")
-    bits = torch.lt(v, 0).logical_not_()  # NaN < 0 is false: bit 1
-    groups = bits.view(torch.uint8).reshape(*v.shape[:-1], v.shape[-1] // 8, 8)
-    packed = groups.mul_(_weights(v.device)).sum(-1, dtype=torch.uint8)
+    negative = torch.lt(v, 0)  # NaN < 0 is false: bit 1
+    groups = negative.reshape(*v.shape[:-1], v.shape[-1] // 8, 8).view(torch.int64).squeeze(-1)
+    packed = groups.mul(_GATHER).bitwise_right_shift_(56).to(torch.uint8).bitwise_not_()
     if out is None:
         return packed
     out.copy_(packed)
     return out
 
 
-def unpack_scaled(signs, scales, out=None):
+def unpack_bits(signs):
+    """The bits of ``signs`` ((rows, B) uint8) as (rows, 8B) uint8 zeros and ones, element
+    ``8m + j`` from bit ``7 − j`` of byte ``m``."""
+    rows = signs.reshape(-1, signs.shape[-1])
+    bits = rows.unsqueeze(-1).bitwise_right_shift(_shifts(signs.device)).bitwise_and_(1)
+    return bits.reshape(rows.shape[0], rows.shape[1] * 8)
+
+
+def unpack_scaled(signs, scales, out=None, method=None):
     """``±scale`` from sign bytes: ``signs`` is (rows, B) uint8 and ``scales`` a float32 tensor
     of ``rows`` scales (or a 0-d one for every row); the result, (rows, 8B) float32, holds
-    ``+scale`` for bit 1 and ``−scale`` for bit 0 (exactly ``scale · (±1)``)."""
-    rows = signs.reshape(-1, signs.shape[-1])
-    bits = rows.unsqueeze(-1).bitwise_right_shift(_shifts(signs.device)).bitwise_and_(1).bool()
-    bits = bits.reshape(rows.shape[0], rows.shape[1] * 8)
+    ``+scale`` for bit 1 and ``−scale`` for bit 0 (``scale`` with its sign bit flipped: exactly
+    ``scale · (−1)``). ``method``: ``"select"`` (one select pass: the fastest on CUDA) or
+    ``"flip"`` (integer ops on the scale's bits: torch's CPU select of broadcast scalars is
+    several times slower); by default the one for the tensors' device. Both give the same bits."""
+    bits = unpack_bits(signs)
     s = scales.reshape(-1, 1) if scales.dim() > 0 else scales
+    if _method(method, signs.device) == "select":
+        if out is None:
+            return torch.where(bits.view(torch.bool), s, -s)  # 0 or 1: valid bools
+        return torch.where(bits.view(torch.bool), s, -s, out=out)
+    values = _flip_where(bits.bitwise_xor_(1), s)  # bit 0 → the sign bit flipped
     if out is None:
-        return torch.where(bits, s, -s)
-    return torch.where(bits, s, -s, out=out)
+        return values
+    out.copy_(values)
+    return out
 
 
-def minus_signed(v, scale, out):
+def _method(method, device):
+    if method is None:
+        return "select" if device.type == "cuda" else "flip"
+    if method not in ("select", "flip"):
+        raise ValueError(f"unknown method {method!r} (select or flip)")
+    return method
+
+
+def _flip_where(condition, s):
+    """``s`` (float32, broadcast) with its sign bit flipped where ``condition`` (uint8 0/1 or
+    bool) is set: ``−s`` there exactly, as float32 (integer ops on the bits)."""
+    flips = condition.to(torch.int32).bitwise_left_shift_(31)
+    return flips.bitwise_xor_(s.view(torch.int32)).view(torch.float32)
+
+
+def minus_signed(v, scale, out, method=None):
     """``out = v − scale · sgn(v)`` (the error update; ``sgn(±0) = sgn(NaN) = +1``), with
-    ``scale`` a 0-d float32 tensor. ``out`` may be ``v``."""
-    return torch.where(torch.lt(v, 0), v + scale, v - scale, out=out)
+    ``scale`` a 0-d float32 tensor. ``out`` may be ``v``. ``method`` as in
+    :func:`unpack_scaled` (the same bits either way)."""
+    if _method(method, v.device) == "select":
+        return torch.where(torch.lt(v, 0), v + scale, v - scale, out=out)
+    signed = _flip_where(torch.lt(v, 0), scale)  # scale · sgn(v)
+    return torch.sub(v, signed, out=out)
 
 
 def sum_squares(v):
@@ -126,26 +159,30 @@ def sum_squares(v):
     blocks = length // SQUARE_BLOCK
     blocked = blocks * SQUARE_BLOCK
     total = torch.zeros(rows, dtype=torch.float64, device=v.device)
+    exact = torch.zeros(rows, dtype=torch.float64, device=v.device)  # every square in float64
     if blocks:
         # Element k of a block is step k // 16 of lane k % 16: four f32 fused multiply-adds
         # per lane from 0, each computed exactly in float64 (v² is exact there) and rounded.
-        steps = v[:, :blocked].reshape(rows, blocks, 4, SQUARE_LANES)
-        partial = None
-        for step in range(4):
-            w = steps[:, :, step, :].double()
-            w.mul_(w)
-            if partial is not None:
-                w.add_(partial)
-            partial = w.float().double()
-        total += partial.sum(dim=(1, 2))
+        # A slice of blocks at a time bounds the float64 scratch.
+        whole = v[:, :blocked].reshape(rows, blocks, SQUARE_BLOCK)
+        per_slice = max(1, SQUARES_SLICE // (rows * SQUARE_BLOCK))
+        for first in range(0, blocks, per_slice):
+            squares = whole[:, first : first + per_slice].double()
+            squares.mul_(squares)
+            exact += squares.sum(dim=(1, 2))
+            steps = squares.view(rows, -1, 4, SQUARE_LANES)
+            partial = steps[:, :, 0, :].float()
+            for step in range(1, 4):
+                partial = steps[:, :, step, :].add(partial).float()
+            total += partial.sum(dim=(1, 2), dtype=torch.float64)
     if blocked < length:
         tail = v[:, blocked:].double()
-        total += tail.mul_(tail).sum(dim=1)
-    # A total that overflowed in the f32 partials, or too small for them to be exact, is
-    # recomputed with every square in float64 (NaN stays NaN: both tests are false).
+        tail = tail.mul_(tail).sum(dim=1)
+        total += tail
+        exact += tail
+    # A total that overflowed in the f32 partials, or too small for them to be exact, is the
+    # exact one instead (NaN stays NaN: both tests are false).
     redo = torch.isinf(total) | (total < SQUARE_EXACT_BELOW)
-    exact = v.double()
-    exact = exact.mul_(exact).sum(dim=1)
     return torch.where(redo, exact, total)
 
 
@@ -172,7 +209,7 @@ def _put_scale(row_bytes, scale):
 
 def scales_in(rows):
     """The f32 scales ending each row of ``rows`` ((rows, B + 4) uint8), as a float32 tensor."""
-    return rows[:, -SCALE_BYTES:].contiguous().view(torch.float32).reshape(rows.shape[0])
+    return rows[:, -SCALE_BYTES:].reshape(-1).clone().view(torch.float32)  # a fresh, aligned copy
 
 
 def worker_step(x, worker_error, send):
