@@ -27,10 +27,16 @@ NAMES = ("onebit_adam", "onebit_lamb", "zero_one_adam")
 
 
 def example():
+    """``examples/deepspeed_train.py`` as a module (its model, data, learning rates)."""
     spec = importlib.util.spec_from_file_location("deepspeed_train", os.path.join(EXAMPLES, "deepspeed_train.py"))
     ex = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ex)
     return ex
+
+
+def device():
+    """Where the parameters live: ``OXCOMM_TEST_DEVICE`` (``cuda:0`` in tests_cuda), else CPU."""
+    return torch.device(os.environ.get("OXCOMM_TEST_DEVICE", "cpu"))
 
 
 def init(backend="oxcomm"):
@@ -40,29 +46,14 @@ def init(backend="oxcomm"):
     dist.init_process_group(backend)
 
 
-#: Learning rates: the example's for the Adam family; for LAMB (whose steps are scaled by
-#: ``‖p‖/‖update‖``, about 0.02 to 0.2 here) the one at which exact LAMB does best on this model
-#: in 400 steps (of 0.009, 0.02, 0.03).
-ADAM_LR = 3e-3
-LAMB_LR = 9e-3
 #: Steps of the plain-loop comparison: LAMB's coefficients need longer to settle before they
-#: freeze (at 200 steps 1-bit LAMB ends 15% above exact LAMB at this lr, 7% below at 0.02).
+#: freeze (at 200 steps 1-bit LAMB ends 15% above exact LAMB at its lr, 7% below at 0.02).
 STEPS = {"adam": 200, "onebit_adam": 200, "zero_one_adam": 200, "onebit_lamb": 400, "exact_lamb": 400}
 
 
 def make_model(seed=0):
-    """The example's MLP with GELU instead of ReLU: a ReLU unit that seldom fires leaves
-    elements with tiny variances, which the 1-bit noise divided by √v throws far (DeepSpeed's
-    1-bit optimizers diverge there too; the zero-variance mask catches only exact zeros)."""
-    ex = example()
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Linear(ex.IN, ex.HIDDEN),
-        torch.nn.GELU(),
-        torch.nn.Linear(ex.HIDDEN, ex.HIDDEN),
-        torch.nn.GELU(),
-        torch.nn.Linear(ex.HIDDEN, ex.OUT),
-    )
+    """The example's student MLP (GELU: see the example's docs)."""
+    return example().make_model(seed)
 
 
 def make_optimizer(name, params, steps, lr=None, **kw):
@@ -74,17 +65,18 @@ def make_optimizer(name, params, steps, lr=None, **kw):
     (exact LAMB: the reference of 1-bit LAMB)."""
     from oxcomm.optim import OnebitAdam, OnebitLamb, ZeroOneAdam
 
+    ex = example()
     freeze = max(2, steps // 5)
     if name == "onebit_adam":
-        return OnebitAdam(params, lr=lr or ADAM_LR, freeze_step=freeze, **kw)
+        return OnebitAdam(params, lr=lr or ex.LR, freeze_step=freeze, **kw)
     if name == "onebit_lamb":
-        return OnebitLamb(params, lr=lr or LAMB_LR, freeze_step=freeze, **kw)
+        return OnebitLamb(params, lr=lr or ex.LAMB_LR, freeze_step=freeze, **kw)
     if name == "exact_lamb":
-        return OnebitLamb(params, lr=lr or LAMB_LR, freeze_step=10**9, **kw)
+        return OnebitLamb(params, lr=lr or ex.LAMB_LR, freeze_step=10**9, **kw)
     if name == "zero_one_adam":
         return ZeroOneAdam(
             params,
-            lr=lr or ADAM_LR,
+            lr=lr or ex.LR,
             var_freeze_step=steps // 2,
             var_update_scaler=16 if steps >= 200 else 4,
             local_step_scaler=max(1, steps // 10),
@@ -125,21 +117,21 @@ def train(ex, model, opt, steps, *, net=None, start=0, engine=None, data=None, d
 def case_plain_loop():
     """Each optimizer in a plain loop against its exact counterpart from the same seed, for
     ``STEPS[name]`` steps: the held-out loss of each run, and a digest of the parameters (0/1
-    Adam's run ends on a sync step), which the test compares across ranks."""
+    Adam's run ends on a sync step), which the test compares across ranks. On :func:`device`."""
     init()
     ex = example()
-    out = {}
+    dev, out = device(), {}
     for name in ("adam",) + NAMES + ("exact_lamb",):
         steps = STEPS[name]
-        model = make_model(seed=0)
+        model = make_model(seed=0).to(dev)
         net = None
         if name == "adam":
             net = torch.nn.parallel.DistributedDataParallel(model)
-            opt = torch.optim.Adam(net.parameters(), lr=ADAM_LR)
+            opt = torch.optim.Adam(net.parameters(), lr=ex.LR)
         else:
             opt = make_optimizer(name, model.parameters(), steps)
-        train(ex, model, opt, steps, net=net)
-        out[name] = {"loss": ex.evaluate(model), "params": digest(model.parameters())}
+        train(ex, model, opt, steps, net=net, device=dev)
+        out[name] = {"loss": ex.evaluate(model.cpu()), "params": digest(model.parameters())}
         if name == "zero_one_adam":
             assert opt.frozen and opt.local_step_interval == 4 and steps % 4 == 0, vars(opt)
     return out
@@ -152,14 +144,14 @@ def case_ddp():
     """Each optimizer under DDP with its comm hook against the same optimizer in a plain loop:
     the parameters must be bit-identical (the hook averages exactly the steps the optimizer
     would, and sends nothing on the others). Returns the number of steps on which the hook
-    communicated, per optimizer."""
+    communicated, per optimizer. On :func:`device`."""
     init()
     ex = example()
-    steps, out = 40, {}
+    steps, dev, out = 40, device(), {}
     for name in NAMES:
-        plain = make_model(seed=0)
-        train(ex, plain, make_optimizer(name, plain.parameters(), steps), steps)
-        model = make_model(seed=0)
+        plain = make_model(seed=0).to(dev)
+        train(ex, plain, make_optimizer(name, plain.parameters(), steps), steps, device=dev)
+        model = make_model(seed=0).to(dev)
         opt = make_optimizer(name, model.parameters(), steps)
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         averaged = []
@@ -171,7 +163,7 @@ def case_ddp():
             return hook(state, bucket)
 
         ddp.register_comm_hook(None, counting_hook)
-        train(ex, model, opt, steps, net=ddp)
+        train(ex, model, opt, steps, net=ddp, device=dev)
         same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters()))
         out[name] = {"same": same, "averaged_steps": sorted(set(averaged))}
     return out
@@ -327,11 +319,11 @@ def case_device_vs_cpu():
     init()
     ex = example()
     steps, out = 40, {}
-    dev = torch.device(os.environ.get("OXCOMM_TEST_DEVICE", "cpu"))
+    dev = device()
     for name in NAMES:
         result = []
-        for device in (torch.device("cpu"), dev):
-            model = make_model(seed=0).to(device)
+        for where in (torch.device("cpu"), dev):
+            model = make_model(seed=0).to(where)
             shadow = make_model(seed=0)
             opt = make_optimizer(name, model.parameters(), steps)
             data = ex.make_data(dist.get_rank())
@@ -343,7 +335,7 @@ def case_device_vs_cpu():
                 shadow.zero_grad()
                 torch.nn.functional.mse_loss(shadow(x), y).backward()
                 for s, p in zip(shadow.parameters(), model.parameters()):
-                    p.grad = s.grad.to(device)
+                    p.grad = s.grad.to(where)
                 opt.step()
             params = [p.detach().cpu() for p in model.parameters()]
             result.append((params, ex.evaluate(model.cpu())))

@@ -1,0 +1,47 @@
+"""oxcomm.optim's 1-bit Adam, 1-bit LAMB and 0/1 Adam on CUDA parameters, 2 ranks sharing
+``cuda:0``: the cases of ``tests/_optim_ranks.py`` (whose CPU runs are ``tests/test_optimizers.py``)
+with ``OXCOMM_TEST_DEVICE=cuda:0``.
+
+Tolerances. ``case_device_vs_cpu`` feeds both runs the same gradients (computed on CPU), so only
+the optimizers' arithmetic differs. Elementwise kernels (add, mul, div, sqrt) round the same on
+both devices; reductions (LAMB's norms, the 1-bit all-reduce's scales) sum in another order, a
+relative difference of about 1e-7 per step. That changes a 1-bit sign only for an element within
+that distance of zero (rare: an expected ~0.04 flips in the 40 steps × ~7,000 elements here); one
+flip moves one element by about 2·lr (6e-3), 1.3e-3 of a 64×64 layer's norm. So a parameter
+tensor may differ by 5e-3 of its norm and the held-out loss by 1e-3; a real error (a missed or
+doubled average, an error buffer on the wrong device or reset) is of order 1.
+"""
+
+from __future__ import annotations
+
+import _torch_ranks
+from conftest import RANKS_ENV
+
+NAMES = ("onebit_adam", "onebit_lamb", "zero_one_adam")
+ENV = dict(RANKS_ENV, OXCOMM_TEST_DEVICE="cuda:0")
+
+
+def test_cuda_optimizers_match_cpu():
+    res = _torch_ranks.run(2, "_optim_ranks:case_device_vs_cpu", timeout=300, env=ENV)
+    for rank in res:
+        for name in NAMES:
+            r = rank[name]
+            assert r["device"].startswith("cuda"), (name, r)
+            assert r["finite"] and r["param_rel"] <= 5e-3 and r["loss_rel"] <= 1e-3, (name, r)
+
+
+def test_cuda_plain_loop_within_2_percent_of_exact_and_ranks_agree():
+    res = _torch_ranks.run(2, "_optim_ranks:case_plain_loop", timeout=300, env=ENV)
+    for name, r in res[0].items():
+        assert r["params"] == res[1][name]["params"], name
+    losses = {k: v["loss"] for k, v in res[0].items()}
+    assert losses["onebit_adam"] <= losses["adam"] * 1.02, losses
+    assert losses["zero_one_adam"] <= losses["adam"] * 1.02, losses
+    assert losses["onebit_lamb"] <= losses["exact_lamb"] * 1.02, losses
+
+
+def test_cuda_ddp_hook_matches_plain_loop():
+    res = _torch_ranks.run(2, "_optim_ranks:case_ddp", timeout=300, env=ENV)
+    for rank in res:
+        for name in NAMES:
+            assert rank[name]["same"], (name, rank[name])
