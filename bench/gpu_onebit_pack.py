@@ -3,8 +3,10 @@
 For each size, on one device, in one run:
 
 * ``copy``: ``dst.copy_(src)`` of the float32 tensor (the device-to-device copy bandwidth);
-* ``pack``: :func:`oxcomm._onebit_kernels.pack_signs` (float32 → one sign bit per element);
-* ``unpack``: :func:`oxcomm._onebit_kernels.unpack_scaled` (sign bits → ``±scale`` float32);
+* ``pack``: :func:`oxcomm._onebit_kernels.pack_signs` (float32 → one sign bit per element),
+  as the torch ops and as the Triton kernel (on CUDA, where Triton imports);
+* ``unpack``: :func:`oxcomm._onebit_kernels.unpack_scaled` (sign bits → ``±scale`` float32),
+  likewise (the torch ops: ``select`` on CUDA, ``flip`` on CPU);
 * ``cupy``: ``cupy.packbits`` on the same tensor as DeepSpeed's ``NcclBackend`` called it
   (``packbits(x.sign().add(1).bool())``, the torch ops included) and bare on a bool array,
   when cupy is importable (a line says so otherwise);
@@ -16,13 +18,15 @@ For each size, on one device, in one run:
 Throughputs are GB/s of float32 elements (4 bytes each, the tensor's size over the time:
 what ``pack`` reads, what ``unpack`` writes, what ``copy`` copies), medians over ``--repeat``
 timed runs after two untimed ones, timed with CUDA events on CUDA. The target: pack and
-unpack at ≥ 40% of the copy's figure from 1 M elements, and faster than cupy.packbits.
+unpack (the kernels a call uses: Triton's on CUDA where it runs) at ≥ 40% of the copy's
+figure, and faster than cupy.packbits.
 
     python bench/gpu_onebit_pack.py --device cuda          # on the GPU machine
     python bench/gpu_onebit_pack.py --device cpu --sizes 1M  # smoke test anywhere
 
-The last line sums up the largest size: ``gpu_onebit_pack: <device> <n> elements: copy X
-GB/s, pack Y GB/s (P% of copy), unpack Z GB/s (Q% of copy), cupy.packbits W GB/s, call T ms``.
+The last line sums up the largest size with the kernels a call uses: ``gpu_onebit_pack:
+<device> <n> elements: copy X GB/s, pack Y GB/s (P% of copy), unpack Z GB/s (Q% of copy),
+cupy.packbits W GB/s ..., call T ms``.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ def timer(device):
 
 def cupy_packbits(x):
     """Functions timing cupy.packbits as DeepSpeed used it, or the reason there are none."""
+    import torch
+
     try:
         import cupy
     except Exception as e:  # noqa: BLE001 - any failure to import means "not available"
@@ -76,15 +82,19 @@ def cupy_packbits(x):
         return None, "cupy.packbits runs on CUDA tensors only; no figure on this device"
 
     def deepspeed_style():
-        # NcclBackend: cupy.packbits(buffer_m.sign_().add_(1).bool()) through DLPack
-        return cupy.packbits(cupy.from_dlpack(x.sign().add_(1).bool()))
+        # NcclBackend: cupy.packbits(buffer_m.sign_().add_(1).bool()) through DLPack (as
+        # uint8 0/1: packbits packs non-zero elements as 1, and every cupy takes uint8)
+        return cupy.packbits(cupy.from_dlpack(x.sign().add_(1).bool().view(torch.uint8)))
 
-    bools = cupy.from_dlpack(x.sign().add_(1).bool())
+    try:
+        bools = cupy.from_dlpack(x.sign().add_(1).bool().view(torch.uint8))
+        got = cupy.asnumpy(deepspeed_style())
+    except Exception as e:  # noqa: BLE001 - a cupy that cannot take the tensor: say so
+        return None, f"cupy.packbits failed here ({type(e).__name__}: {e}); no cupy figure"
 
     def bare():
         return cupy.packbits(bools)
 
-    got = cupy.asnumpy(deepspeed_style())
     return (deepspeed_style, bare, got), None
 
 
@@ -118,6 +128,8 @@ def main():
     from oxcomm import _onebit_kernels as kernels
 
     device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # a smoke test: one core, no OpenMP waits on a shared machine
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_onebit_pack: CUDA is not available here (try --device cpu)")
     sizes = [parse_count(s) for s in args.sizes.split(",") if s.strip()]
@@ -126,22 +138,39 @@ def main():
             raise SystemExit(f"gpu_onebit_pack: --sizes: {numel} is not a positive multiple of 8")
     time_it = timer(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    triton_ok = device.type == "cuda" and kernels._triton_module(required=False) is not None
+    torch_unpack = "select" if device.type == "cuda" else "flip"
     print(f"# gpu_onebit_pack on {name}, torch {torch.__version__}; GB/s of float32 elements, median of {args.repeat}")
-    print(f"{'elements':>10} {'copy':>8} {'pack':>8} {'%copy':>6} {'unpack':>8} {'%copy':>6} {'cupy_ds':>8} {'cupy':>8} {'call ms':>9}")
+    if device.type == "cuda" and not triton_ok:
+        print(f"# Triton is not available here ({kernels._triton['failed']}): torch ops only")
+    print(
+        f"{'elements':>10} {'copy':>8} {'pack':>8} {'pack_tr':>8} {'unpack':>8} {'unpk_tr':>8} "
+        f"{'cupy_ds':>8} {'cupy':>8} {'call ms':>9}"
+    )
     cupy_note = None
     last = None
+    fmt = lambda v: f"{v:8.1f}" if v is not None else f"{'-':>8}"  # noqa: E731
     for numel in sizes:
         gen = torch.Generator(device=device).manual_seed(numel)
         x = torch.randn(numel, device=device, generator=gen)
         dst = torch.empty_like(x)
-        packed = kernels.pack_signs(x)
-        out = torch.empty_like(x)
+        packed = kernels.pack_signs(x, method="torch")
+        out = torch.empty_like(x).view(1, -1)
         scale = torch.tensor(0.5, device=device)
         rows = packed.view(1, -1)
         gbs = lambda seconds: 4 * numel / seconds / 1e9  # noqa: E731
         copy = gbs(time_it(lambda: dst.copy_(x), args.repeat))
-        pack = gbs(time_it(lambda: kernels.pack_signs(x), args.repeat))
-        unpack = gbs(time_it(lambda: kernels.unpack_scaled(rows, scale, out=out.view(1, -1)), args.repeat))
+        pack = gbs(time_it(lambda: kernels.pack_signs(x, method="torch"), args.repeat))
+        unpack = gbs(time_it(lambda: kernels.unpack_scaled(rows, scale, out=out, method=torch_unpack), args.repeat))
+        pack_tr = unpack_tr = None
+        if triton_ok:
+            if not torch.equal(kernels.pack_signs(x, method="triton"), packed):
+                raise SystemExit("gpu_onebit_pack: the Triton and torch pack kernels give other bytes")
+            want = kernels.unpack_scaled(rows, scale, method=torch_unpack)
+            if not torch.equal(kernels.unpack_scaled(rows, scale, method="triton").view(torch.int32), want.view(torch.int32)):
+                raise SystemExit("gpu_onebit_pack: the Triton and torch unpack kernels give other bits")
+            pack_tr = gbs(time_it(lambda: kernels.pack_signs(x, method="triton"), args.repeat))
+            unpack_tr = gbs(time_it(lambda: kernels.unpack_scaled(rows, scale, out=out, method="triton"), args.repeat))
         # the kernels' bits are checked here too: unpacking what was packed gives ±scale
         back = kernels.unpack_scaled(rows, scale).view(-1)
         if not torch.equal(back < 0, x < 0):
@@ -157,13 +186,12 @@ def main():
         else:
             cupy_note = note
         call = time_it(one_rank_call(device, numel), max(3, args.repeat // 2)) * 1e3
-        fmt = lambda v: f"{v:8.1f}" if v is not None else f"{'-':>8}"  # noqa: E731
         print(
-            f"{numel:>10} {copy:8.1f} {pack:8.1f} {100 * pack / copy:5.0f}% {unpack:8.1f} {100 * unpack / copy:5.0f}% "
+            f"{numel:>10} {copy:8.1f} {pack:8.1f} {fmt(pack_tr)} {unpack:8.1f} {fmt(unpack_tr)} "
             f"{fmt(cupy_ds)} {fmt(cupy_bare)} {call:9.3f}",
             flush=True,
         )
-        last = (numel, copy, pack, unpack, cupy_ds, cupy_bare, call)
+        last = (numel, copy, pack_tr or pack, unpack_tr or unpack, cupy_ds, cupy_bare, call)
         del x, dst, packed, out
     if cupy_note:
         print(f"# {cupy_note}")
@@ -173,8 +201,9 @@ def main():
         if cupy_ds is not None
         else "cupy.packbits not measured"
     )
+    used = "Triton" if triton_ok else "torch ops"
     print(
-        f"gpu_onebit_pack: {device.type} {numel} elements: copy {copy:.1f} GB/s, pack {pack:.1f} GB/s "
+        f"gpu_onebit_pack: {device.type} {numel} elements ({used}): copy {copy:.1f} GB/s, pack {pack:.1f} GB/s "
         f"({100 * pack / copy:.0f}% of copy), unpack {unpack:.1f} GB/s ({100 * unpack / copy:.0f}% of copy), "
         f"{cupy_text}, call {call:.3f} ms"
     )

@@ -78,6 +78,91 @@ def test_unpack_scaled_is_plus_minus_scale_exactly():
         kernels.unpack_scaled(signs, scales, method="lut")
 
 
+def triton_matches_torch_ops():
+    """Run with TRITON_INTERPRET=1 (Triton's kernels on CPU tensors): the Triton pack and
+    unpack kernels against the torch ops, into strided rows as the send buffers have them."""
+    gen = torch.Generator().manual_seed(8)
+    for rows, length in ((1, 8), (3, 8 * 700), (2, 8 * 1500 + 64)):
+        v = torch.randn(rows, length, generator=gen)
+        v[:, 1::5] = -0.0
+        v[:, 2::9] = float("nan")
+        v[0, 3] = -float("inf")
+        want = kernels.pack_signs(v, method="torch")
+        send = torch.full((rows, length // 8 + 4), 9, dtype=torch.uint8)
+        got = kernels.pack_signs(v, out=send[:, :-4], method="triton")
+        assert got.data_ptr() == send.data_ptr() and torch.equal(send[:, :-4], want), (rows, length)
+        assert (send[:, -4:] == 9).all(), "the scale bytes were overwritten"
+        assert torch.equal(kernels.pack_signs(v[0], method="triton"), want[0])
+        for scales in (torch.randn(rows, generator=gen), torch.tensor(-0.75)):
+            a = kernels.unpack_scaled(send[:, :-4], scales, method="triton")
+            b = kernels.unpack_scaled(want, scales, method="flip")
+            assert torch.equal(_bits(a), _bits(b)), (rows, length)
+            out = torch.empty(rows, length)
+            kernels.unpack_scaled(send[:, :-4], scales, out=out, method="triton")
+            assert torch.equal(_bits(out), _bits(b))
+    assert kernels._triton["failed"] is None and kernels._triton["module"] is not None
+    return True
+
+
+def test_triton_kernels_match_torch_ops_in_the_interpreter():
+    """The Triton kernels, run by Triton's interpreter on CPU tensors (a subprocess: the
+    interpreter is chosen when the kernels are defined). Where Triton is not installed, the
+    default on CUDA falls back to the torch ops instead (checked below)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError):
+            kernels._triton_module(required=True)
+        return
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
+    code = "import test_onebit_torch as t; assert t.triton_matches_torch_ops(); print('ok')"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+def test_kernel_choice_and_the_fallback_from_a_failing_triton(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(kernels, "_triton", {"module": None, "failed": None})
+    monkeypatch.delenv(kernels.KERNELS_ENV, raising=False)
+    assert kernels._pick(None, cuda, "torch") == "triton" and kernels._pick(None, cpu, "flip") == "flip"
+    monkeypatch.setenv(kernels.KERNELS_ENV, "torch")
+    assert kernels._pick(None, cuda, "torch") == "torch" and kernels._pick(None, cuda, "flip") == "select"
+    monkeypatch.setenv(kernels.KERNELS_ENV, "cuda-graphs")
+    with pytest.raises(ValueError, match=kernels.KERNELS_ENV):
+        kernels._pick(None, cuda, "torch")
+
+    class Broken:
+        @staticmethod
+        def pack_signs(*args):
+            raise RuntimeError("no compiler for this GPU")
+
+        unpack_scaled = pack_signs
+
+    v = torch.randn(2, 64)
+    want = kernels.pack_signs(v, method="torch")
+    # "triton": the failure is raised, nothing is hidden
+    monkeypatch.setenv(kernels.KERNELS_ENV, "triton")
+    monkeypatch.setattr(kernels, "_triton", {"module": Broken, "failed": None})
+    with pytest.raises(RuntimeError, match="no compiler"):
+        kernels.pack_signs(v, method="triton")
+    # "auto": a warning, the torch ops' bits, and torch ops from then on
+    monkeypatch.setenv(kernels.KERNELS_ENV, "auto")
+    with pytest.warns(RuntimeWarning, match="no compiler"):
+        got = kernels.pack_signs(v, method="triton")
+    assert torch.equal(got, want)
+    assert kernels._triton["failed"] and kernels._pick(None, cuda, "flip") == "select"
+    signs = torch.randint(0, 256, (2, 8), dtype=torch.uint8)
+    scales = torch.tensor([1.0, 2.0])
+    assert torch.equal(
+        _bits(kernels.unpack_scaled(signs, scales, method="triton")),
+        _bits(kernels.unpack_scaled(signs, scales, method="select")),
+    )
+
+
 def test_minus_signed_methods_agree_with_rusts_formula():
     v = torch.tensor([1.5, -1.5, 0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-38, -7.0, 2.0])
     for scale in (0.75, 0.0, float("inf")):

@@ -54,12 +54,15 @@ def test_kernels_on_cuda_give_the_cpu_bits():
         v[:, 1::7] = 0.0
         v[:, 2::7] = -0.0
         v[0, 5] = float("nan")
-        got = kernels.pack_signs(v.to(CUDA))
+        got = kernels.pack_signs(v.to(CUDA))  # Triton's where it runs
         assert torch.equal(got.cpu(), kernels.pack_signs(v)), numel
-        for method in ("select", "flip"):
+        assert torch.equal(kernels.pack_signs(v.to(CUDA), method="torch").cpu(), got.cpu()), numel
+        for method in ("triton", "select", "flip"):
             scales = torch.tensor([0.5, -2.0, 3e-39])
             cu = kernels.unpack_scaled(got, scales.to(CUDA), method=method)
             assert torch.equal(_bits(cu.cpu()), _bits(kernels.unpack_scaled(got.cpu(), scales))), (numel, method)
+            if method == "triton":
+                continue  # minus_signed has torch ops only
             e = torch.randn(numel, generator=gen)
             s = torch.tensor(0.3)
             out = torch.empty(numel, device=CUDA)
@@ -73,6 +76,7 @@ def test_kernels_on_cuda_give_the_cpu_bits():
         assert torch.equal(
             _bits(kernels.scale_of(squares, numel)), _bits(kernels.scale_of(want, numel))
         ), f"{numel}: the scale differs in its last bit (possible, rarely: see _onebit_kernels)"
+    print("Triton kernels:", "used" if kernels._triton["module"] else f"not used ({kernels._triton['failed']})")
 
 
 def test_worker_and_server_steps_on_cuda_give_the_cpu_rows():

@@ -32,13 +32,17 @@ onebit.rs`` and ``pack.rs``), so that a CUDA rank and a CPU rank produce the sam
   operations: ``u = x + e``, ``e ← u − α·sgn(u)``, ``m = Σᵢ (αᵢ · f32(1/n)) · sgnᵢ`` added
   in rank order from ``0``, ``m ← m + s``, ``s ← m − β·sgn(m)``, ``y = β_j · sgn_j``.
 
-Each function is a handful of torch ops (a few passes over memory each). Where Triton is
-available, :mod:`oxcomm._onebit_triton` may later fuse them; these stay the reference.
+Each function is a handful of torch ops (a few passes over memory each). On CUDA, packing
+and unpacking sign bytes run as one Triton kernel each (:mod:`oxcomm._onebit_triton`) where
+Triton imports and compiles, else as torch ops: the same bits either way
+(:data:`KERNELS_ENV` chooses). On CPU the torch ops always run.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import warnings
 
 import torch
 
@@ -84,12 +88,100 @@ def _shifts(device):
     return s
 
 
-def pack_signs(v, out=None):
+#: The environment variable choosing the kernels that pack and unpack the sign bytes of CUDA
+#: tensors: ``auto`` (the default: Triton's where Triton imports and compiles, with a warning
+#: and torch ops from then on where it does not), ``torch`` (never Triton), or ``triton`` (an
+#: error rather than a fallback). CPU tensors take the torch ops whatever it says.
+KERNELS_ENV = "OXCOMM_ONEBIT_KERNELS"
+_CHOICES = ("auto", "torch", "triton")
+_triton = {"module": None, "failed": None}
+
+
+def _kernels_choice():
+    choice = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
+    if choice not in _CHOICES:
+        raise ValueError(f"{KERNELS_ENV}={choice!r}: expected one of {', '.join(_CHOICES)}")
+    return choice
+
+
+def _triton_module(required):
+    """:mod:`oxcomm._onebit_triton`, or None where Triton is off or failed (ImportError if
+    ``required``)."""
+    if _triton["module"] is not None:
+        return _triton["module"]
+    if _triton["failed"] is not None and not required:
+        return None
+    try:
+        import oxcomm._onebit_triton as module
+    except ImportError as e:
+        _triton["failed"] = f"Triton does not import ({e})"
+        if required:
+            raise ImportError(f"oxcomm 1-bit kernels: {_triton['failed']}") from e
+        return None
+    _triton["module"] = module
+    return module
+
+
+def _pick(method, device, torch_default):
+    """The method for a call: ``method`` if given, else Triton on CUDA (as
+    :data:`KERNELS_ENV` allows), else ``torch_default``."""
+    if method is not None:
+        return method
+    if device.type != "cuda":
+        return torch_default
+    choice = _kernels_choice()
+    if choice == "torch" or (choice == "auto" and _triton["failed"] is not None):
+        return "select" if torch_default == "flip" else torch_default
+    return "triton"
+
+
+def _run_triton(name, *args):
+    """Runs a Triton kernel; True if it ran. Under ``auto`` a failure (no compiler for this
+    machine, an unsupported GPU) turns Triton off for the process, with a warning, and the
+    caller runs the torch ops instead (the same bits)."""
+    required = _kernels_choice() == "triton"
+    module = _triton_module(required)
+    if module is None:
+        return False
+    try:
+        getattr(module, name)(*args)
+        return True
+    except Exception as e:  # noqa: BLE001 - any failure to compile or launch: torch ops instead
+        if required:
+            raise
+        _triton["module"] = None
+        _triton["failed"] = f"{type(e).__name__}: {e}"
+        warnings.warn(
+            f"oxcomm 1-bit kernels: Triton's {name} failed ({_triton['failed']}); using torch ops "
+            f"from now on (set {KERNELS_ENV}=torch to skip Triton)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+
+
+def pack_signs(v, out=None, method=None):
     """The sign bytes of ``v`` (float32, last dimension a multiple of 8): a uint8 tensor with
     the last dimension divided by 8, bit 1 unless the element is ``< 0``, element ``8m + j``
-    at bit ``7 − j`` of byte ``m``. Written into ``out`` when given (any strides)."""
+    at bit ``7 − j`` of byte ``m``. Written into ``out`` when given (any strides).
+    ``method``: ``"torch"`` or ``"triton"`` (one kernel; on CPU tensors only under
+    ``TRITON_INTERPRET=1``); by default Triton on CUDA as :data:`KERNELS_ENV` says."""
     if v.shape[-1] % 8 != 0:
         raise ValueError(f"pack_signs: the last dimension ({v.shape[-1]}) is not a multiple of 8")
+    method = _pick(method, v.device, "torch")
+    if method == "triton":
+        rows = v.reshape(-1, v.shape[-1]).contiguous()
+        target = out
+        if target is None:
+            target = torch.empty(*v.shape[:-1], v.shape[-1] // 8, dtype=torch.uint8, device=v.device)
+        try:
+            flat = target.view(rows.shape[0], -1)  # (rows, L/8), any row stride
+        except RuntimeError:
+            flat = None
+        if flat is not None and flat.stride(-1) == 1 and _run_triton("pack_signs", rows, flat):
+            return target
+    elif method != "torch":
+        raise ValueError(f"pack_signs: unknown method {method!r} (torch or triton)")
     negative = torch.lt(v, 0)  # NaN < 0 is false: bit 1
     groups = negative.reshape(*v.shape[:-1], v.shape[-1] // 8, 8).view(torch.int64).squeeze(-1)
     packed = groups.mul(_GATHER).bitwise_right_shift_(56).to(torch.uint8).bitwise_not_()
@@ -111,9 +203,25 @@ def unpack_scaled(signs, scales, out=None, method=None):
     """``±scale`` from sign bytes: ``signs`` is (rows, B) uint8 and ``scales`` a float32 tensor
     of ``rows`` scales (or a 0-d one for every row); the result, (rows, 8B) float32, holds
     ``+scale`` for bit 1 and ``−scale`` for bit 0 (``scale`` with its sign bit flipped: exactly
-    ``scale · (−1)``). ``method``: ``"select"`` (one select pass: the fastest on CUDA) or
-    ``"flip"`` (integer ops on the scale's bits: torch's CPU select of broadcast scalars is
-    several times slower); by default the one for the tensors' device. Both give the same bits."""
+    ``scale · (−1)``). ``method``: ``"triton"`` (one kernel: the default on CUDA, as
+    :data:`KERNELS_ENV` says), ``"select"`` (one torch select pass: CUDA's torch-ops path) or
+    ``"flip"`` (integer ops on the scale's bits, CPU's: torch's CPU select of broadcast
+    scalars is several times slower). All give the same bits."""
+    method = _pick(method, signs.device, "flip")
+    if method == "triton":
+        rows = signs.reshape(-1, signs.shape[-1])
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        per_row = scales.reshape(-1).expand(rows.shape[0]).contiguous()
+        target = out if out is not None and out.is_contiguous() else None
+        if target is None:
+            target = torch.empty(rows.shape[0], rows.shape[1] * 8, dtype=torch.float32, device=signs.device)
+        if _run_triton("unpack_scaled", rows, per_row, target.view(rows.shape[0], -1)):
+            if out is not None and target is not out:
+                out.copy_(target.view(out.shape))
+                return out
+            return target
+        method = None
     bits = unpack_bits(signs)
     s = scales.reshape(-1, 1) if scales.dim() > 0 else scales
     if _method(method, signs.device) == "select":
@@ -131,7 +239,7 @@ def _method(method, device):
     if method is None:
         return "select" if device.type == "cuda" else "flip"
     if method not in ("select", "flip"):
-        raise ValueError(f"unknown method {method!r} (select or flip)")
+        raise ValueError(f"unknown method {method!r} (select or flip; unpack_scaled also triton)")
     return method
 
 
