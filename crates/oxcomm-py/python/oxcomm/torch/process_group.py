@@ -46,7 +46,8 @@ from oxcomm._cuda import staging as _staging
 
 from .work import _DONE, _NOTHING, _done, _Op, _Waiter, _Work
 
-_C10dBackend = torch._C._distributed_c10d.Backend
+_c10d = torch._C._distributed_c10d
+_C10dBackend = _c10d.Backend
 
 #: The name under which the backend is registered.
 BACKEND = "oxcomm"
@@ -284,7 +285,7 @@ class _Calls:
     # ------------------------------------------------------------------ gathers
 
     def allgather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         inp = _single(input_tensors, "all_gather").contiguous()
         outs = _single(output_tensors, "all_gather")
         dev = _on_device("all_gather", inp, *outs)
@@ -306,7 +307,7 @@ class _Calls:
         )
 
     def all_gather_single(self, output, input, opts=None):
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or _c10d.AllgatherOptions()
         dev = _on_device("all_gather_into_tensor", output, input)
         src = _flat(input.contiguous())
         out, finish = _contiguous_out(output, None)
