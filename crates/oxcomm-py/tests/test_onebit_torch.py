@@ -100,6 +100,22 @@ def triton_matches_torch_ops():
             out = torch.empty(rows, length)
             kernels.unpack_scaled(send[:, :-4], scales, out=out, method="triton")
             assert torch.equal(_bits(out), _bits(b))
+    # the fused passes: worker and server steps, Triton against torch ops, bit for bit
+    for n, c, length, scale in ((2, 8 * 9, 100, 1.0), (3, 64 * 5 + 24, 900, 1e-25), (2, 64 * 40, 5000, 1e21)):
+        x = torch.randn(length, generator=gen) * scale
+        x[::6] = -0.0
+        we = torch.randn(n * c, generator=gen) * 0.1 * scale
+        we[-3:] = -0.0  # past x: a −0 error stays −0
+        results = {}
+        for method in ("torch", "triton"):
+            e, send = we.clone(), torch.zeros(n, c // 8 + 4, dtype=torch.uint8)
+            alpha = kernels.worker_step(x, e, send, method=method)
+            se, row = torch.randn(c, generator=torch.Generator().manual_seed(c)), torch.zeros(1, c // 8 + 4, dtype=torch.uint8)
+            beta = kernels.server_step(send, kernels.inverse_size(n, "cpu"), se, row, method=method)
+            results[method] = (alpha, e, send, beta, se, row)
+        for name, a, b in zip(("alpha", "worker_error", "send", "beta", "server_error", "row"), *results.values()):
+            same = torch.equal(a, b) if a.dtype == torch.uint8 else torch.equal(_bits(a.reshape(-1)), _bits(b.reshape(-1)))
+            assert same, (name, n, c, length, scale)
     assert kernels._triton["failed"] is None and kernels._triton["module"] is not None
     return True
 

@@ -236,7 +236,8 @@ def unpack_scaled(signs, scales, out=None, method=None):
 
 
 def _method(method, device):
-    if method is None:
+    """The torch ops for ``method`` (``None`` or ``"torch"``: the device's)."""
+    if method in (None, "torch"):
         return "select" if device.type == "cuda" else "flip"
     if method not in ("select", "flip"):
         raise ValueError(f"unknown method {method!r} (select or flip; unpack_scaled also triton)")
@@ -254,10 +255,48 @@ def minus_signed(v, scale, out, method=None):
     """``out = v − scale · sgn(v)`` (the error update; ``sgn(±0) = sgn(NaN) = +1``), with
     ``scale`` a 0-d float32 tensor. ``out`` may be ``v``. ``method`` as in
     :func:`unpack_scaled` (the same bits either way)."""
+    method = _pick(method, v.device, "flip")
+    if method == "triton":
+        if v.is_contiguous() and out.is_contiguous():
+            if _run_triton("minus_signed", v.view(-1), scale.reshape(1), out.view(-1)):
+                return out
+        method = None
     if _method(method, v.device) == "select":
         return torch.where(torch.lt(v, 0), v + scale, v - scale, out=out)
     signed = _flip_where(torch.lt(v, 0), scale)  # scale · sgn(v)
     return torch.sub(v, signed, out=out)
+
+
+def add_pack_squares(x, u, signs, method=None):
+    """The pass that the worker and the server share (Rust's ``pack::add_pack_squares``):
+    ``u ← e + x`` in place in ``u`` ((rows, C) float32, contiguous: the error), with the flat
+    ``x`` added only where it reaches (at most ``rows · C`` elements; past it ``u`` keeps
+    ``e``), the sign bytes of ``u`` into ``signs`` ((rows, C/8), any row stride), and each
+    row's sum of squares returned as :func:`sum_squares` computes it. ``method``: ``"torch"``
+    or ``"triton"`` (one fused kernel, and torch ops for the few elements after each row's
+    last whole block); by default Triton on CUDA as :data:`KERNELS_ENV` says."""
+    rows, row_len = u.shape
+    x = x.reshape(-1)
+    method = _pick(method, u.device, "torch")
+    if method == "triton" and u.is_contiguous() and signs.stride(-1) == 1:
+        module = _triton_module(_kernels_choice() == "triton")
+        if module is not None:
+            blocks = -(-row_len // SQUARE_BLOCK)
+            partial = torch.empty(rows, blocks, SQUARE_LANES, dtype=torch.float32, device=u.device)
+            exact = torch.empty(rows, module.programs(row_len), dtype=torch.float64, device=u.device)
+            if _run_triton("add_pack_squares", x.contiguous(), u, signs, partial, exact):
+                whole = row_len // SQUARE_BLOCK
+                total = partial[:, :whole].sum(dim=(1, 2), dtype=torch.float64)
+                if whole * SQUARE_BLOCK < row_len:
+                    tail = u[:, whole * SQUARE_BLOCK :].double()
+                    total += tail.mul_(tail).sum(dim=1)
+                redo = torch.isinf(total) | (total < SQUARE_EXACT_BELOW)
+                return torch.where(redo, exact.sum(dim=1), total)
+    elif method not in ("torch", "triton"):
+        raise ValueError(f"add_pack_squares: unknown method {method!r} (torch or triton)")
+    u.view(-1)[: x.numel()].add_(x)  # e + x in f32: the same bits as x + e
+    pack_signs(u, out=signs, method="torch")
+    return sum_squares(u)
 
 
 def sum_squares(v):
@@ -297,13 +336,15 @@ def sum_squares(v):
 def scale_of(total, length):
     """``f32(sqrt(total)) / f32(sqrt(length))``: the scale of ``length`` elements whose sum of
     squares is ``total`` (a float64 tensor), as a float32 tensor of the same shape."""
-    root = torch.tensor(math.sqrt(length), dtype=torch.float32, device=total.device)
+    # A device tensor, not a Python float: CUDA divides by a host scalar as a multiplication
+    # by its reciprocal, which rounds differently. torch.full fills it without a host copy.
+    root = torch.full((), math.sqrt(length), dtype=torch.float32, device=total.device)
     return total.sqrt().float().div_(root)
 
 
 def inverse_size(n, device):
     """``f32(1) / f32(n)`` as a 0-d float32 tensor (the factor of the server's mean)."""
-    return torch.ones((), dtype=torch.float32, device=device).div_(float(n))
+    return torch.ones((), dtype=torch.float32, device=device).div_(torch.full((), float(n), device=device))
 
 
 def _put_scale(row_bytes, scale):
@@ -320,39 +361,36 @@ def scales_in(rows):
     return rows[:, -SCALE_BYTES:].reshape(-1).clone().view(torch.float32)  # a fresh, aligned copy
 
 
-def worker_step(x, worker_error, send):
+def worker_step(x, worker_error, send, method=None):
     """The worker's half: ``u = pad(x) + e`` into ``worker_error`` (``x`` flat float32 of
     ``L ≤ N`` elements, the rest of ``u`` is ``e`` itself), the signs of chunk ``j`` of ``u``
     into row ``j`` of ``send`` ((n, C/8 + 4) uint8) and ``α = ‖u‖/√N`` after each row, then
-    ``e ← u − α·sgn(u)`` in place. Returns ``α`` (0-d float32)."""
+    ``e ← u − α·sgn(u)`` in place. Returns ``α`` (0-d float32). ``method``: ``None`` (the
+    default kernels for the device), ``"torch"`` or ``"triton"``."""
     n = send.shape[0]
-    length = x.numel()
     u = worker_error
-    u[:length].add_(x)  # e + x in f32: the same bits as x + e
-    chunks = u.view(n, -1)
-    pack_signs(chunks, out=send[:, :-SCALE_BYTES])
-    alpha = scale_of(sum_squares(chunks).sum(), u.numel())
+    totals = add_pack_squares(x, u.view(n, -1), send[:, :-SCALE_BYTES], method=method)
+    alpha = scale_of(totals.sum(), u.numel())
     _put_scale(send, alpha)
-    minus_signed(u, alpha, out=u)
+    minus_signed(u, alpha, out=u, method=method)
     return alpha
 
 
-def server_step(received, inv_n, server_error, send_row):
+def server_step(received, inv_n, server_error, send_row, method=None):
     """The server's half: ``m = Σᵢ (αᵢ · inv_n) · sgnᵢ`` over the rows of ``received`` ((n,
-    C/8 + 4) uint8, rank order), ``m ← m + s`` into ``server_error`` (``C`` float32), its
-    signs and ``β = ‖m‖/√C`` into ``send_row`` ((1, C/8 + 4) uint8), then ``s ← m − β·sgn(m)``
-    in place. Returns ``β`` (0-d float32)."""
+    C/8 + 4) uint8, rank order) added from ``0`` in rank order, ``m ← m + s`` into
+    ``server_error`` (``C`` float32), its signs and ``β = ‖m‖/√C`` into ``send_row`` ((1,
+    C/8 + 4) uint8), then ``s ← m − β·sgn(m)`` in place. Returns ``β`` (0-d float32).
+    ``method`` as in :func:`worker_step`."""
     scales = scales_in(received) * inv_n
-    terms = unpack_scaled(received[:, :-SCALE_BYTES], scales)
+    terms = unpack_scaled(received[:, :-SCALE_BYTES], scales, method=method)
     m = torch.zeros_like(server_error)
     for i in range(terms.shape[0]):
         m.add_(terms[i])
-    m.add_(server_error)
-    server_error.copy_(m)
-    pack_signs(m.view(1, -1), out=send_row[:, :-SCALE_BYTES])
-    beta = scale_of(sum_squares(m.view(1, -1))[0], m.numel())
+    totals = add_pack_squares(m, server_error.view(1, -1), send_row[:, :-SCALE_BYTES], method=method)
+    beta = scale_of(totals[0], server_error.numel())
     _put_scale(send_row, beta)
-    minus_signed(server_error, beta, out=server_error)
+    minus_signed(server_error, beta, out=server_error, method=method)
     return beta
 
 

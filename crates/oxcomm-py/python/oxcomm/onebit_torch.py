@@ -181,6 +181,13 @@ class _Scratch:
         self.inv_n = kernels.inverse_size(n, device)
 
 
+def _on(device):
+    """The context that makes ``device`` current (Triton launches on the current CUDA device)."""
+    import contextlib
+
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def _group_backend(group, device_type):
     """The process group's backend object for ``device_type``, or None if it has none."""
     try:
@@ -314,7 +321,7 @@ class CompressedAllreduce:
         in_place = length == n_padded and buffer_m.is_contiguous()
         if transport is None:
             return self._rust_call(buffer_m, worker_error, server_error, in_place, shape)
-        with torch.no_grad():
+        with torch.no_grad(), _on(device):
             out = buffer_m.view(-1) if in_place else torch.empty(length, dtype=torch.float32, device=device)
             self._kernel_call(transport, buffer_m.reshape(-1), worker_error, server_error, out)
         return buffer_m if in_place else out.view(shape)
