@@ -13,7 +13,8 @@ For each size, on one device, in one run:
 * ``call``: one whole ``CompressedAllreduce`` call (worker step, all-to-all, server step,
   all-gather, unpack) on one rank: an oxcomm communicator of one rank, so the collectives are
   local copies and the time is the kernels' plus the staging's (on CUDA: the device-to-host
-  and host-to-device copies of the packed rows).
+  and host-to-device copies of the packed rows); ``torch ms``, where Triton runs, is the same
+  call with ``OXCOMM_ONEBIT_KERNELS=torch`` (the torch ops only).
 
 Throughputs are GB/s of float32 elements (4 bytes each, the tensor's size over the time:
 what ``pack`` reads, what ``unpack`` writes, what ``copy`` copies), medians over ``--repeat``
@@ -32,6 +33,7 @@ cupy.packbits W GB/s ..., call T ms``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -145,7 +147,7 @@ def main():
         print(f"# Triton is not available here ({kernels._triton['failed']}): torch ops only")
     print(
         f"{'elements':>10} {'copy':>8} {'pack':>8} {'pack_tr':>8} {'unpack':>8} {'unpk_tr':>8} "
-        f"{'cupy_ds':>8} {'cupy':>8} {'call ms':>9}"
+        f"{'cupy_ds':>8} {'cupy':>8} {'call ms':>9} {'torch ms':>9}"
     )
     cupy_note = None
     last = None
@@ -186,16 +188,23 @@ def main():
         else:
             cupy_note = note
         call = time_it(one_rank_call(device, numel), max(3, args.repeat // 2)) * 1e3
+        call_torch = None
+        if triton_ok:  # the same call with the torch ops only, to show what the fused kernels save
+            os.environ[kernels.KERNELS_ENV] = "torch"
+            try:
+                call_torch = time_it(one_rank_call(device, numel), max(3, args.repeat // 2)) * 1e3
+            finally:
+                del os.environ[kernels.KERNELS_ENV]
         print(
             f"{numel:>10} {copy:8.1f} {pack:8.1f} {fmt(pack_tr)} {unpack:8.1f} {fmt(unpack_tr)} "
-            f"{fmt(cupy_ds)} {fmt(cupy_bare)} {call:9.3f}",
+            f"{fmt(cupy_ds)} {fmt(cupy_bare)} {call:9.3f} {f'{call_torch:9.3f}' if call_torch is not None else f'{chr(45):>9}'}",
             flush=True,
         )
-        last = (numel, copy, pack_tr or pack, unpack_tr or unpack, cupy_ds, cupy_bare, call)
+        last = (numel, copy, pack_tr or pack, unpack_tr or unpack, cupy_ds, cupy_bare, call, call_torch)
         del x, dst, packed, out
     if cupy_note:
         print(f"# {cupy_note}")
-    numel, copy, pack, unpack, cupy_ds, cupy_bare, call = last
+    numel, copy, pack, unpack, cupy_ds, cupy_bare, call, call_torch = last
     cupy_text = (
         f"cupy.packbits {cupy_ds:.1f} GB/s as DeepSpeed called it ({cupy_bare:.1f} bare)"
         if cupy_ds is not None
@@ -205,7 +214,7 @@ def main():
     print(
         f"gpu_onebit_pack: {device.type} {numel} elements ({used}): copy {copy:.1f} GB/s, pack {pack:.1f} GB/s "
         f"({100 * pack / copy:.0f}% of copy), unpack {unpack:.1f} GB/s ({100 * unpack / copy:.0f}% of copy), "
-        f"{cupy_text}, call {call:.3f} ms"
+        f"{cupy_text}, call {call:.3f} ms" + (f" ({call_torch:.3f} ms with torch ops only)" if call_torch else "")
     )
 
 

@@ -79,7 +79,8 @@ def test_kernels_on_cuda_give_the_cpu_bits():
     print("Triton kernels:", "used" if kernels._triton["module"] else f"not used ({kernels._triton['failed']})")
 
 
-def test_worker_and_server_steps_on_cuda_give_the_cpu_rows():
+@pytest.mark.parametrize("method", [None, "torch"])  # None: Triton's fused passes where they run
+def test_worker_and_server_steps_on_cuda_give_the_cpu_rows(method):
     gen = torch.Generator().manual_seed(5)
     n, c = 3, 8 * 700
     x = torch.randn(n * c - 5, generator=gen)
@@ -87,14 +88,14 @@ def test_worker_and_server_steps_on_cuda_give_the_cpu_rows():
     send = torch.empty(n, c // 8 + 4, dtype=torch.uint8)
     we_cu, send_cu = we.to(CUDA, copy=True), send.to(CUDA, copy=True)
     kernels.worker_step(x, we, send)
-    kernels.worker_step(x.to(CUDA), we_cu, send_cu)
+    kernels.worker_step(x.to(CUDA), we_cu, send_cu, method=method)
     assert torch.equal(send_cu.cpu(), send)
     assert torch.equal(_bits(we_cu.cpu()), _bits(we))
     se = torch.randn(c, generator=gen)
     se_cu = se.to(CUDA, copy=True)
     row, row_cu = torch.empty(1, c // 8 + 4, dtype=torch.uint8), torch.empty(1, c // 8 + 4, dtype=torch.uint8, device=CUDA)
     kernels.server_step(send, kernels.inverse_size(n, "cpu"), se, row)
-    kernels.server_step(send_cu, kernels.inverse_size(n, CUDA), se_cu, row_cu)
+    kernels.server_step(send_cu, kernels.inverse_size(n, CUDA), se_cu, row_cu, method=method)
     assert torch.equal(row_cu.cpu(), row)
     assert torch.equal(_bits(se_cu.cpu()), _bits(se))
     gathered = torch.cat([row] * n)
