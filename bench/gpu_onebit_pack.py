@@ -201,7 +201,6 @@ def main():
             flush=True,
         )
         last = (numel, copy, pack_tr or pack, unpack_tr or unpack, cupy_ds, cupy_bare, call, call_torch)
-        del x, dst, packed, out
     if cupy_note:
         print(f"# {cupy_note}")
     numel, copy, pack, unpack, cupy_ds, cupy_bare, call, call_torch = last

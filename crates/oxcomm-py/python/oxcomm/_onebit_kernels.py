@@ -1,5 +1,5 @@
-"""The arithmetic of the 1-bit compressed all-reduce as torch ops, on whatever device the
-tensors are on (CUDA on a GPU; CPU in the tests, which so run the very code the GPU runs).
+"""The arithmetic of the 1-bit compressed all-reduce on the tensors' device: torch ops that
+run on CUDA and CPU alike (the tests run them on CPU), and Triton kernels for CUDA.
 
 This module owns the device side of one call: packing signs into bytes, unpacking bytes to
 ``±scale``, the sums of squares and scales, and the worker and server steps that update the
@@ -20,22 +20,25 @@ onebit.rs`` and ``pack.rs``), so that a CUDA rank and a CPU rank produce the sam
   f32 once after the square root, then divided in f32 as DeepSpeed divides its norm.
 * The sum of squares follows the Rust kernels' order so that the scales are the same bits
   (``pack::SQUARE_LANES``): per chunk of the worker's buffer (per ``C`` elements), each whole
-  block of 64 elements is summed per lane of 16 in f32 (four fused multiply-adds per lane,
-  emulated here in float64 and rounded to f32 after each), those partials and the exact
+  block of 64 elements is summed per lane of 16 in f32 (four fused multiply-adds per lane:
+  Triton's ``fma``; in the torch ops, emulated in float64 and rounded to f32 after each),
+  those partials and the exact
   squares of the elements after the last whole block are added in float64, and a chunk
   whose total is infinite or below 2⁻⁶⁰ is recomputed with every square in float64. The
   float64 additions are done in another order than the Rust loop's, which changes the total
   by at most a few float64 ulps; the scale, rounded to f32 afterwards, differs only where
   that total sits within those ulps of an f32 rounding boundary (about one call in 10⁸), by
   one f32 ulp. The same holds for the double rounding (float64, then f32) of the emulated
-  fused multiply-add. Everything else is f32 in the Rust (and DeepSpeed) order of
+  fused multiply-add (about one in 10⁸ again). Everything else is f32 in the Rust (and DeepSpeed) order of
   operations: ``u = x + e``, ``e ← u − α·sgn(u)``, ``m = Σᵢ (αᵢ · f32(1/n)) · sgnᵢ`` added
   in rank order from ``0``, ``m ← m + s``, ``s ← m − β·sgn(m)``, ``y = β_j · sgn_j``.
 
-Each function is a handful of torch ops (a few passes over memory each). On CUDA, packing
-and unpacking sign bytes run as one Triton kernel each (:mod:`oxcomm._onebit_triton`) where
-Triton imports and compiles, else as torch ops: the same bits either way
-(:data:`KERNELS_ENV` chooses). On CPU the torch ops always run.
+Each function is a handful of torch ops (a few passes over memory each). On CUDA the passes
+that touch every element run as Triton kernels (:mod:`oxcomm._onebit_triton`) where Triton
+imports and compiles, else as the torch ops, with the same bits (:data:`KERNELS_ENV`
+chooses): the worker's and the server's pass (``u ← e + x``, its signs and the f32 partials
+of its squares, in one read and one write of ``u``), the error update, and the unpacking of
+rows. On CPU the torch ops always run.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ __all__ = [
     "sum_squares",
     "scale_of",
     "inverse_size",
+    "add_pack_squares",
+    "KERNELS_ENV",
     "worker_step",
     "server_step",
     "unpack_rows",
@@ -88,10 +93,10 @@ def _shifts(device):
     return s
 
 
-#: The environment variable choosing the kernels that pack and unpack the sign bytes of CUDA
-#: tensors: ``auto`` (the default: Triton's where Triton imports and compiles, with a warning
-#: and torch ops from then on where it does not), ``torch`` (never Triton), or ``triton`` (an
-#: error rather than a fallback). CPU tensors take the torch ops whatever it says.
+#: The environment variable choosing the kernels for CUDA tensors: ``auto`` (the default:
+#: Triton's where Triton imports and compiles, with a warning and torch ops from then on where
+#: it does not), ``torch`` (never Triton), or ``triton`` (an error rather than a fallback).
+#: CPU tensors take the torch ops whatever it says.
 KERNELS_ENV = "OXCOMM_ONEBIT_KERNELS"
 _CHOICES = ("auto", "torch", "triton")
 _triton = {"module": None, "failed": None}

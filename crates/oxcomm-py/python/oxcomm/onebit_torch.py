@@ -33,8 +33,9 @@ row, each row ``C/8`` sign bytes and a 4-byte f32 scale (``C = N / n``), the Rus
 wire format. Every path gives the same bits for the same inputs (the sign bytes, and so the
 output; the scales and errors up to the rare f32 rounding case described in
 :mod:`oxcomm._onebit_kernels`). Every rank of a group must pass tensors on the same kind of
-device: the Rust path may exchange the same bytes with other ops (see
-:meth:`oxcomm.onebit.State`), so a CPU rank and a CUDA rank do not mix.
+device: over TCP links the Rust path sends large calls' rows point to point rather than in
+the two collectives (the crate's ``OneBitState::with_overlap``), so a CPU rank and a CUDA
+rank do not mix.
 
 Stream semantics on CUDA are NCCL's: the call reads ``buffer_m`` and the errors after the
 work already queued on the current stream, and everything it writes is queued on that
