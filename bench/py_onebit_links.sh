@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# 1-bit Adam over a slow link against exact Adam on gloo: 2 hosts (network namespaces, one rank
-# each) joined by a veth shaped by tc tbf to RATE (default 1gbit), training an MLP of about
-# 25 M parameters (WIDTH 2048 x LAYERS 6, GELU, batch 8). Every run trains WARMUP untimed steps
-# (1-bit Adam's exact warm-up: it freezes at step WARMUP - 2) then STEPS timed ones, from the same
-# seed, so the losses printed are comparable. Prints the time per step of
+# oxcomm's 1-bit optimizers over a slow link against exact Adam on gloo: 2 hosts (network
+# namespaces, one rank each) joined by a veth shaped by tc tbf to RATE (default 1gbit), training
+# an MLP of about 25 M parameters (WIDTH 2048 x LAYERS 6, GELU, batch 8). Every run trains WARMUP
+# untimed steps (the 1-bit optimizers' exact warm-up: they freeze at step WARMUP - 2) then STEPS
+# timed ones, from the same seed, so the losses printed are comparable. Prints the time per step of
 #   1. oxcomm.torch.OnebitAdam on backend "oxcomm" (1-bit compressed momenta after the warm-up),
-#   2. exact data-parallel Adam (DDP + torch.optim.Adam) on "gloo",
-#   3. the same exact Adam on "oxcomm",
-# and the speed-up of 1 over 2. Reuses bench/two_hosts.sh's namespace set-up (as
+#   2. oxcomm.torch.OnebitLamb on "oxcomm" (the same phases),
+#   3. oxcomm.torch.ZeroOneAdam on "oxcomm" (local steps, synchronized every 1, 2, then 4 steps),
+#   4. exact data-parallel Adam (DDP + torch.optim.Adam) on "gloo",
+#   5. the same exact Adam on "oxcomm",
+# and the speed-up of 1, 2 and 3 over 4. Reuses bench/two_hosts.sh's namespace set-up (as
 # compressed_links.sh does). Needs root (ip netns, tc) and `pip install ./crates/oxcomm-py`.
 # A benchmark, not a test: CI does not run it.
 #
 #   sudo bash bench/py_onebit_links.sh          RATE=10gbit STEPS=3 WARMUP=12 WIDTH=512 bash bench/py_onebit_links.sh
+#   ONLY="onebit adam_gloo" bash bench/py_onebit_links.sh     (a subset of the runs, by name)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE=${RATE:-1gbit}
@@ -34,7 +37,6 @@ echo "# 2 hosts (network namespaces), veth shaped to $RATE each way, MLP $LAYERS
 port=29600
 run() { # name, optimizer, backend
     local name=$1 optimizer=$2 backend=$3
-    port=$((port + 1))
     local args=(--optimizer "$optimizer" --backend "$backend" --width "$WIDTH" --layers "$LAYERS"
         --steps "$STEPS" --warmup "$WARMUP" --freeze-step $((WARMUP > 4 ? WARMUP - 2 : 2)))
     local rdzv=(--nnodes 2 --nproc-per-node 1 --master-addr "$TWO_HOSTS_NET.1" --master-port "$port")
@@ -48,9 +50,23 @@ run() { # name, optimizer, backend
     wait "$node1" || { cat "$OUT/${name}_node1.txt" >&2; exit 1; }
     grep -E "ms/step" "$OUT/$name.txt" | tail -1
 }
-onebit=$(run onebit onebit oxcomm); echo "  $onebit"
-exact=$(run adam_gloo adam gloo); echo "  $exact"
-exact_ox=$(run adam_oxcomm adam oxcomm); echo "  $exact_ox"
+ONLY=${ONLY:-onebit lamb zoadam adam_gloo adam_oxcomm}
+declare -A line
+for name in $ONLY; do
+    port=$((port + 1)) # run() runs in a subshell: a fresh port per run, counted here
+    case $name in
+    onebit | lamb | zoadam) line[$name]=$(run "$name" "$name" oxcomm) ;;
+    adam_gloo) line[$name]=$(run adam_gloo adam gloo) ;;
+    adam_oxcomm) line[$name]=$(run adam_oxcomm adam oxcomm) ;;
+    *) echo "unknown run $name (onebit lamb zoadam adam_gloo adam_oxcomm)" >&2; exit 2 ;;
+    esac
+    echo "  ${line[$name]}"
+done
 median() { sed -E 's/.*median +([0-9.]+) ms.*/\1/' <<<"$1"; }
-python3 -c "import sys; print(f'  speed-up of 1-bit Adam (oxcomm) over exact Adam (gloo): {float(sys.argv[2]) / float(sys.argv[1]):.1f}x')" \
-    "$(median "$onebit")" "$(median "$exact")"
+if [ -n "${line[adam_gloo]:-}" ]; then
+    for name in onebit lamb zoadam; do
+        [ -n "${line[$name]:-}" ] || continue
+        python3 -c "import sys; print(f'  speed-up of {sys.argv[1]} (oxcomm) over exact Adam (gloo): {float(sys.argv[3]) / float(sys.argv[2]):.1f}x')" \
+            "$name" "$(median "${line[$name]}")" "$(median "${line[adam_gloo]}")"
+    done
+fi

@@ -1,7 +1,15 @@
-"""One rank of bench/py_onebit_links.sh: training steps of an MLP with 1-bit Adam on oxcomm
-(`--optimizer onebit`: oxcomm.torch.OnebitAdam, exact warm-up until --freeze-step, then 1-bit
-compressed momenta) or with exact data-parallel Adam (`--optimizer adam`: DDP + torch.optim.Adam
-on --backend, gloo by default), both with betas (0.9, --beta2).
+"""One rank of bench/py_onebit_links.sh: training steps of an MLP with one of oxcomm's 1-bit
+optimizers on oxcomm, or with exact data-parallel Adam (`--optimizer adam`: DDP +
+torch.optim.Adam on --backend, gloo by default), all with betas (0.9, --beta2):
+
+* `--optimizer onebit`: oxcomm.torch.OnebitAdam, exact warm-up until --freeze-step, then 1-bit
+  compressed momenta;
+* `--optimizer lamb`: oxcomm.torch.OnebitLamb, the same phases (lr 10x Adam's: LAMB scales its
+  steps by ||p|| / ||update||);
+* `--optimizer zoadam`: oxcomm.torch.ZeroOneAdam, variance steps (exact, at an interval doubling
+  every 16 of them, 1-bit gradients between) until --freeze-step, then local steps synchronized
+  by a 1-bit all-reduce every 1, 2, then 4 steps (the interval doubles every
+  --local-step-scaler steps up to --local-step-clipper).
 
 The MLP uses GELU, not ReLU: ReLU units that never fire leave exact zeros in Adam's second
 moment, and 1-bit compression gives every element of a momentum the same magnitude, so those
@@ -26,8 +34,8 @@ import time
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--optimizer", choices=("onebit", "adam"), required=True)
-    p.add_argument("--backend", default=None, help="default: oxcomm for onebit, gloo for adam")
+    p.add_argument("--optimizer", choices=("onebit", "lamb", "zoadam", "adam"), required=True)
+    p.add_argument("--backend", default=None, help="default: oxcomm for the 1-bit optimizers, gloo for adam")
     p.add_argument("--width", type=int, default=2048)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--batch", type=int, default=8)
@@ -35,6 +43,8 @@ def main():
     p.add_argument("--warmup", type=int, default=32)
     p.add_argument("--freeze-step", type=int, default=30)
     p.add_argument("--beta2", type=float, default=0.99)
+    p.add_argument("--local-step-scaler", type=int, default=4, help="zoadam: local steps per doubling")
+    p.add_argument("--local-step-clipper", type=int, default=4, help="zoadam: the longest local-step interval")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
 
@@ -44,7 +54,7 @@ def main():
     import oxcomm.torch
 
     torch.set_num_threads(args.threads)
-    backend = args.backend or ("oxcomm" if args.optimizer == "onebit" else "gloo")
+    backend = args.backend or ("gloo" if args.optimizer == "adam" else "oxcomm")
     dist.init_process_group(backend)
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -52,10 +62,20 @@ def main():
     for _ in range(args.layers):
         layers += [torch.nn.Linear(args.width, args.width), torch.nn.GELU()]
     model = torch.nn.Sequential(*layers[:-1])
+    betas = (0.9, args.beta2)
+    net = model
     if args.optimizer == "onebit":
-        net = model
-        opt = oxcomm.torch.OnebitAdam(
-            model.parameters(), lr=1e-4, freeze_step=args.freeze_step, betas=(0.9, args.beta2)
+        opt = oxcomm.torch.OnebitAdam(model.parameters(), lr=1e-4, freeze_step=args.freeze_step, betas=betas)
+    elif args.optimizer == "lamb":
+        opt = oxcomm.torch.OnebitLamb(model.parameters(), lr=1e-3, freeze_step=args.freeze_step, betas=betas)
+    elif args.optimizer == "zoadam":
+        opt = oxcomm.torch.ZeroOneAdam(
+            model.parameters(),
+            lr=1e-4,
+            betas=betas,
+            var_freeze_step=args.freeze_step,
+            local_step_scaler=args.local_step_scaler,
+            local_step_clipper=args.local_step_clipper,
         )
     else:
         net = torch.nn.parallel.DistributedDataParallel(model)
