@@ -255,9 +255,9 @@ def test_padded_len_is_deepspeeds():
 # ------------------------------------------------------------------------------ in the ranks
 
 
-def _inputs(rank, shape, call, n_padded, n, gen):
-    """This rank's x for one call, with ±0, NaN-free specials, and scales that reach the
-    float64 fallback of the sums of squares (tiny and huge values)."""
+def _inputs(shape, call, gen):
+    """This rank's x for one call: ±0 among random values, at scales that reach the float64
+    fallback of the sums of squares (tiny and huge values) every other call."""
     numel = torch.Size(shape).numel()
     scale = (1.0, 1e-24, 3e18, 0.01)[call % 4]
     x = torch.randn(numel, generator=gen) * scale
@@ -307,7 +307,7 @@ def case_device_path_matches_rust():
         we0, se0 = _errors(big_n, n, gen)
         errs = {name: (we0.clone(), se0.clone()) for name in ["rust", *paths]}
         for call in range(4):
-            x = _inputs(rank, shape, call, big_n, n, gen)
+            x = _inputs(shape, call, gen)
             want_x = x.clone()
             want = rust(want_x, *errs["rust"])
             for name, ar in paths.items():
@@ -343,6 +343,7 @@ def case_device_path_matches_rust():
         # the empty buffer zeroes both errors and communicates nothing
         out = ar(torch.zeros(0), we, se)
         assert out.numel() == 0 and not we.any() and not se.any(), name
+    assert all(torch.equal(mask, nan_masks["rust"]) for mask in nan_masks.values())
 
     # wrong device mixes are named
     with pytest.raises(ValueError, match="tensors on meta"):
