@@ -143,8 +143,11 @@ def case_plain_loop():
 def case_ddp():
     """Each optimizer under DDP with its comm hook against the same optimizer in a plain loop:
     the parameters must be bit-identical (the hook averages exactly the steps the optimizer
-    would, and sends nothing on the others). Returns the number of steps on which the hook
-    communicated, per optimizer. On :func:`device`."""
+    would, and sends nothing on the others); so must those of a plain loop whose optimizer is
+    given the :class:`oxcomm.Communicator` instead of the torch group. Returns the steps on which
+    the hook communicated, per optimizer. On :func:`device`."""
+    import oxcomm.torch
+
     init()
     ex = example()
     steps, dev, out = 40, device(), {}
@@ -165,7 +168,12 @@ def case_ddp():
         ddp.register_comm_hook(None, counting_hook)
         train(ex, model, opt, steps, net=ddp, device=dev)
         same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), model.parameters()))
-        out[name] = {"same": same, "averaged_steps": sorted(set(averaged))}
+        # and with the group given as the oxcomm.Communicator behind the default group
+        direct = make_model(seed=0).to(dev)
+        opt = make_optimizer(name, direct.parameters(), steps, group=oxcomm.torch.communicator())
+        train(ex, direct, opt, steps, device=dev)
+        comm_same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), direct.parameters()))
+        out[name] = {"same": same, "communicator_same": comm_same, "averaged_steps": sorted(set(averaged))}
     return out
 
 

@@ -30,7 +30,7 @@ def test_ddp_hook_averages_exactly_the_exact_steps():
     res = _torch_ranks.run(2, "_optim_ranks:case_ddp", timeout=120)
     for rank in res:
         for name in NAMES:
-            assert rank[name]["same"], (name, rank[name])
+            assert rank[name]["same"] and rank[name]["communicator_same"], (name, rank[name])
     steps = {name: res[0][name]["averaged_steps"] for name in NAMES}
     # warm-up of 8 steps (a fifth of 40): the hook averages steps 1..8 and never again
     assert steps["onebit_adam"] == list(range(1, 9)), steps
