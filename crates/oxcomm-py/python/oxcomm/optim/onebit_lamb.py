@@ -50,6 +50,11 @@ class OnebitLamb(OnebitOptimizer):
       ``f`` (see the module docs; with weight decay it is moved towards 1 by the share of ``u``
       that is not decay), ``p ← p − lr·C·f·u``.
 
+    ``mask_zero_variance`` (default on; DeepSpeed had only the user's ``exp_avg_mask``) zeroes
+    the decompressed momentum of elements whose frozen variance is exactly 0: they never had a
+    gradient, and 1-bit noise divided by ``eps`` would throw them far. A momentum of norm 0 gets
+    the scaling coefficient 1 (DeepSpeed divided by that norm: NaN in every parameter).
+
     :meth:`get_lamb_coeffs` returns the coefficients of the last step, as DeepSpeed's. No bias
     correction, as in DeepSpeed (``bias_correction`` is accepted and ignored). Who averages the
     exact phase's gradients and ``group``: as :class:`~oxcomm.optim.OnebitAdam`.

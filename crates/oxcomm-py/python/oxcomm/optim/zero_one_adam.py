@@ -44,6 +44,11 @@ class ZeroOneAdam(OnebitOptimizer):
       ``a`` the parameters at the last sync: ``d ← `` the 1-bit all-reduce of
       ``(p − a)·(√v + eps)``, ``m ← −d/Σlr``, ``p ← a + d/(√v + eps)``, ``a ← p``, ``Σlr ← 0``.
 
+    ``mask_zero_variance`` (default on; DeepSpeed had only the user's ``exp_avg_mask``) zeroes
+    the decompressed gradient or displacement of elements whose variance is exactly 0: they
+    never had a gradient, and 1-bit noise divided by ``eps`` would throw them far. With
+    ``Σlr = 0`` (a learning rate of 0) the momentum becomes 0 (DeepSpeed divided by it: NaN).
+
     DeepSpeed restored ``p`` by adding back a running sum of the local updates, which leaves
     each rank's parameters off by its own rounding after every sync; keeping ``a`` instead
     (the same memory as that sum) gives every rank the same parameters, bit for bit, after each
