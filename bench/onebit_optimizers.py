@@ -11,9 +11,10 @@ reaches and the bytes each rank sends per step, measured on the wire.
    data; every kind of step each optimizer takes (exact, 1-bit, 0/1 Adam's local and sync
    steps) is timed and its traffic counted. The count is the byte counter of the loopback
    interface of a network namespace private to the run (``unshare --net``; each rank gets its
-   own ``OXCOMM_HOST_ID``, so oxcomm links them over TCP, not shared memory), read by rank 0 between barriers around one step; the
-   median over the steps of a kind, minus the median of the same window with no step in it
-   (the barriers), divided by the 2 ranks (their traffic is symmetric). IP and TCP headers
+   own ``OXCOMM_HOST_ID``, so oxcomm links them over TCP, not shared memory), read by rank 0
+   between barriers around one step; the median over the steps of a kind, minus the median of
+   the same window with no step in it (the barriers), divided by the 2 ranks (their traffic is
+   symmetric). IP and TCP headers
    included: these are the bytes a link carries. Target: ≥ 25× fewer per compressed step than
    per exact step.
 
@@ -109,7 +110,8 @@ def loss_part(ex):
         print("# loss on held-out data (examples/deepspeed_train.py's task, 2 ranks, same seed)")
         for label, (loss, steps, ms) in losses.items():
             ref = losses["exact LAMB" if "LAMB" in label else "exact Adam"][0]
-            print(f"  {label:<11} {steps:4d} steps  loss {loss:.5f}  ({loss / ref - 1:+6.1%} vs exact)  {ms:6.2f} ms/step")
+            vs = f"{loss / ref - 1:+6.1%} vs exact"
+            print(f"  {label:<11} {steps:4d} steps  loss {loss:.5f}  ({vs})  {ms:6.2f} ms/step")
 
 
 def lo_tx_bytes():
@@ -159,7 +161,12 @@ def bytes_part(ex, args):
         (
             "0/1 Adam",
             lambda ps: oxcomm.torch.ZeroOneAdam(
-                ps, lr=1e-4, var_freeze_step=warm + 2 * n, var_update_scaler=2, local_step_scaler=n, local_step_clipper=4
+                ps,
+                lr=1e-4,
+                var_freeze_step=warm + 2 * n,
+                var_update_scaler=2,
+                local_step_scaler=n,
+                local_step_clipper=4,
             ),
             False,
         ),
@@ -188,14 +195,16 @@ def bytes_part(ex, args):
         return
     exact = statistics.median(s for s, _ in table["exact Adam"]["exact"]) - empty
     print(
-        f"# bytes each rank sends per step (loopback of a private netns, TCP, {world} ranks): MLP {args.layers} x "
-        f"{args.width} ({params / 1e6:.1f} M params), median of {n} steps of each kind, barriers' {empty / world:.0f} B removed"
+        f"# bytes each rank sends per step (loopback of a private netns, TCP, {world} ranks): MLP "
+        f"{args.layers} x {args.width} ({params / 1e6:.1f} M params), median of {n} steps of each kind, "
+        f"barriers' {empty / world:.0f} B removed"
     )
     for label, kinds in table.items():
         for kind, samples in kinds.items():
             sent = (statistics.median(s for s, _ in samples) - empty) / world
             ms = statistics.median(t for _, t in samples) * 1e3
-            ratio = f"{exact / world / sent:7.1f}x fewer than exact Adam's" if sent > 0 else "          nothing sent        "
+            # under 1 KiB: acknowledgements and timing noise around a step that sends no payload
+            ratio = f"{exact / world / sent:7.1f}x fewer than exact Adam's" if sent >= 1024 else f"{'no payload':^30}"
             print(f"  {label:<11} {kind:<6} {sent:12,.0f} B  {ratio}  ({ms:7.1f} ms/step)")
 
 

@@ -15,8 +15,8 @@ NAMES = ("onebit_adam", "onebit_lamb", "zero_one_adam")
 
 def test_plain_loop_within_2_percent_of_exact_and_ranks_agree():
     """1-bit Adam and 0/1 Adam against DDP + torch.optim.Adam, 1-bit LAMB against exact LAMB
-    (the same optimizer, never frozen), on the GELU MLP of `_optim_ranks.make_model` (200 steps, LAMB 400) from one seed:
-    held-out loss within 2%, and every rank holds the same parameters, bit for bit."""
+    (the same optimizer, never frozen), on the example's GELU MLP (200 steps, LAMB 400) from one
+    seed: held-out loss within 2%, and every rank holds the same parameters, bit for bit."""
     res = _torch_ranks.run(2, "_optim_ranks:case_plain_loop", timeout=120)
     for name, r in res[0].items():
         assert r["params"] == res[1][name]["params"], name

@@ -118,7 +118,8 @@ class Group:
 def error_buffers(numel, size, device):
     """DeepSpeed's zeroed ``(worker_error, server_error)`` for ``numel`` elements."""
     n = padded_len(numel, size)
-    return torch.zeros(n, dtype=torch.float32, device=device), torch.zeros(n // size, dtype=torch.float32, device=device)
+    worker = torch.zeros(n, dtype=torch.float32, device=device)
+    return worker, torch.zeros(n // size, dtype=torch.float32, device=device)
 
 
 class OnebitOptimizer(torch.optim.Optimizer):
@@ -221,9 +222,8 @@ class OnebitOptimizer(torch.optim.Optimizer):
                 if p.grad.is_sparse:
                     raise RuntimeError(self._where(gi, pi, "has a sparse gradient; 1-bit optimizers need dense ones"))
                 if p.dtype != torch.float32 or p.grad.dtype != torch.float32:
-                    raise TypeError(
-                        self._where(gi, pi, f"is {p.dtype} with a {p.grad.dtype} gradient; 1-bit optimizers take float32")
-                    )
+                    what = f"is {p.dtype} with a {p.grad.dtype} gradient; 1-bit optimizers take float32"
+                    raise TypeError(self._where(gi, pi, what))
                 state = self.state[p]
                 if not state:
                     self._init_state(p, state)
@@ -287,10 +287,10 @@ class OnebitOptimizer(torch.optim.Optimizer):
                 for k in ERROR_KEYS:
                     dropped |= st.pop(k, None) is not None
             if dropped or extra is not None:
+                saver = "an unknown rank" if extra is None else f"rank {extra.get('rank')} of {extra.get('size')}"
                 warnings.warn(
-                    f"rank {self.comms.rank}: {self.NAME}: the state dict was saved by rank "
-                    f"{None if extra is None else extra.get('rank')} of {None if extra is None else extra.get('size')}, "
-                    f"this is rank {self.comms.rank} of {self.size}: its 1-bit error buffers start from zero",
+                    f"rank {self.comms.rank}: {self.NAME}: the state dict was saved by {saver}, this is rank "
+                    f"{self.comms.rank} of {self.size}: its 1-bit error buffers start from zero",
                     stacklevel=2,
                 )
         if extra is not None:

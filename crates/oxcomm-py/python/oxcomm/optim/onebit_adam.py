@@ -11,8 +11,6 @@ scales per tensor and peer, where exact Adam sends ``2·(n−1)/n · 4·P`` (32�
 
 from __future__ import annotations
 
-import torch
-
 from ._common import OnebitOptimizer
 
 
