@@ -557,6 +557,21 @@ def case_every_op():
         except (ValueError, TypeError) as e:
             assert needle in str(e), e
     checked.append("errors")
+    # DeepSpeed's coalesced reduce-scatters: device inputs, results on the inputs' device
+    from oxcomm import coalesced
+
+    with dev.use_stream(stream):
+        side = _Side(dev, "wait")
+        values = [_data(torch.float32, 10 + 3 * k, rank, salt=k) * comm.size for k in range(3)]
+        got = coalesced.reduce_scatter_coalesced(comm, [side.t(v) for v in values])
+        want = coalesced.reduce_scatter_coalesced(comm, [v.clone() for v in values])
+        assert all(torch.equal(plain(g), w) for g, w in zip(got, want)), "reduce_scatter_coalesced"
+        try:
+            coalesced.reduce_scatter_coalesced(comm, [side.t(values[0]), values[1]])
+            raise AssertionError("mixed list: no error")
+        except ValueError as e:
+            assert "reduce_scatter_coalesced" in str(e), e
+    checked.append("reduce_scatter_coalesced")
     comm.barrier()
     assert isinstance(oxcomm.Communicator, type)
     return checked

@@ -275,6 +275,13 @@ def case_communicator_ops():
             s, a, [s.t(D(k * 100 + 1, salt=k)) for k in range(4)], lambda x, a: comm.all_reduce_coalesced(x, async_op=a)
         ),
     }
+    from oxcomm import coalesced
+
+    def rs_coalesced(s, a):
+        values = [D(10 + 3 * k, salt=k) * n for k in range(3)]
+        return [o.cpu() for o in coalesced.reduce_scatter_coalesced(comm, [s.t(v) for v in values])]
+
+    ops["reduce_scatter_coalesced"] = rs_coalesced
     checked = []
     for name, fn in ops.items():
         for finish in ("sync", "wait", "synchronize", "future"):
