@@ -176,7 +176,7 @@ class Rank:
             self.sync()
             assert torch.equal(dst, torch.zeros_like(dst)), "IPC copy: wrong bytes"
         dist.barrier(group=self.gloo)  # rank 0 keeps its buffer alive until rank 1 is done
-        del peer
+        peer = None  # rank 1 drops its mapping of rank 0's buffer
         return res
 
 
@@ -198,7 +198,8 @@ def busbw(size, seconds, world):
 def report(rows, args):
     n = args.world
     print(f"# gpu_allreduce: {n} ranks on {args.device}, f32 sum; times in µs (max over ranks), busbw in GB/s")
-    head = ("size", "gloo us", "busbw", "oxcomm us", "busbw", "ox/gloo", "host us", "d2h us", "h2d us", "staged/parts", "#wrong")
+    head = ("size", "gloo us", "busbw", "oxcomm us", "busbw", "ox/gloo")
+    head += ("host us", "d2h us", "h2d us", "staged/parts", "#wrong")
     fmt = "%9s %10s %7s %10s %7s %8s %9s %8s %8s %12s %6s"
     if args.ipc:
         head += ("bcast us", "ipc us", "ipc/bcast")

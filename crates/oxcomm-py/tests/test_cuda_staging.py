@@ -742,7 +742,7 @@ def case_torch_calls():
                 checked.append(f"{name} {finish}")
         # mixed devices in one call: named error
         try:
-            ox._allgather_base(torch.zeros(n), dev.device_tensor(torch.zeros(1)), torch._C._distributed_c10d.AllgatherOptions())
+            ox._allgather_base(torch.zeros(n), dev.device_tensor(torch.zeros(1)), C10D.AllgatherOptions())
             raise AssertionError("mixed devices: no error")
         except ValueError as e:
             assert "all_gather_into_tensor" in str(e), e

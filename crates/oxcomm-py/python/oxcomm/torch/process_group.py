@@ -242,7 +242,8 @@ class _Calls:
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         buf, finish = _contiguous_out(tensors[0], None)
-        return self._run("all_reduce", opts, lambda a: self.comm.all_reduce(buf, op, async_op=a), tensors, finish, device=dev)
+        start = lambda a: self.comm.all_reduce(buf, op, async_op=a)  # noqa: E731
+        return self._run("all_reduce", opts, start, tensors, finish, device=dev)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
@@ -272,7 +273,8 @@ class _Calls:
         dev = _on_device("reduce", t)
         buf, finish = _contiguous_out(t, None)
         root = opts.rootRank
-        return self._run("reduce", opts, lambda a: self.comm.reduce(buf, root, op, async_op=a), tensors, finish, device=dev)
+        start = lambda a: self.comm.reduce(buf, root, op, async_op=a)  # noqa: E731
+        return self._run("reduce", opts, start, tensors, finish, device=dev)
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
@@ -280,7 +282,8 @@ class _Calls:
         dev = _on_device("broadcast", t)
         buf, finish = _contiguous_out(t, None)
         root = opts.rootRank
-        return self._run("broadcast", opts, lambda a: self.comm.broadcast(buf, root, async_op=a), tensors, finish, device=dev)
+        start = lambda a: self.comm.broadcast(buf, root, async_op=a)  # noqa: E731
+        return self._run("broadcast", opts, start, tensors, finish, device=dev)
 
     # ------------------------------------------------------------------ gathers
 
@@ -302,9 +305,8 @@ class _Calls:
                     o.copy_(flat[k * inp.numel() : (k + 1) * inp.numel()].view(o.shape))
 
         src = _flat(inp)
-        return self._run(
-            "all_gather", opts, lambda a: self.comm.all_gather(src, flat, async_op=a), output_tensors, finish, device=dev
-        )
+        start = lambda a: self.comm.all_gather(src, flat, async_op=a)  # noqa: E731
+        return self._run("all_gather", opts, start, output_tensors, finish, device=dev)
 
     def all_gather_single(self, output, input, opts=None):
         opts = opts or _c10d.AllgatherOptions()
@@ -312,9 +314,8 @@ class _Calls:
         src = _flat(input.contiguous())
         out, finish = _contiguous_out(output, None)
         dst = _flat(out)
-        return self._run(
-            "all_gather_into_tensor", opts, lambda a: self.comm.all_gather(src, dst, async_op=a), [output], finish, device=dev
-        )
+        start = lambda a: self.comm.all_gather(src, dst, async_op=a)  # noqa: E731
+        return self._run("all_gather_into_tensor", opts, start, [output], finish, device=dev)
 
     _allgather_base = all_gather_single
 
@@ -371,9 +372,8 @@ class _Calls:
                 flat = torch.cat([_flat(t.contiguous()) for t in ins])
         buf, finish = _contiguous_out(out, None)
         dst = _flat(buf)
-        return self._run(
-            "scatter", opts, lambda a: self.comm.scatter(flat, dst, root, async_op=a), output_tensors, finish, device=dev
-        )
+        start = lambda a: self.comm.scatter(flat, dst, root, async_op=a)  # noqa: E731
+        return self._run("scatter", opts, start, output_tensors, finish, device=dev)
 
     # ------------------------------------------------------------------ reduce-scatter
 
