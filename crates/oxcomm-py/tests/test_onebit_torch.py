@@ -356,3 +356,40 @@ def case_device_path_matches_rust():
 def test_device_path_matches_rust(world):
     stats = _torch_ranks.run(world, "test_onebit_torch:case_device_path_matches_rust", timeout=60)
     assert all(s["errors_bit_equal"] == 2 * s["calls"] > 0 for s in stats), stats
+
+
+def case_new_error_tensors_at_a_freed_address():
+    """New zeroed error tensors that land at the address of freed ones (the allocator reuses
+    it) are new state: the cached Rust state of the freed pair must not be used for them."""
+    import torch.distributed as dist
+
+    import oxcomm.torch  # noqa: F401  (registers "oxcomm")
+    from oxcomm import onebit_torch
+
+    dist.init_process_group("oxcomm")
+    n = dist.get_world_size()
+    cached = onebit_torch.CompressedAllreduce(None)
+    padded = onebit_torch.padded_len(50_000, n)  # errors far larger than anything else allocated
+    w0, s0 = torch.zeros(padded), torch.zeros(padded // n)
+    gen = torch.Generator().manual_seed(7)
+    reused = 0
+    seen = set()
+    for _ in range(12):
+        x = torch.randn(100, generator=gen)
+        w0.zero_()
+        s0.zero_()
+        want = onebit_torch.CompressedAllreduce(None)(x.clone(), w0, s0)
+        we, se = torch.zeros(padded), torch.zeros(padded // n)
+        reused += we.data_ptr() in seen
+        seen.add(we.data_ptr())
+        got = cached(x.clone(), we, se)
+        assert torch.equal(got, want), "a new error pair was given the freed pair's state"
+        del we, se
+    dist.barrier()
+    return reused
+
+
+def test_new_error_tensors_at_a_freed_address_start_from_zero():
+    reused = _torch_ranks.run(2, "test_onebit_torch:case_new_error_tensors_at_a_freed_address", timeout=60)
+    # the allocator did reuse the address, or the case tested nothing
+    assert all(r > 0 for r in reused), reused

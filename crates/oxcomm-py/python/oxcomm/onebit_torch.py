@@ -51,6 +51,7 @@ tensors: the caller does, as in DeepSpeed.
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -221,9 +222,10 @@ class CompressedAllreduce:
         self.group = group
         self._transports = {}
         self._scratch = {}
-        # per (worker_error, server_error) pair on the Rust path: the oxcomm state and the
-        # tensors' versions after we last wrote them, so a state is rebuilt only when the
-        # caller changed them.
+        # per (worker_error, server_error) pair on the Rust path: the oxcomm state, weak
+        # references to the two tensors and their versions after we last wrote them, so a state
+        # is rebuilt when the caller changed them or passes other tensors (a new tensor at a
+        # freed one's address has the same key and version 0: only identity tells them apart).
         self._states = {}
         if isinstance(group, oxcomm.Communicator):
             self._torch_group = None
@@ -345,13 +347,25 @@ class CompressedAllreduce:
         buf = buffer_m.view(-1) if in_place else buffer_m.reshape(-1).clone()
         oxcomm.onebit.all_reduce(self.comm, buf, state)
         state.errors_into(worker_error, server_error)
-        self._states[_key(worker_error, server_error)] = (state, worker_error._version, server_error._version)
+        self._states[_key(worker_error, server_error)] = (
+            state,
+            weakref.ref(worker_error),
+            weakref.ref(server_error),
+            worker_error._version,
+            server_error._version,
+        )
         return buffer_m if in_place else buf.view(shape)
 
     def _state(self, worker_error, server_error):
         key = _key(worker_error, server_error)
         cached = self._states.get(key)
-        if cached is not None and cached[1] == worker_error._version and cached[2] == server_error._version:
+        if (
+            cached is not None
+            and cached[1]() is worker_error
+            and cached[2]() is server_error
+            and cached[3] == worker_error._version
+            and cached[4] == server_error._version
+        ):
             return cached[0]
         return oxcomm.onebit.State.from_errors(worker_error, server_error, self.comm)
 
