@@ -27,14 +27,14 @@ def _device():
     return torch.device(os.environ.get("OXCOMM_TEST_DEVICE", "cuda:0"))
 
 
-def _init():
+def _init(spec="oxcomm"):
     import torch.distributed as dist
 
     import oxcomm.torch  # noqa: F401  (registers "oxcomm")
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    dist.init_process_group("oxcomm")
+    dist.init_process_group(spec)
     return dist
 
 
@@ -323,10 +323,17 @@ def _mlp(seed, device):
 
 def case_ddp():
     """DDP for 10 steps on CUDA through oxcomm and through gloo (CUDA tensors) from the same
-    seed: equal parameters up to summation order, and equal on every rank."""
+    seed: equal parameters up to summation order, and equal on every rank. The default group's
+    spec is ``OXCOMM_TEST_SPEC`` (``"oxcomm"``, or ``"cpu:gloo,cuda:oxcomm"``: CUDA tensors on
+    oxcomm's Backend beside gloo's)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    dist = _init()
+    from oxcomm.torch.process_group import python_backends_supported
+
+    spec = os.environ.get("OXCOMM_TEST_SPEC", "oxcomm")
+    if spec != "oxcomm" and not python_backends_supported():
+        return {"unsupported": torch.__version__}
+    dist = _init(spec)
     gl = dist.new_group(backend="gloo")
     rank = dist.get_rank()
     device = _device()
@@ -367,6 +374,9 @@ def test_communicator_ops_on_cuda_match_cpu(world):
     assert all(r == res[0] for r in res)
 
 
-def test_ddp_on_cuda_matches_gloo():
-    res = _torch_ranks.run(2, "test_cuda_ops:case_ddp", timeout=180, env=RANKS_ENV)
+@pytest.mark.parametrize("spec", ["oxcomm", "cpu:gloo,cuda:oxcomm"])
+def test_ddp_on_cuda_matches_gloo(spec):
+    res = _torch_ranks.run(2, "test_cuda_ops:case_ddp", timeout=180, env=dict(RANKS_ENV, OXCOMM_TEST_SPEC=spec))
+    if "unsupported" in res[0]:
+        pytest.skip(f"torch {res[0]['unsupported']} cannot host a Python backend beside gloo's")
     assert res[0]["max_diff"] < 1e-5
