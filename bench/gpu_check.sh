@@ -101,9 +101,12 @@ bench() { # title, command...
     fi
 }
 
+# Its own --timeout fires first and kills its ranks: timeout(1) would kill only the parent and
+# leave the ranks on the GPU during step 3.
 BENCH_TIMEOUT=${ALLREDUCE_TIMEOUT:-150} bench \
     "2. CUDA all_reduce: oxcomm vs gloo, and vs host all-reduce + two copies; CUDA IPC vs staging (2 ranks, one GPU)" \
-    "$PYTHON" bench/gpu_allreduce.py --device cuda --ipc --maxbytes "${MAX_BYTES:-256M}"
+    "$PYTHON" bench/gpu_allreduce.py --device cuda --ipc --maxbytes "${MAX_BYTES:-256M}" \
+    --timeout $((${ALLREDUCE_TIMEOUT:-150} - 10))
 BENCH_TIMEOUT=${PACK_TIMEOUT:-60} bench "3. 1-bit pack/unpack kernels vs device copy and cupy.packbits" \
     "$PYTHON" bench/gpu_onebit_pack.py --device cuda
 
