@@ -84,8 +84,8 @@ def _step(u_ptr, x_ptr, signs_ptr, row, row_len, signs_stride, n_x, blk, step, l
 def _add_pack_squares_kernel(
     u_ptr, x_ptr, signs_ptr, partial_ptr, exact_ptr, row_len, signs_stride, n_x, n_blocks, BLOCKS: tl.constexpr
 ):
-    row = tl.program_id(0).to(tl.int64)
-    program = tl.program_id(1)
+    row = tl.program_id(1).to(tl.int64)
+    program = tl.program_id(0)
     blk = program.to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     lane = tl.arange(0, 16)
     v0 = _step(u_ptr, x_ptr, signs_ptr, row, row_len, signs_stride, n_x, blk, 0, lane)
@@ -101,7 +101,7 @@ def _add_pack_squares_kernel(
     )
     d0, d1, d2, d3 = v0.to(tl.float64), v1.to(tl.float64), v2.to(tl.float64), v3.to(tl.float64)
     exact = tl.sum(tl.sum(d0 * d0 + d1 * d1 + d2 * d2 + d3 * d3, axis=1), axis=0)
-    tl.store(exact_ptr + row * tl.num_programs(1) + program, exact)
+    tl.store(exact_ptr + row * tl.num_programs(0) + program, exact)
 
 
 @triton.jit
@@ -122,7 +122,9 @@ def add_pack_squares(x, u, signs, partial, exact):
     square into ``exact`` ((rows, programs) float64, see :func:`programs`)."""
     rows, row_len = u.shape
     n_blocks = triton.cdiv(row_len, 64)
-    grid = (rows, programs(row_len))
+    # Programs on the grid's first axis (up to 2^31 - 1); CUDA caps the second at 65535, which one
+    # row of more than 65535 · 64 · SQUARE_BLOCKS elements (128 Mi) would pass.
+    grid = (programs(row_len), rows)
     _add_pack_squares_kernel[grid](
         u, x, signs, partial, exact, row_len, signs.stride(0), x.numel(), n_blocks, BLOCKS=SQUARE_BLOCKS
     )
