@@ -70,11 +70,37 @@ passed=0
 failed=0
 skipped=0
 
+# limited SECONDS COMMAND...: runs COMMAND in its own process group and, past SECONDS, ends the
+# whole group (the ranks a test or benchmark spawned too, which timeout(1) would leave on the
+# GPU), TERM first, KILL 5 s later. Returns COMMAND's status (124 when it was ended).
+limited() {
+    local seconds=$1
+    shift
+    setsid "$@" &
+    local pid=$!
+    (
+        sleep "$seconds"
+        kill -TERM -- "-$pid" 2>/dev/null && echo "(ended after ${seconds}s)" && sleep 5 && kill -KILL -- "-$pid" 2>/dev/null
+    ) &
+    local watchdog=$!
+    wait "$pid"
+    local rc=$?
+    kill "$watchdog" 2>/dev/null
+    wait "$watchdog" 2>/dev/null
+    if kill -0 -- "-$pid" 2>/dev/null; then
+        kill -KILL -- "-$pid" 2>/dev/null
+        rc=124
+    fi
+    return "$rc"
+}
+
 echo
 echo "== 1. CUDA tests (crates/oxcomm-py/tests_cuda)"
 PYTEST_LOG="$SITE/pytest.log"
-timeout "${TESTS_TIMEOUT:-240}" "$PYTHON" -m pytest -q -rs -p no:cacheprovider crates/oxcomm-py/tests_cuda 2>&1 | tee "$PYTEST_LOG"
-rc=${PIPESTATUS[0]}
+limited "${TESTS_TIMEOUT:-240}" "$PYTHON" -m pytest -q -rs -p no:cacheprovider crates/oxcomm-py/tests_cuda \
+    >"$PYTEST_LOG" 2>&1
+rc=$?
+cat "$PYTEST_LOG"
 # pytest's closing line, e.g. "12 passed, 1 failed, 2 skipped in 80.1s". A skip is reported
 # beside the counts with its reason above (-rs): e.g. NCCL refuses two ranks on one GPU.
 count() { grep -oE "[0-9]+ $1" "$PYTEST_LOG" | tail -1 | grep -oE "^[0-9]+" || echo 0; }
@@ -93,7 +119,7 @@ bench() { # title, command...
     shift
     echo
     echo "== $title"
-    if timeout "${BENCH_TIMEOUT:-90}" "$@"; then
+    if limited "${BENCH_TIMEOUT:-90}" "$@"; then
         passed=$((passed + 1))
     else
         echo "(failed or timed out: status $?)"
