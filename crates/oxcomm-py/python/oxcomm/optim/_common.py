@@ -115,6 +115,16 @@ class Group:
         self._compressed = None
 
 
+def check_adam_args(name, lr, betas, amsgrad):
+    """The argument checks the three optimizers share (DeepSpeed's messages)."""
+    if amsgrad:
+        raise RuntimeError(f"{name} does not support the AMSGrad variant")
+    if not 0.0 <= lr:
+        raise ValueError(f"invalid learning rate {lr}")
+    if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+        raise ValueError(f"invalid betas {betas}")
+
+
 def error_buffers(numel, size, device):
     """DeepSpeed's zeroed ``(worker_error, server_error)`` for ``numel`` elements."""
     n = padded_len(numel, size)

@@ -11,7 +11,7 @@ scales per tensor and peer, where exact Adam sends ``2·(n−1)/n · 4·P`` (32�
 
 from __future__ import annotations
 
-from ._common import OnebitOptimizer
+from ._common import OnebitOptimizer, check_adam_args
 
 
 class OnebitAdam(OnebitOptimizer):
@@ -64,12 +64,7 @@ class OnebitAdam(OnebitOptimizer):
         deepspeed=None,
         mask_zero_variance=False,
     ):
-        if amsgrad:
-            raise RuntimeError("1-bit Adam does not support the AMSGrad variant")
-        if not 0.0 <= lr:
-            raise ValueError(f"invalid learning rate {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"invalid betas {betas}")
+        check_adam_args("1-bit Adam", lr, betas, amsgrad)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
         self.freeze_step = int(freeze_step)
         self.frozen = False

@@ -27,7 +27,7 @@ import torch
 
 from oxcomm.onebit_torch import padded_len
 
-from ._common import OnebitOptimizer, error_buffers
+from ._common import OnebitOptimizer, check_adam_args, error_buffers
 
 
 class OnebitLamb(OnebitOptimizer):
@@ -83,12 +83,7 @@ class OnebitLamb(OnebitOptimizer):
         deepspeed=None,
         mask_zero_variance=True,
     ):
-        if amsgrad:
-            raise RuntimeError("1-bit LAMB does not support the AMSGrad variant")
-        if not 0.0 <= lr:
-            raise ValueError(f"invalid learning rate {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"invalid betas {betas}")
+        check_adam_args("1-bit LAMB", lr, betas, amsgrad)
         if not 0.0 < min_coeff <= max_coeff:
             raise ValueError(f"invalid LAMB coefficient bounds min_coeff={min_coeff}, max_coeff={max_coeff}")
         if not 0.0 < factor_min <= factor_max or not 0.0 <= factor_threshold < 1.0:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import ERROR_KEYS, OnebitOptimizer
+from ._common import ERROR_KEYS, OnebitOptimizer, check_adam_args
 
 
 class ZeroOneAdam(OnebitOptimizer):
@@ -77,12 +77,7 @@ class ZeroOneAdam(OnebitOptimizer):
         deepspeed=None,
         mask_zero_variance=True,
     ):
-        if amsgrad:
-            raise RuntimeError("0/1 Adam does not support the AMSGrad variant")
-        if not 0.0 <= lr:
-            raise ValueError(f"invalid learning rate {lr}")
-        if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
-            raise ValueError(f"invalid betas {betas}")
+        check_adam_args("0/1 Adam", lr, betas, amsgrad)
         for name, v in (
             ("var_update_scaler", var_update_scaler),
             ("local_step_scaler", local_step_scaler),
