@@ -1,5 +1,9 @@
 """The c10d process group behind backend ``"oxcomm"``: torch's calls mapped onto a communicator.
 
+One file over the usual ~600 lines because it is one table: every c10d call beside its
+translation (the group class and the c10d ``Backend`` subclass that serves one device of a mixed
+spec share it), which reads best in one place.
+
 This module owns the mapping of torch's c10d calls (their option structs, tensor lists and
 ``Work`` objects) onto an :class:`oxcomm.Communicator`, one communicator per torch process
 group. It does not move bytes, check peers' sizes or name errors: the communicator does, and
