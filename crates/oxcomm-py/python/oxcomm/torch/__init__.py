@@ -40,7 +40,7 @@ import torch.distributed as dist
 import oxcomm
 
 from .process_group import BACKEND, BackendOxcomm, ProcessGroupOxcomm, python_backends_supported
-from .rendezvous import wrap_env_rendezvous
+from .rendezvous import QuietStore, wrap_env_rendezvous
 from .work import _DONE  # noqa: F401  (bench/py_allreduce.py times the bare path with it)
 
 __all__ = ["ProcessGroupOxcomm", "OnebitAdam", "OnebitLamb", "ZeroOneAdam", "communicator", "BACKEND"]
@@ -87,15 +87,16 @@ def _create(dist_opts, backend_options):
     timeout = dist_opts.timeout
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
     global_ranks = list(dist_opts.global_ranks_in_group)
+    store = QuietStore(dist_opts.store)  # set-up's short polls log nothing (see QuietStore)
     comm = None
     if not global_ranks:
-        comm = oxcomm.Communicator.from_store(dist_opts.store, rank, size, timeout=seconds)
+        comm = oxcomm.Communicator.from_store(store, rank, size, timeout=seconds)
         _world_comm = comm
         _finalizer_for(comm)
     elif _world_comm is not None and hasattr(_world_comm, "group") and _world_default_is_oxcomm():
         comm = _world_comm.group(global_ranks)
     if comm is None:
-        comm = oxcomm.Communicator.from_store(dist_opts.store, rank, size, timeout=seconds)
+        comm = oxcomm.Communicator.from_store(store, rank, size, timeout=seconds)
     if comm.rank != rank or comm.size != size:
         raise RuntimeError(
             f"oxcomm: group of global ranks {global_ranks}: torch says rank {rank} of {size}, "
