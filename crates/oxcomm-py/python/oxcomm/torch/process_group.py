@@ -555,6 +555,7 @@ class ProcessGroupOxcomm(_Calls, dist.ProcessGroup):
         self._setup(comm)
         self._group_name = ""
         self._group_desc = "undefined"
+        self._store = None
 
     def getBackendName(self):
         return BACKEND
@@ -587,6 +588,39 @@ class ProcessGroupOxcomm(_Calls, dist.ProcessGroup):
     # monitored_barrier, object collectives); this group is its own CPU backend.
     def _get_backend(self, device=None):
         return self
+
+    # ------------------------------------------------------------------ split_group
+
+    @property
+    def supports_splitting(self):
+        return True
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None, device_types=None):
+        """``torch.distributed.split_group``'s call on the parent: the group of this group's
+        ``ranks`` (their order is the new group's rank order) carved out of this group's links
+        by its members only (:meth:`oxcomm.Communicator.group`); ``None`` on a rank outside.
+        ``timeout``, ``opts`` and ``device_types`` are accepted and unused (the communicator
+        keeps the parent's timeout; the group serves every device)."""
+        ranks = [int(r) for r in ranks]
+        me = self.rank()
+        if me not in ranks:
+            return None
+        comm = self.comm.group(ranks)
+        if comm is None or comm.rank != ranks.index(me) or comm.size != len(ranks):
+            got = None if comm is None else f"rank {comm.rank} of {comm.size}"
+            raise RuntimeError(f"oxcomm: split_group {ranks}: torch says rank {ranks.index(me)}, the communicator {got}")
+        pg = ProcessGroupOxcomm(comm, comm.rank, comm.size)
+        pg.setGroupName(group_name or "")
+        pg.setGroupDesc(group_desc or f"{self._group_desc}:split")
+        pg._store = dist.PrefixStore(f"oxcomm-split/{group_name}/", self.get_group_store())
+        return pg
+
+    def get_group_store(self):
+        """The store torch registers a split group with (a prefix of the parent's); the
+        parent's own otherwise (as c10d keeps it)."""
+        if self._store is not None:
+            return self._store
+        return dist.distributed_c10d._world.pg_map[self][1]
 
     @property
     def _device_types(self):
