@@ -247,6 +247,8 @@ def case_zero():
             model = _model()
             opt = torch.optim.Adam(model.parameters(), lr=1e-2)
             engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+            assert engine.zero_optimization_stage() == stage
+            assert type(engine.optimizer).__name__.startswith("DeepSpeedZeroOptimizer"), type(engine.optimizer)
             for step, (x, y) in enumerate(_batches(rank, 3)):
                 loss = torch.nn.functional.mse_loss(engine(x), y)
                 engine.backward(loss)

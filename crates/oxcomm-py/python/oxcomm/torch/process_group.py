@@ -608,7 +608,9 @@ class ProcessGroupOxcomm(_Calls, dist.ProcessGroup):
         comm = self.comm.group(ranks)
         if comm is None or comm.rank != ranks.index(me) or comm.size != len(ranks):
             got = None if comm is None else f"rank {comm.rank} of {comm.size}"
-            raise RuntimeError(f"oxcomm: split_group {ranks}: torch says rank {ranks.index(me)}, the communicator {got}")
+            raise RuntimeError(
+                f"oxcomm: split_group {ranks}: torch says rank {ranks.index(me)}, the communicator {got}"
+            )
         pg = ProcessGroupOxcomm(comm, comm.rank, comm.size)
         pg.setGroupName(group_name or "")
         pg.setGroupDesc(group_desc or f"{self._group_desc}:split")
