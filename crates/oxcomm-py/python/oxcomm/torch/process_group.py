@@ -15,6 +15,13 @@ What torch can ask for and oxcomm cannot do raises ``NotImplementedError`` namin
 lists whose tensors differ in shape, and multi-tensor (multi-device) variants of the
 single-tensor collectives.
 
+Coalesced calls are one oxcomm op per dtype, not loops: ``allreduce_coalesced`` and
+``allgather_coalesced``/``allgather_into_tensor_coalesced`` run the communicator's coalesced
+all-reduce and all-gather, ``reduce_scatter_tensor_coalesced`` one reduce-scatter of the inputs
+packed rank block by rank block; torch's coalescing region (``_start_coalescing`` /
+``_end_coalescing``, which ``batch_isend_irecv`` opens) holds its isend/irecv back until it
+ends, so they start as one batch.
+
 Ops run in order per group. ``async_op=False`` calls run on the calling thread (the GIL is
 released by oxcomm while they wait); ``async_op=True`` calls return at once and fill the
 caller's tensors in place when they complete. ``Work.get_future()`` (which DDP uses) is
@@ -156,6 +163,53 @@ def _adjacent_base(tensors):
     return first.new_empty((0,)).set_(storage, first.storage_offset(), (n * len(tensors),))
 
 
+def _by_dtype(tensors):
+    """Indices of ``tensors`` grouped by dtype, in order of first appearance (one native
+    coalesced op moves one dtype)."""
+    groups = {}
+    for k, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(k)
+    return list(groups.values())
+
+
+def _last(works, asynchronous):
+    """The native Work of a call made of several native ops (one per dtype): the one op's
+    own, or one that waits for each (raising the first error)."""
+    if not asynchronous:
+        return None
+    return works[0] if len(works) == 1 else _AllNative(works)
+
+
+class _AllNative:
+    """Native-like Work over several native Works (``wait``; ``synchronize`` where they have it)."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self, timeout=None):
+        for w in self.works:
+            w.wait()
+        return True
+
+    def synchronize(self):
+        for w in self.works:
+            getattr(w, "synchronize", w.wait)()
+
+
+class _AllOf:
+    """A native-like Work over the futures of a coalescing region's ops: ``wait`` returns when
+    all are done and raises the first one's error (the waiter completes them in order, so by
+    the time it waits on this they are done)."""
+
+    def __init__(self, futures):
+        self.futures = futures
+
+    def wait(self, timeout=None):
+        for f in self.futures:
+            f.wait()
+        return True
+
+
 def _same_shape(tensors, call):
     shape = tensors[0].shape
     if any(t.shape != shape or t.dtype != tensors[0].dtype for t in tensors):
@@ -173,6 +227,9 @@ class _Calls:
         self.comm = comm
         self._native = comm._c
         self._waiter = _Waiter()
+        # The coalescing region torch opened (``_start_coalescing``): None outside one, else
+        # (every op issued in it, the point-to-point ops not yet handed to the waiter).
+        self._region = None
 
     @property
     def supports_splitting(self):
@@ -180,7 +237,9 @@ class _Calls:
 
     @property
     def supports_coalescing(self):
-        return False
+        # torch opens coalescing regions on the group itself (a ProcessGroup subclass); the
+        # c10d Backend subclass of a mixed spec is reached through torch's C++ group instead.
+        return isinstance(self, dist.ProcessGroup)
 
     def _run(self, op, opts, start, result, finish=None, device=False):
         """Issue the oxcomm op ``start(async_op)`` and return torch's Work for it.
@@ -204,7 +263,7 @@ class _Calls:
             with _staging.then(finish):
                 native = start(True)
             fut = torch.futures.Future()
-            self._waiter.submit(_Op(native, result, None, fut, op))
+            self._submit(_Op(native, result, None, fut, op))
             work = _Work(result, fut, native)
             if not asynchronous:
                 work.wait()
@@ -221,7 +280,7 @@ class _Calls:
                 finish()
             return _done(result)
         fut = torch.futures.Future()
-        self._waiter.submit(_Op(native, result, finish, fut, op))
+        self._submit(_Op(native, result, finish, fut, op))
         work = _Work(result, fut)
         if not asynchronous:
             work.wait()
@@ -258,14 +317,13 @@ class _Calls:
         for t in tensors:
             b, finish = _contiguous_out(t, finish)
             bufs.append(b)
-        return self._run(
-            "all_reduce_coalesced",
-            opts,
-            lambda a: self.comm.all_reduce_coalesced(bufs, op, async_op=a),
-            tensors,
-            finish,
-            device=dev,
-        )
+        groups = _by_dtype(bufs)
+
+        def start(a):
+            works = [self.comm.all_reduce_coalesced([bufs[k] for k in idx], op, async_op=a) for idx in groups]
+            return _last(works, a)
+
+        return self._run("all_reduce_coalesced", opts, start, tensors, finish, device=dev)
 
     def allreduce_sparse(self, tensors, opts=None):
         raise NotImplementedError("oxcomm: all_reduce of sparse tensors is not supported")
@@ -324,14 +382,74 @@ class _Calls:
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return works[-1] if works else _done([])
+        """``all_gather_into_tensor`` of each input into the matching output, as one
+        ``all_gather_coalesced`` per dtype."""
+        opts = opts or _c10d.AllgatherOptions()
+        call = "all_gather_into_tensor_coalesced"
+        if len(outputs) != len(inputs):
+            raise ValueError(f"oxcomm: {call}: {len(outputs)} outputs for {len(inputs)} inputs")
+        dev = _on_device(call, *outputs, *inputs)
+        ins, outs, finish = [], [], None
+        for o, i in zip(outputs, inputs):
+            if o.numel() != i.numel() * self.size():
+                raise ValueError(
+                    f"oxcomm: {call}: an output of {o.numel()} elements for an input of {i.numel()} "
+                    f"in a group of {self.size()}"
+                )
+            buf, finish = _contiguous_out(o, finish)
+            ins.append(_flat(i.contiguous()))
+            outs.append(_flat(buf))
+        return self._gather_coalesced(call, opts, ins, outs, list(outputs), finish, dev)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def allgather_coalesced(self, output_lists, inputs, opts=None):
-        works = [self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs)]
-        return works[-1] if works else _done([])
+        """``all_gather_coalesced``: ``output_lists[r][j]`` gets rank r's ``inputs[j]``; one
+        ``all_gather_coalesced`` per dtype, into each tensor's outputs in place when they lie
+        back to back in one storage, else into scratch copied out."""
+        opts = opts or _c10d.AllgatherOptions()
+        call = "all_gather_coalesced"
+        n = self.size()
+        if len(output_lists) != n or any(len(o) != len(inputs) for o in output_lists):
+            raise ValueError(
+                f"oxcomm: {call}: outputs must be {n} lists (one per rank) of {len(inputs)} tensors, got "
+                f"{[len(o) for o in output_lists]}"
+            )
+        dev = _on_device(call, *inputs, *(t for o in output_lists for t in o))
+        ins, outs, copies = [], [], []
+        for j, i in enumerate(inputs):
+            per_rank = [output_lists[r][j] for r in range(n)]
+            if any(t.numel() != i.numel() or t.dtype != i.dtype for t in per_rank):
+                raise NotImplementedError(f"oxcomm: {call}: outputs[r][{j}] differ from inputs[{j}] in size or dtype")
+            flat = _adjacent_base(per_rank)
+            if flat is None:
+                flat = i.new_empty((i.numel() * n,))
+                copies.append((flat, per_rank))
+            ins.append(_flat(i.contiguous()))
+            outs.append(flat)
+        finish = None
+        if copies:
+
+            def finish():
+                for flat, per_rank in copies:
+                    for k, o in enumerate(flat.chunk(n) if flat.numel() else [flat] * n):
+                        per_rank[k].copy_(o.view(per_rank[k].shape))
+
+        return self._gather_coalesced(call, opts, ins, outs, list(output_lists), finish, dev)
+
+    def _gather_coalesced(self, call, opts, ins, outs, result, finish, dev):
+        """One native ``all_gather_coalesced`` per dtype among ``ins`` (flat inputs) into
+        ``outs`` (flat outputs, size × input each)."""
+        groups = _by_dtype(ins)
+
+        def start(a):
+            works = [
+                self.comm.all_gather_coalesced([ins[k] for k in idx], [outs[k] for k in idx], async_op=a)
+                for idx in groups
+            ]
+            return _last(works, a)
+
+        return self._run(call, opts, start, result, finish, device=dev)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.GatherOptions()
@@ -423,8 +541,43 @@ class _Calls:
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
-        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
-        return works[-1] if works else _done([])
+        """``reduce_scatter_tensor`` of each input into the matching output, as one native
+        reduce-scatter per dtype: the inputs are packed rank block by rank block (block r of
+        the packed buffer is block r of every input, back to back), so rank r's block of the
+        reduction holds its block of every input's reduction, copied out into the outputs.
+        (oxcomm has no coalesced reduce-scatter with a reduce op for Python yet; the pack costs
+        one copy of the inputs and of the outputs.)"""
+        opts = opts or dist.ReduceScatterOptions()
+        call = "reduce_scatter_tensor_coalesced"
+        op = _reduce_op(opts.reduceOp, call)
+        n = self.size()
+        if len(outputs) != len(inputs):
+            raise ValueError(f"oxcomm: {call}: {len(outputs)} outputs for {len(inputs)} inputs")
+        dev = _on_device(call, *outputs, *inputs)
+        for o, i in zip(outputs, inputs):
+            if i.numel() != o.numel() * n:
+                raise ValueError(
+                    f"oxcomm: {call}: an input of {i.numel()} elements for an output of {o.numel()} "
+                    f"in a group of {n}"
+                )
+        packs = []
+        for idx in _by_dtype(inputs):
+            src = torch.cat([inputs[k].contiguous().view(n, -1) for k in idx], dim=1).view(-1)
+            packs.append((idx, src, src.new_empty((src.numel() // n,))))
+
+        def start(a):
+            works = [self.comm.reduce_scatter(src, dst, op, async_op=a) for _, src, dst in packs]
+            return _last(works, a)
+
+        def finish():
+            for idx, _, dst in packs:
+                at = 0
+                for k in idx:
+                    m = outputs[k].numel()
+                    outputs[k].copy_(dst[at : at + m].view(outputs[k].shape))
+                    at += m
+
+        return self._run(call, opts, start, list(outputs), finish, device=dev)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -529,11 +682,61 @@ class _Calls:
         else:
             native = start()
         fut = torch.futures.Future()
-        self._waiter.submit(_Op(native, result, finish, fut, name))
+        self._submit(_Op(native, result, finish, fut, name), batch=True)
         return _Work(result, fut, native if device else None)
 
     def recv_anysource(self, tensors, tag=0):
-        raise NotImplementedError("oxcomm: recv from any source (src=None) is not supported; name the source rank")
+        # (waits for the communicator's receive from any source, another issue's)
+        raise NotImplementedError(
+            "oxcomm: recv_anysource (recv/irecv with src=None) is unsupported: oxcomm cannot yet "
+            "receive from any source; name the source rank"
+        )
+
+    # ------------------------------------------------------------------ coalescing
+
+    def _submit(self, op, batch=False):
+        """Hand ``op`` to the waiter, or, in a coalescing region, keep a point-to-point op
+        (``batch``) back until the region ends: the waiter's first wait starts the pending
+        isend/irecv as one native batch, so they must all be issued before it."""
+        region = self._region
+        if region is None:
+            self._waiter.submit(op)
+            return
+        ops, held = region
+        ops.append(op)
+        if batch:
+            held.append(op)
+            return
+        self._release(held)
+        self._waiter.submit(op)
+
+    def _release(self, held):
+        for op in held:
+            self._waiter.submit(op)
+        held.clear()
+
+    def _start_coalescing(self, device=None):
+        """torch's ``_coalescing_manager`` (and ``batch_isend_irecv``) opens a region: the
+        isend/irecv issued in it run as one oxcomm batch; its all_reduce,
+        all_gather_into_tensor and reduce_scatter_tensor calls reach this group as one
+        ``*_coalesced`` call (torch gathers them)."""
+        if self._region is not None:
+            raise RuntimeError("oxcomm: _start_coalescing: a coalescing region is already open on this group")
+        self._region = ([], [])
+
+    def _end_coalescing(self, device=None):
+        """Close the region: its held point-to-point ops start (one batch) and the Work
+        returned completes when every op of the region has (torch keeps only this Work)."""
+        region, self._region = self._region, None
+        if region is None:
+            raise RuntimeError("oxcomm: _end_coalescing without _start_coalescing")
+        ops, held = region
+        self._release(held)
+        if not ops:
+            return _done([])
+        fut = torch.futures.Future()
+        self._waiter.submit(_Op(_AllOf([o.future for o in ops]), [], None, fut, "coalesced"))
+        return _Work([], fut)
 
     recvAnysource = recv_anysource
 
