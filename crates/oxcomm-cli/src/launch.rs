@@ -290,13 +290,12 @@ pub fn run(args: LaunchArgs) -> anyhow::Result<i32> {
     execute(&plan)
 }
 
-/// Runs this executable (`std::env::current_exe()`) with `args` as `n` local ranks, with the
+/// Runs this command again ([`crate::self_command`]) with `args` as `n` local ranks, with the
 /// same environment, output handling, signals and failure handling as `oxcomm launch -n n`
 /// (a fresh token and store on 127.0.0.1). Returns the launcher's exit status (see [`run`]).
 /// Used by `oxcomm bench` to start itself.
 pub fn launch_self(n: usize, args: Vec<String>, prefix: bool) -> anyhow::Result<i32> {
-    let exe = std::env::current_exe().context("cannot find the path of this executable")?;
-    let mut command = vec![exe.into_os_string()];
+    let mut command = crate::self_command()?;
     command.extend(args.into_iter().map(OsString::from));
     let args = LaunchArgs {
         nproc_per_node: n,

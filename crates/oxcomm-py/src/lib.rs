@@ -4,6 +4,7 @@
 //! exception classes.
 
 mod buffer;
+mod cli;
 mod comm;
 mod compressed;
 mod errors;
@@ -44,6 +45,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<compressed::PyOneBitAdam>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(generate_token, m)?)?;
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(compressed::onebit_all_reduce, m)?)?;
     m.add_function(wrap_pyfunction!(compressed::reduce_scatter_coalesced, m)?)?;
     m.add_function(wrap_pyfunction!(compressed::all_to_all_quant_reduce, m)?)?;
