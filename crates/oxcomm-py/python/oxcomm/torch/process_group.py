@@ -44,6 +44,7 @@ as torch treats a returned ``ProcessGroup`` as the whole group and would route e
 from __future__ import annotations
 
 import math
+import re
 import sys
 from datetime import timedelta
 
@@ -208,6 +209,12 @@ class _AllOf:
         for f in self.futures:
             f.wait()
         return True
+
+
+def _late_ranks(message):
+    """The ranks a monitored barrier's timeout names ("rank(s) 1, 3 did not join"), or []."""
+    found = re.search(r"rank\(s\) ([0-9, ]+) did not join", message)
+    return [int(r) for r in found.group(1).replace(" ", "").split(",") if r] if found else []
 
 
 def _same_shape(tensors, call):
@@ -652,7 +659,20 @@ class _Calls:
         if isinstance(opts, timedelta):
             timeout = opts.total_seconds()
         self._drain()
-        self.comm.monitored_barrier(timeout if timeout is not None else 1800.0)
+        seconds = timeout if timeout is not None else 1800.0
+        if seconds <= 0:
+            # gloo's words (torch's tests and users match them), oxcomm's error type
+            raise oxcomm.TimeoutError(
+                f"Rank {self.rank()} timed out in monitoredBarrier after 0 ms (oxcomm: the timeout was 0)"
+            )
+        try:
+            self.comm.monitored_barrier(seconds)
+        except oxcomm.TimeoutError as e:
+            late = _late_ranks(str(e))
+            if not late:
+                raise
+            who = f"Ranks {', '.join(map(str, late))}" if wait_all_ranks and len(late) > 1 else f"Rank {late[0]}"
+            raise type(e)(f"{who} failed to pass monitoredBarrier in {seconds * 1000:.0f} ms ({e})") from e
 
     def _drain(self):
         """Wait until this group's async ops are done (before an op that has no async form)."""
