@@ -10,7 +10,7 @@
 //! # Re-running itself
 //!
 //! `oxcomm bench` and `oxcomm check` start their ranks by running this command again with
-//! other arguments. [`self_command`] is the one place that says how: the running executable,
+//! other arguments. `self_command` is the one place that says how: the running executable,
 //! or the prefix a caller such as the Python entry point (`python -m oxcomm`) gave [`run_as`].
 //! It does not handle signals itself: `launch` installs its handlers while it runs, and the
 //! caller decides what happens to signals before and after.
