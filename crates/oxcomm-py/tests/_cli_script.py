@@ -1,24 +1,37 @@
 """The installed ``oxcomm`` script (the wheel's ``[project.scripts]`` entry) for the tests that
-run the command: where it is, and running it with a deadline, its whole process group killed
-if the deadline passes (so no rank it started outlives the test)."""
+run the command: where it is, and running it with a deadline, its process group killed if the
+deadline passes (the ranks of a ``launch``, each in its own group, then get SIGTERM from the
+launcher's death signal)."""
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import sysconfig
 
 
 def path():
-    """The ``oxcomm`` script of this interpreter's environment; fails (not skips) when the
-    package is not installed, since CI must not pass without the launcher."""
-    script = os.path.join(sysconfig.get_path("scripts"), "oxcomm")
-    if not os.path.exists(script):
-        raise AssertionError(f"no oxcomm script at {script}: install the package (pip install ./crates/oxcomm-py)")
+    """The ``oxcomm`` script of this interpreter's environment (its scripts folder, else the
+    folder of ``sys.executable``, else the PATH); fails (not skips) when there is none, since
+    CI must not pass without the launcher."""
+    candidates = [
+        os.path.join(sysconfig.get_path("scripts"), "oxcomm"),
+        os.path.join(os.path.dirname(sys.executable), "oxcomm"),
+        shutil.which("oxcomm"),
+    ]
+    for script in filter(None, candidates):
+        if os.path.isfile(script) and _is_python_script(script):
+            return script
+    raise AssertionError(f"no oxcomm script among {candidates}: install the package (pip install ./crates/oxcomm-py)")
+
+
+def _is_python_script(script):
+    """Whether ``script`` is a pip-made entry point (a cargo-built binary of the same name, or
+    pyenv's shell shim, is not the wheel's script)."""
     with open(script, "rb") as f:
-        head = f.read(128)
-    # A cargo-built binary of the same name would not be the wheel's entry point.
-    assert head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0], f"{script} is not a Python script"
-    return script
+        first = f.readline(512)
+    return first.startswith(b"#!") and b"python" in first
 
 
 def start(args, **kw):
