@@ -113,8 +113,8 @@ pub struct LinkStats {
 /// other path hands one to [`Ctx`] ([`Ctx::watch`]), and [`Ctx::watched`] uses it. The engine
 /// knows only this trait, not what is behind it.
 pub(crate) trait PeerWatch {
-    /// Tells the peers that this rank (`rank`, in the world group) runs `fp` over the links.
-    fn announce(&self, rank: usize, fp: &Fingerprint);
+    /// Tells the peers that this rank runs `fp` over the links.
+    fn announce(&self, fp: &Fingerprint);
     /// `Err` (naming the peer) if a peer runs `fp`'s sequence number another way, which this
     /// rank will never meet. Called only when the op would sleep, so it may read shared memory.
     fn check(&self, rank: usize, fp: &Fingerprint) -> Result<()>;
@@ -388,7 +388,7 @@ impl<'c> Ctx<'c> {
     /// deadline. Without a watch (no other path, sub-views) it is just `f`.
     pub fn watched<R>(&mut self, fp: &Fingerprint, f: impl FnOnce(&mut Ctx<'_>) -> Result<R>) -> Result<R> {
         let Some(watch) = self.watch else { return f(self) };
-        watch.announce(self.rank, fp);
+        watch.announce(fp);
         let before = self.watching.replace(*fp);
         let r = f(self);
         self.watching = before;

@@ -143,7 +143,8 @@ macro_rules! backend_ops {
         $vis:vis trait $Trait:ident {
             $(
                 $(#[$attr:meta])*
-                fn $name:ident $(< $($lt:lifetime,)? $T:ident: Element >)? (&self $(, $arg:ident: $ty:ty)* $(,)?) $(-> $ret:ty)?;
+                fn $name:ident $(< $($lt:lifetime,)? $T:ident: Element >)?
+                    (&self $(, $arg:ident: $ty:ty)* $(,)?) $(-> $ret:ty)?;
             )*
         }
     ) => {

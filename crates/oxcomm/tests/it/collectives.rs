@@ -754,14 +754,13 @@ fn avg_is_finished_once_by_every_reduction() {
         comm.all_reduce(&mut buf, avg)?;
         assert_eq!(buf, vec![10; 6]);
         let mut out = vec![0; 6];
-        comm.all_reduce_into(&vec![mine as f32; 6], &mut vec![0.0; 6], avg)?;
-        comm.all_reduce_into(&vec![mine; 6], &mut out, avg)?;
+        comm.all_reduce_into(&[mine; 6], &mut out, avg)?;
         assert_eq!(out, vec![10; 6]);
         let mut buf = vec![mine; 3];
         comm.reduce(&mut buf, 1, avg)?;
         assert_eq!(buf, vec![if me == 1 { 10 } else { mine }; 3]);
         let mut root_out = vec![0; 3];
-        comm.reduce_into(&vec![mine; 3], (me == 2).then_some(&mut root_out[..]), 2, avg)?;
+        comm.reduce_into(&[mine; 3], (me == 2).then_some(&mut root_out[..]), 2, avg)?;
         assert_eq!(root_out, vec![if me == 2 { 10 } else { 0 }; 3]);
         let mut block = vec![0; 2];
         comm.reduce_scatter(&vec![mine; 2 * n], &mut block, avg)?;

@@ -34,7 +34,8 @@
 //! communicator; every rank moves each of them by the same amount in every op.
 //!
 //! **Meeting the other ops.** A world op that does not take the direct path (it agrees over
-//! the links first, [`Ctx::watched`] with this module's [`PeerWatch`]) announces its fingerprint in this rank's workspace; a
+//! the links first, inside [`Ctx::watched`], with the workspaces as the engine's [`PeerWatch`])
+//! announces its fingerprint in this rank's workspace; a
 //! rank arriving at a direct op at the same sequence number sees that announcement where it
 //! waits for the peer's stamp, and the announcing rank, whenever it would sleep, looks for a
 //! peer's slot header carrying its sequence number. Either way both fail at once with
@@ -325,7 +326,7 @@ fn path_mismatch(r: usize, theirs: &[u8], mine: &Fingerprint, their_path: &str, 
 /// [`PeerWatch`], and [`Ctx::watched`] announces the op and runs [`no_direct_peer`] whenever
 /// it would sleep.
 impl PeerWatch for ShmDirect {
-    fn announce(&self, _rank: usize, fp: &Fingerprint) {
+    fn announce(&self, fp: &Fingerprint) {
         ShmDirect::announce(self, announce_tag(fp.seq), &fp.encode());
     }
 
