@@ -16,9 +16,8 @@ use std::time::{Duration, Instant};
 use crate::dtype::Element;
 use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::{self, ReduceOp};
-#[cfg(target_os = "linux")]
-use crate::transport::shm::workspace::ShmDirect;
 use crate::transport::{Doorbell, Link};
+use crate::wire::Fingerprint;
 
 /// How often a waiting rank asks its stalled links whether their peer is still alive.
 const PEER_CHECK_INTERVAL: Duration = Duration::from_millis(50);
@@ -109,15 +108,16 @@ pub struct LinkStats {
     pub bytes_read_directly: u64,
 }
 
-/// A check [`Ctx`] runs whenever the op would sleep: `check(shm, rank, &fp)` fails when a peer
-/// runs something this op will never meet (see [`Ctx::watch`]).
-#[derive(Clone, Copy)]
-pub(crate) struct Watch {
-    /// The op being watched.
-    pub fp: crate::wire::Fingerprint,
-    /// The check, given the workspaces and this rank.
-    #[cfg(target_os = "linux")]
-    pub check: fn(&ShmDirect, usize, &crate::wire::Fingerprint) -> Result<()>,
+/// How an op that talks over links meets ranks that may run the same op another way (the
+/// direct shared-memory path, where ranks never touch the links): the backend that owns that
+/// other path hands one to [`Ctx`] ([`Ctx::watch`]), and [`Ctx::watched`] uses it. The engine
+/// knows only this trait, not what is behind it.
+pub(crate) trait PeerWatch {
+    /// Tells the peers that this rank runs `fp` over the links.
+    fn announce(&self, fp: &Fingerprint);
+    /// `Err` (naming the peer) if a peer runs `fp`'s sequence number another way, which this
+    /// rank will never meet. Called only when the op would sleep, so it may read shared memory.
+    fn check(&self, rank: usize, fp: &Fingerprint) -> Result<()>;
 }
 
 /// What an algorithm sees of the communicator while it runs one op.
@@ -140,14 +140,12 @@ pub(crate) struct Ctx<'c> {
     pub max_segment: usize,
     stats: &'c mut LinkStats,
     scratch: &'c mut Vec<u64>,
-    /// The world group's shared-memory workspaces, when ranks may run direct ops beside this
-    /// one (set by the backend that owns them; `None` in sub-views). The engine only hands it
-    /// to [`Ctx::watch`]'s check; the direct algorithms get their view explicitly.
-    #[cfg(target_os = "linux")]
-    pub shm: Option<&'c ShmDirect>,
-    /// While set, whenever the rank would sleep it runs this check on [`Ctx::shm`] (set by
-    /// the algorithm of a world-group op that talks over links while peers may run direct ops).
-    pub watch: Option<Watch>,
+    /// How to meet ranks that may run this op another way, when they may (set by the backend
+    /// that owns the other path; `None` in sub-views). Only [`Ctx::watched`] uses it.
+    pub watch: Option<&'c dyn PeerWatch>,
+    /// The op [`Ctx::watched`] runs now: while set, whenever the rank would sleep it asks
+    /// [`Ctx::watch`] whether a peer runs this op's sequence number another way.
+    watching: Option<Fingerprint>,
     /// The communicator's abort flag: a wait that sees it set (checked with the peers, every
     /// [`PEER_CHECK_INTERVAL`]) gives up, so `abort()` from another thread (or Ctrl-C in the
     /// Python binding) ends an op that waits for a peer.
@@ -190,9 +188,8 @@ impl<'c> Ctx<'c> {
             max_segment: max_segment.max(64),
             stats,
             scratch,
-            #[cfg(target_os = "linux")]
-            shm: None,
             watch: None,
+            watching: None,
             cancel: None,
         }
     }
@@ -215,9 +212,8 @@ impl<'c> Ctx<'c> {
             max_segment: self.max_segment,
             stats: &mut *self.stats,
             scratch: &mut *self.scratch,
-            #[cfg(target_os = "linux")]
-            shm: None,
             watch: None,
+            watching: None,
             cancel: self.cancel,
         }
     }
@@ -385,12 +381,27 @@ impl<'c> Ctx<'c> {
         }
     }
 
-    /// Fails with [`ErrorKind::Mismatch`] if [`Ctx::watch`] is set and a peer runs a direct
-    /// op at its sequence number (it would never send what this rank waits for).
+    /// Runs `f`, an op `fp` of this rank that talks over links (agreement first), beside ranks
+    /// that may run it another way ([`Ctx::watch`]): announces `fp` to them and, whenever `f`
+    /// would sleep, checks that no peer runs `fp`'s sequence number that other way, so both
+    /// sides fail at once with a mismatch instead of waiting for each other until the
+    /// deadline. Without a watch (no other path, sub-views) it is just `f`.
+    pub fn watched<R>(&mut self, fp: &Fingerprint, f: impl FnOnce(&mut Ctx<'_>) -> Result<R>) -> Result<R> {
+        let Some(watch) = self.watch else { return f(self) };
+        watch.announce(fp);
+        let before = self.watching.replace(*fp);
+        let r = f(self);
+        self.watching = before;
+        // A peer that saw the mismatch first may have closed its links: name the op it runs
+        // rather than report its close.
+        r.map_err(|e| watch.check(self.rank, fp).err().unwrap_or(e))
+    }
+
+    /// Fails (a mismatch naming the peer) if [`Ctx::watched`] runs an op and a peer runs its
+    /// sequence number another way (it would never send what this rank waits for).
     fn check_paths(&self) -> Result<()> {
-        #[cfg(target_os = "linux")]
-        if let (Some(w), Some(shm)) = (&self.watch, self.shm) {
-            return (w.check)(shm, self.rank, &w.fp);
+        if let (Some(w), Some(fp)) = (self.watch, &self.watching) {
+            return w.check(self.rank, fp);
         }
         Ok(())
     }

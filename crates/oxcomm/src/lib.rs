@@ -53,6 +53,8 @@
 
 pub mod algorithms;
 pub mod backend;
+mod buffers;
+mod clock;
 pub mod comm;
 pub mod compression;
 mod copy;
@@ -73,6 +75,7 @@ pub mod threads;
 pub mod transport;
 mod unwind;
 pub mod wire;
+mod world;
 
 pub use algorithms::Algorithm;
 pub use comm::{CommConfig, Communicator, OpOptions, OwnedBuf, Work};

@@ -13,10 +13,8 @@ use crate::wire::{Fingerprint, FP_BYTES};
 
 /// Runs the dissemination barrier for `mine`.
 pub(crate) fn dissemination(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
-    #[cfg(target_os = "linux")]
-    let r = super::shm_direct::beside_direct(ctx, mine, |ctx| rounds(ctx, mine));
-    #[cfg(not(target_os = "linux"))]
-    let r = rounds(ctx, mine);
+    // It talks over links, so it meets ranks that may run the op another way (module docs).
+    let r = ctx.watched(mine, |ctx| rounds(ctx, mine));
     r.map_err(|e| ctx.blame_the_dead(e))
 }
 

@@ -1,15 +1,20 @@
 //! Which algorithm function runs an op, once [`super::plan`] has chosen the [`Algorithm`]:
 //! the one `match` per op between the communicator's op surface and the algorithm files.
 //!
-//! The communicator validates and fingerprints an op, asks `plan` for an algorithm, and runs
-//! the function here for that op inside its turn. Algorithms that need more than the links
-//! get it explicitly: the host layout (hierarchical) and the direct shared-memory view, which
-//! the backend that owns the workspaces hands in (`None` where there is none).
+//! The flow: the communicator validates and fingerprints an op and asks its backend for a
+//! route; the native backend ([`crate::backend`]'s `native.rs`) has [`super::plan`] choose the
+//! algorithm. In the op's turn the native backend builds the engine's `Ctx`, runs the
+//! agreement phase when [`agrees`] says so, and calls the function here for the op. Algorithms
+//! that need more than the links get it explicitly: the host layout (hierarchical) and the
+//! direct shared-memory view, which the backend that owns the workspaces hands in (`None`
+//! where there is none). Reductions take the combiner (never `Avg`) and return the buffer
+//! that holds the result, where the communicator finishes `Avg`.
 
 use std::ops::Range;
 
 use super::hierarchical::HostLayout;
-use super::{Algorithm, ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
+use super::Algorithm;
+use crate::buffers::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::dtype::Element;
 use crate::engine::Ctx;
 use crate::error::{Error, Result};
@@ -36,8 +41,8 @@ pub(crate) type Direct<'v> = super::shm_direct::Direct<'v>;
 #[cfg(not(target_os = "linux"))]
 pub(crate) type Direct<'v> = std::marker::PhantomData<&'v ()>;
 
-/// All-reduce with `algo` (`op` is the combiner: `Avg` is finished by the caller on the
-/// returned buffer, which holds the result).
+/// All-reduce with `algo` (`op` is the combiner: `Avg` is finished by the communicator on
+/// the returned buffer, which holds the result).
 pub(crate) fn all_reduce<'b, T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,

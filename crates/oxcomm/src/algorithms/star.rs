@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{GatherBuffers, ScatterBuffers};
+use crate::buffers::{GatherBuffers, ScatterBuffers};
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::{Ctx, Xfer};
 use crate::error::{Error, ErrorKind, Result};
@@ -108,16 +108,14 @@ pub(crate) fn decode_missing(raw: &[u8], n: usize, me: usize) -> Result<Vec<usiz
     Ok(out)
 }
 
-/// Checks that every rank of the group is running `mine`; see the module docs. On shared
-/// memory it also meets ranks that run a direct op at this sequence number instead.
+/// Checks that every rank of the group is running `mine`; see the module docs. Where ranks may
+/// run the op another way (the backend gave the engine a watch), it also meets them
+/// ([`Ctx::watched`]).
 pub(crate) fn agree(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
     if ctx.size == 1 {
         return Ok(());
     }
-    #[cfg(target_os = "linux")]
-    let r = super::shm_direct::beside_direct(ctx, mine, |ctx| agree_over_links(ctx, mine));
-    #[cfg(not(target_os = "linux"))]
-    let r = agree_over_links(ctx, mine);
+    let r = ctx.watched(mine, |ctx| agree_over_links(ctx, mine));
     r.map_err(|e| ctx.blame_the_dead(e))
 }
 

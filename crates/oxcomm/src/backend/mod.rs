@@ -16,7 +16,13 @@
 //!
 //! The `Backend` trait is generic over the element type, so it is not object safe; the
 //! communicator holds an `AnyBackend`, a closed enum that forwards each method to its
-//! variant (static dispatch, one `match` per method in this file, none in the op surface).
+//! variant (static dispatch, no `dyn` on the op path). Each op's signature is written once,
+//! in the `backend_ops!` list below, which generates both the trait and that forwarding: adding
+//! an op is one signature there plus one implementation per backend.
+//!
+//! Reductions reach a backend with their combiner (`Avg` as `Sum`) and hand back the buffer
+//! that holds the result; the communicator divides it for `Avg`, in one place for every
+//! backend ([`crate::reduce::finish_avg`] in `comm/collectives.rs`).
 
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -26,7 +32,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use crate::algorithms::hierarchical::HostLayout;
-use crate::algorithms::{Algorithm, ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
+use crate::algorithms::Algorithm;
+use crate::buffers::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::dtype::Element;
 use crate::engine::LinkStats;
 use crate::error::{Error, ErrorKind, Result};
@@ -125,122 +132,173 @@ pub(crate) struct NewGroup {
     pub key: usize,
 }
 
-/// The ops a backend runs. Arguments are valid when these are called (lengths, roots and
-/// counts checked by the communicator); each runs in its turn, with the fingerprint stamped.
-/// An error aborts the communicator (the communicator then calls [`Backend::close`]).
-pub(crate) trait Backend {
-    /// The transport ops move over.
-    fn transport(&self) -> Transport;
-    /// Picks how `kind` runs in `group` for a buffer of `bytes` (`count` elements), honouring
-    /// `forced` when it applies (an error when it does not).
-    fn route(
-        &self,
-        kind: OpKind,
-        bytes: usize,
-        count: usize,
-        group: &GroupView<'_>,
-        forced: Option<Algorithm>,
-    ) -> Result<Route>;
-    /// Closes every connection after the communicator aborted (`culprit`: the peer to blame
-    /// and why), so that peers notice at once.
-    fn close(&self, culprit: Option<(usize, ErrorKind)>);
-    /// Whether creating a group needs an op of its own on the parent group ([`Backend::new_group`]
-    /// after the members are known); otherwise agreeing on the members is enough.
-    fn group_needs_op(&self) -> bool;
-    /// Whether groups may be made by their members alone, without the other ranks
-    /// ([`crate::Communicator::members_group`]).
-    fn members_groups(&self) -> Result<()>;
+/// Writes the [`Backend`] trait and [`AnyBackend`]'s forwarding impl from one list of
+/// signatures, so that adding an op is one signature here plus one implementation per
+/// backend. A generic method takes at most a lifetime and an element type (`<'b, T: Element>`);
+/// every method takes `&self`. The forwarding is a `match` on the variant: static dispatch,
+/// nothing on the op path that the backends' own methods do not do.
+macro_rules! backend_ops {
+    (
+        $(#[$trait_attr:meta])*
+        $vis:vis trait $Trait:ident {
+            $(
+                $(#[$attr:meta])*
+                fn $name:ident $(< $($lt:lifetime,)? $T:ident: Element >)?
+                    (&self $(, $arg:ident: $ty:ty)* $(,)?) $(-> $ret:ty)?;
+            )*
+        }
+    ) => {
+        $(#[$trait_attr])*
+        $vis trait $Trait {
+            $(
+                $(#[$attr])*
+                fn $name $(< $($lt,)? $T: Element >)? (&self $(, $arg: $ty)*) $(-> $ret)?;
+            )*
+        }
 
-    /// All-reduce of `io` with `op` (finishing `Avg`).
-    fn all_reduce<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        io: ReduceBuffers<'_, T>,
-        op: ReduceOp,
-    ) -> Result<()>;
-    /// Reduce to `root` (finishing `Avg` there): in place, or `input` into the root's
-    /// `output` (empty at the other ranks, whose input is only read).
-    fn reduce<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        io: ReduceBuffers<'_, T>,
-        root: usize,
-        op: ReduceOp,
-    ) -> Result<()>;
-    /// Broadcast of `root`'s `buf`.
-    fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, buf: &mut [T], root: usize) -> Result<()>;
-    /// All-gather of `io` (in place: this rank's block of the buffer is its contribution).
-    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: GatherBuffers<'_, T>) -> Result<()>;
-    /// Reduce-scatter of `io` (in place: the result lands in this rank's block of the buffer),
-    /// finishing `Avg`.
-    fn reduce_scatter<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        io: ScatterBuffers<'_, T>,
-        op: ReduceOp,
-    ) -> Result<()>;
-    /// All-to-all with equal blocks (in place: each block of the buffer is replaced by the
-    /// block from its rank).
-    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: ExchangeBuffers<'_, T>) -> Result<()>;
-    /// All-to-all with per-peer counts (each side's counts add up to its buffer's length).
-    #[allow(clippy::too_many_arguments)]
-    fn all_to_all_v<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        send: &[T],
-        send_counts: &[usize],
-        recv: &mut [T],
-        recv_counts: &[usize],
-    ) -> Result<()>;
-    /// Gather into the root's output: at the root `io` is an all-gather's buffers (in place:
-    /// the root's block of the output is its contribution); elsewhere `Apart` with an empty
-    /// output.
-    fn gather<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        io: GatherBuffers<'_, T>,
-        root: usize,
-    ) -> Result<()>;
-    /// Scatter of the root's input: at the root `io` is a reduce-scatter's buffers (in place:
-    /// the root's block stays where it is in the input); elsewhere `Apart` with an empty input.
-    fn scatter<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        io: ScatterBuffers<'_, T>,
-        root: usize,
-    ) -> Result<()>;
-    /// Barrier.
-    fn barrier(&self, env: &mut OpEnv<'_>, route: Route) -> Result<()>;
-    /// Barrier that gives up after `timeout`, naming the missing ranks where it can.
-    fn monitored_barrier(&self, env: &mut OpEnv<'_>, route: Route, timeout: Duration) -> Result<()>;
-    /// All-reduce of several buffers as one op.
-    fn all_reduce_coalesced<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        bufs: &mut [&mut [T]],
-        op: ReduceOp,
-    ) -> Result<()>;
-    /// All-gather of several buffers as one op.
-    fn all_gather_coalesced<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        inputs: &[&[T]],
-        outputs: &mut [&mut [T]],
-    ) -> Result<()>;
-    /// The group-creating op: agreement on the members, and the backend's own state for the
-    /// new group where it keeps any.
-    fn new_group(&self, env: &mut OpEnv<'_>, route: Route, new: NewGroup) -> Result<()>;
-    /// A batch of point-to-point messages (world ranks), headers before payloads; `env.group`
-    /// is the world.
-    fn p2p(&self, env: &mut OpEnv<'_>, msgs: &mut [P2pMsg]) -> Result<()>;
+        impl $Trait for AnyBackend {
+            $(
+                $(#[$attr])*
+                fn $name $(< $($lt,)? $T: Element >)? (&self $(, $arg: $ty)*) $(-> $ret)? {
+                    match self {
+                        AnyBackend::Native(b) => b.$name($($arg),*),
+                        #[cfg(feature = "mpi")]
+                        AnyBackend::Mpi(b) => b.$name($($arg),*),
+                    }
+                }
+            )*
+        }
+    };
+}
+
+backend_ops! {
+    /// The ops a backend runs. Arguments are valid when these are called (lengths, roots and
+    /// counts checked by the communicator); each runs in its turn, with the fingerprint
+    /// stamped. An error aborts the communicator (the communicator then calls
+    /// [`Backend::close`]). Reductions get the combiner (`Avg` arrives as `Sum`): the
+    /// communicator divides the buffer they return, the same way for every backend.
+    pub(crate) trait Backend {
+        /// The transport ops move over.
+        fn transport(&self) -> Transport;
+        /// Picks how `kind` runs in `group` for a buffer of `bytes` (`count` elements), honouring
+        /// `forced` when it applies (an error when it does not).
+        fn route(
+            &self,
+            kind: OpKind,
+            bytes: usize,
+            count: usize,
+            group: &GroupView<'_>,
+            forced: Option<Algorithm>,
+        ) -> Result<Route>;
+        /// Closes every connection after the communicator aborted (`culprit`: the peer to blame
+        /// and why), so that peers notice at once.
+        fn close(&self, culprit: Option<(usize, ErrorKind)>);
+        /// Whether creating a group needs an op of its own on the parent group ([`Backend::new_group`]
+        /// after the members are known); otherwise agreeing on the members is enough.
+        fn group_needs_op(&self) -> bool;
+        /// Whether groups may be made by their members alone, without the other ranks
+        /// ([`crate::Communicator::members_group`]).
+        fn members_groups(&self) -> Result<()>;
+
+        /// All-reduce of `io` with `op` (a combiner: never `Avg`); returns the buffer that holds
+        /// the result (where the communicator finishes `Avg`).
+        fn all_reduce<'b, T: Element>(
+            &self,
+            env: &mut OpEnv<'_>,
+            route: Route,
+            io: ReduceBuffers<'b, T>,
+            op: ReduceOp,
+        ) -> Result<&'b mut [T]>;
+        /// Reduce to `root` with `op` (a combiner: never `Avg`): in place, or `input` into the
+        /// root's `output` (empty at the other ranks, whose input is only read). Returns the
+        /// root's result buffer (anything at the other ranks, which the communicator leaves alone).
+        fn reduce<'b, T: Element>(
+            &self,
+            env: &mut OpEnv<'_>,
+            route: Route,
+            io: ReduceBuffers<'b, T>,
+            root: usize,
+            op: ReduceOp,
+        ) -> Result<&'b mut [T]>;
+        /// Broadcast of `root`'s `buf`.
+        fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, buf: &mut [T], root: usize) -> Result<()>;
+        /// All-gather of `io` (in place: this rank's block of the buffer is its contribution).
+        fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: GatherBuffers<'_, T>) -> Result<()>;
+        /// Reduce-scatter of `io` with `op` (a combiner: never `Avg`; in place, the result lands
+        /// in this rank's block of the buffer); returns this rank's result block.
+        fn reduce_scatter<'b, T: Element>(
+            &self,
+            env: &mut OpEnv<'_>,
+            route: Route,
+            io: ScatterBuffers<'b, T>,
+            op: ReduceOp,
+        ) -> Result<&'b mut [T]>;
+        /// All-to-all with equal blocks (in place: each block of the buffer is replaced by the
+        /// block from its rank).
+        fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: ExchangeBuffers<'_, T>) -> Result<()>;
+        /// All-to-all with per-peer counts (each side's counts add up to its buffer's length).
+        #[allow(clippy::too_many_arguments)]
+        fn all_to_all_v<T: Element>(
+            &self,
+            env: &mut OpEnv<'_>,
+            route: Route,
+            send: &[T],
+            send_counts: &[usize],
+            recv: &mut [T],
+            recv_counts: &[usize],
+        ) -> Result<()>;
+        /// Gather into the root's output: at the root `io` is an all-gather's buffers (in place:
+        /// the root's block of the output is its contribution); elsewhere `Apart` with an empty
+        /// output.
+        fn gather<T: Element>(
+            &self,
+            env: &mut OpEnv<'_>,
+            route: Route,
+            io: GatherBuffers<'_, T>,
+            root: usize,
+        ) -> Result<()>;
+        /// Scatter of the root's input: at the root `io` is a reduce-scatter's buffers (in place:
+        /// the root's block stays where it is in the input); elsewhere `Apart` with an empty input.
+        fn scatter<T: Element>(
+            &self,
+            env: &mut OpEnv<'_>,
+            route: Route,
+            io: ScatterBuffers<'_, T>,
+            root: usize,
+        ) -> Result<()>;
+        /// Barrier.
+        fn barrier(&self, env: &mut OpEnv<'_>, route: Route) -> Result<()>;
+        /// Barrier that gives up after `timeout`, naming the missing ranks where it can.
+        fn monitored_barrier(&self, env: &mut OpEnv<'_>, route: Route, timeout: Duration) -> Result<()>;
+        /// All-reduce of several buffers as one op, with `op` (a combiner: never `Avg`).
+        fn all_reduce_coalesced<T: Element>(
+            &self,
+            env: &mut OpEnv<'_>,
+            route: Route,
+            bufs: &mut [&mut [T]],
+            op: ReduceOp,
+        ) -> Result<()>;
+        /// All-gather of several buffers as one op.
+        fn all_gather_coalesced<T: Element>(
+            &self,
+            env: &mut OpEnv<'_>,
+            route: Route,
+            inputs: &[&[T]],
+            outputs: &mut [&mut [T]],
+        ) -> Result<()>;
+        /// The group-creating op: agreement on the members, and the backend's own state for the
+        /// new group where it keeps any.
+        fn new_group(&self, env: &mut OpEnv<'_>, route: Route, new: NewGroup) -> Result<()>;
+        /// A batch of point-to-point messages (world ranks), headers before payloads; `env.group`
+        /// is the world.
+        fn p2p(&self, env: &mut OpEnv<'_>, msgs: &mut [P2pMsg]) -> Result<()>;
+    }
+}
+
+/// Every name a [`Route`] can carry (the flight recorder reads its records back with them):
+/// each native algorithm's, and the routes that are not algorithms.
+pub(crate) fn route_names() -> impl Iterator<Item = &'static str> {
+    Algorithm::ALL.into_iter().map(Algorithm::name).chain(["p2p", "mpi"])
 }
 
 /// The buffers of a coalesced op laid end to end, in order.
@@ -283,156 +341,5 @@ pub(crate) enum AnyBackend {
 impl std::fmt::Debug for AnyBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("AnyBackend").field(&self.transport()).finish()
-    }
-}
-
-/// `$call` on whichever backend `$self` holds, bound to `$b`.
-macro_rules! forward {
-    ($self:ident, $b:ident => $call:expr) => {
-        match $self {
-            AnyBackend::Native($b) => $call,
-            #[cfg(feature = "mpi")]
-            AnyBackend::Mpi($b) => $call,
-        }
-    };
-}
-
-impl Backend for AnyBackend {
-    fn transport(&self) -> Transport {
-        forward!(self, b => b.transport())
-    }
-
-    fn route(
-        &self,
-        kind: OpKind,
-        bytes: usize,
-        count: usize,
-        group: &GroupView<'_>,
-        forced: Option<Algorithm>,
-    ) -> Result<Route> {
-        forward!(self, b => b.route(kind, bytes, count, group, forced))
-    }
-
-    fn close(&self, culprit: Option<(usize, ErrorKind)>) {
-        forward!(self, b => b.close(culprit))
-    }
-
-    fn group_needs_op(&self) -> bool {
-        forward!(self, b => b.group_needs_op())
-    }
-
-    fn members_groups(&self) -> Result<()> {
-        forward!(self, b => b.members_groups())
-    }
-
-    fn all_reduce<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        io: ReduceBuffers<'_, T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        forward!(self, b => b.all_reduce(env, route, io, op))
-    }
-
-    fn reduce<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        io: ReduceBuffers<'_, T>,
-        root: usize,
-        op: ReduceOp,
-    ) -> Result<()> {
-        forward!(self, b => b.reduce(env, route, io, root, op))
-    }
-
-    fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, buf: &mut [T], root: usize) -> Result<()> {
-        forward!(self, b => b.broadcast(env, route, buf, root))
-    }
-
-    fn all_gather<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: GatherBuffers<'_, T>) -> Result<()> {
-        forward!(self, b => b.all_gather(env, route, io))
-    }
-
-    fn reduce_scatter<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        io: ScatterBuffers<'_, T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        forward!(self, b => b.reduce_scatter(env, route, io, op))
-    }
-
-    fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: ExchangeBuffers<'_, T>) -> Result<()> {
-        forward!(self, b => b.all_to_all(env, route, io))
-    }
-
-    fn all_to_all_v<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        send: &[T],
-        send_counts: &[usize],
-        recv: &mut [T],
-        recv_counts: &[usize],
-    ) -> Result<()> {
-        forward!(self, b => b.all_to_all_v(env, route, send, send_counts, recv, recv_counts))
-    }
-
-    fn gather<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        io: GatherBuffers<'_, T>,
-        root: usize,
-    ) -> Result<()> {
-        forward!(self, b => b.gather(env, route, io, root))
-    }
-
-    fn scatter<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        io: ScatterBuffers<'_, T>,
-        root: usize,
-    ) -> Result<()> {
-        forward!(self, b => b.scatter(env, route, io, root))
-    }
-
-    fn barrier(&self, env: &mut OpEnv<'_>, route: Route) -> Result<()> {
-        forward!(self, b => b.barrier(env, route))
-    }
-
-    fn monitored_barrier(&self, env: &mut OpEnv<'_>, route: Route, timeout: Duration) -> Result<()> {
-        forward!(self, b => b.monitored_barrier(env, route, timeout))
-    }
-
-    fn all_reduce_coalesced<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        bufs: &mut [&mut [T]],
-        op: ReduceOp,
-    ) -> Result<()> {
-        forward!(self, b => b.all_reduce_coalesced(env, route, bufs, op))
-    }
-
-    fn all_gather_coalesced<T: Element>(
-        &self,
-        env: &mut OpEnv<'_>,
-        route: Route,
-        inputs: &[&[T]],
-        outputs: &mut [&mut [T]],
-    ) -> Result<()> {
-        forward!(self, b => b.all_gather_coalesced(env, route, inputs, outputs))
-    }
-
-    fn new_group(&self, env: &mut OpEnv<'_>, route: Route, new: NewGroup) -> Result<()> {
-        forward!(self, b => b.new_group(env, route, new))
-    }
-
-    fn p2p(&self, env: &mut OpEnv<'_>, msgs: &mut [P2pMsg]) -> Result<()> {
-        forward!(self, b => b.p2p(env, msgs))
     }
 }

@@ -4,21 +4,24 @@
 //! It owns the links, the doorbell they ring, the engine's scratch space and, on one host with
 //! the shm transport, the direct shared-memory workspaces. For each op it builds the engine's
 //! [`Ctx`] over the op's group, runs the agreement phase when the route asks for it, and calls
-//! the algorithm [`crate::algorithms::dispatch`] names. It knows nothing about turns, sequence
-//! numbers or logging.
+//! the algorithm [`crate::algorithms::dispatch`] names. On the shm transport it hands the
+//! engine the direct workspaces as the op's peer watch ([`crate::engine::PeerWatch`]), so that
+//! the link algorithms meet ranks on the direct path without knowing of it. It knows nothing
+//! about turns, sequence numbers, logging or finishing `Avg` (the communicator's).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::{concat, split_back, unpack_gathered, Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route};
 use crate::algorithms::dispatch::Direct;
-use crate::algorithms::{
-    self, dispatch, plan, Algorithm, ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers,
-};
+use crate::algorithms::{self, dispatch, plan, Algorithm};
+use crate::buffers::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::dtype::Element;
+#[cfg(target_os = "linux")]
+use crate::engine::PeerWatch;
 use crate::engine::{Ctx, Xfer};
 use crate::error::{ErrorKind, Result};
-use crate::reduce::{self, ReduceOp};
+use crate::reduce::ReduceOp;
 use crate::transport::{Doorbell, Link, Transport};
 use crate::wire::{OpKind, FP_BYTES};
 
@@ -114,9 +117,11 @@ impl NativeBackend {
             self.direct.as_ref().filter(|_| env.group.id == 0).map(|shm| Direct { shm, state: direct_state });
         #[cfg(not(target_os = "linux"))]
         let mut direct: Option<Direct<'_>> = None;
+        // Ops that talk over links meet ranks that may run them on the direct path instead
+        // (the workspaces are the engine's watch: `Ctx::watched`).
         #[cfg(target_os = "linux")]
         {
-            ctx.shm = direct.as_ref().map(|d| d.shm);
+            ctx.watch = direct.as_ref().map(|d| d.shm as &dyn PeerWatch);
         }
         if route.agree {
             algorithms::star::agree(&mut ctx, env.fp)?;
@@ -164,37 +169,27 @@ impl Backend for NativeBackend {
         Ok(())
     }
 
-    fn all_reduce<T: Element>(
+    fn all_reduce<'b, T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        io: ReduceBuffers<'_, T>,
+        io: ReduceBuffers<'b, T>,
         op: ReduceOp,
-    ) -> Result<()> {
-        let (n, layout, fp) = (env.group.size(), env.group.layout, env.fp);
-        self.run_direct(env, route, |ctx, d| {
-            let buf = dispatch::all_reduce(ctx, algo(route), layout, fp, io, op.combiner(), d)?;
-            reduce::finish_avg(buf, op, n);
-            Ok(())
-        })
+    ) -> Result<&'b mut [T]> {
+        let (layout, fp) = (env.group.layout, env.fp);
+        self.run_direct(env, route, |ctx, d| dispatch::all_reduce(ctx, algo(route), layout, fp, io, op, d))
     }
 
-    fn reduce<T: Element>(
+    fn reduce<'b, T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        io: ReduceBuffers<'_, T>,
+        io: ReduceBuffers<'b, T>,
         root: usize,
         op: ReduceOp,
-    ) -> Result<()> {
-        let (n, me, fp) = (env.group.size(), env.group.rank, env.fp);
-        self.run_direct(env, route, |ctx, d| {
-            let out = dispatch::reduce(ctx, algo(route), fp, io, root, op.combiner(), d)?;
-            if me == root {
-                reduce::finish_avg(out, op, n);
-            }
-            Ok(())
-        })
+    ) -> Result<&'b mut [T]> {
+        let fp = env.fp;
+        self.run_direct(env, route, |ctx, d| dispatch::reduce(ctx, algo(route), fp, io, root, op, d))
     }
 
     fn broadcast<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, buf: &mut [T], root: usize) -> Result<()> {
@@ -207,19 +202,15 @@ impl Backend for NativeBackend {
         self.run_direct(env, route, |ctx, d| dispatch::all_gather(ctx, algo(route), layout, fp, io, d))
     }
 
-    fn reduce_scatter<T: Element>(
+    fn reduce_scatter<'b, T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         route: Route,
-        io: ScatterBuffers<'_, T>,
+        io: ScatterBuffers<'b, T>,
         op: ReduceOp,
-    ) -> Result<()> {
-        let (n, layout, fp) = (env.group.size(), env.group.layout, env.fp);
-        self.run_direct(env, route, |ctx, d| {
-            let out = dispatch::reduce_scatter(ctx, algo(route), layout, fp, io, op.combiner(), d)?;
-            reduce::finish_avg(out, op, n);
-            Ok(())
-        })
+    ) -> Result<&'b mut [T]> {
+        let (layout, fp) = (env.group.layout, env.fp);
+        self.run_direct(env, route, |ctx, d| dispatch::reduce_scatter(ctx, algo(route), layout, fp, io, op, d))
     }
 
     fn all_to_all<T: Element>(&self, env: &mut OpEnv<'_>, route: Route, io: ExchangeBuffers<'_, T>) -> Result<()> {
@@ -284,11 +275,9 @@ impl Backend for NativeBackend {
         bufs: &mut [&mut [T]],
         op: ReduceOp,
     ) -> Result<()> {
-        let n = env.group.size();
         self.run(env, route, |ctx| {
             let mut flat = concat(bufs.iter().map(|b| &**b));
-            dispatch::all_reduce_in_place(ctx, algo(route), &mut flat, op.combiner())?;
-            reduce::finish_avg(&mut flat, op, n);
+            dispatch::all_reduce_in_place(ctx, algo(route), &mut flat, op)?;
             split_back(&flat, bufs);
             Ok(())
         })

@@ -2,12 +2,19 @@
 //! together, in its sync form. Each validates its arguments (nothing is sent for a bad one),
 //! builds its fingerprint, asks the backend for a route and runs the op on the backend in its
 //! turn ([`crate::backend`]).
+//!
+//! `Avg` is finished here, for every backend: a reduction reaches the backend with its
+//! combiner (`op.combiner()`, `Sum` for `Avg`), and the buffer the backend hands back is
+//! divided by the group size ([`reduce::finish_avg`]) inside the op's turn, before the op
+//! counts as done. all_reduce, reduce (at the root), reduce_scatter and all_reduce_coalesced
+//! do this; the composite ops are built on them.
 
 use std::time::Duration;
 
 use super::{Communicator, OpOptions};
-use crate::algorithms::{plan, ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
+use crate::algorithms::plan;
 use crate::backend::{Backend, Route};
+use crate::buffers::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::reduce::{self, ReduceOp};
@@ -97,7 +104,12 @@ impl Communicator {
         }
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
         let route = self.route(&fp, opts, count * std::mem::size_of::<T>(), count)?;
-        self.run_op(fp, opts, route, |b, env| b.all_reduce(env, route, io, op))
+        let n = self.size();
+        self.run_op(fp, opts, route, |b, env| {
+            let out = b.all_reduce(env, route, io, op.combiner())?;
+            reduce::finish_avg(out, op, n);
+            Ok(())
+        })
     }
 
     /// Reduces `buf` across the group into `root`'s `buf`; other ranks' buffers are unchanged.
@@ -176,7 +188,14 @@ impl Communicator {
     ) -> Result<()> {
         let len = io.len();
         let route = self.route(&fp, opts, len * std::mem::size_of::<T>(), len)?;
-        self.run_op(fp, opts, route, |b, env| b.reduce(env, route, io, root, op))
+        let (n, at_root) = (self.size(), self.rank() == root);
+        self.run_op(fp, opts, route, |b, env| {
+            let out = b.reduce(env, route, io, root, op.combiner())?;
+            if at_root {
+                reduce::finish_avg(out, op, n);
+            }
+            Ok(())
+        })
     }
 
     /// Copies `root`'s `buf` into every rank's `buf`.
@@ -345,7 +364,11 @@ impl Communicator {
             return Err(self.arg_error(&fp, msg));
         }
         let route = self.route(&fp, opts, total * std::mem::size_of::<T>(), total)?;
-        self.run_op(fp, opts, route, |b, env| b.reduce_scatter(env, route, io, op))
+        self.run_op(fp, opts, route, |b, env| {
+            let out = b.reduce_scatter(env, route, io, op.combiner())?;
+            reduce::finish_avg(out, op, n);
+            Ok(())
+        })
     }
 
     /// All-to-all with equal blocks: block p of `send` goes to rank p; block p of `recv`
@@ -659,7 +682,12 @@ impl Communicator {
         reduce::check(op, T::DTYPE).map_err(|e| e.with_op(self.describe(&fp)).with_rank(self.core.world_rank))?;
         let opts = OpOptions::default();
         let route = self.route(&fp, &opts, total * T::DTYPE.size(), total)?;
-        self.run_op(fp, &opts, route, |b, env| b.all_reduce_coalesced(env, route, bufs, op))
+        let n = self.size();
+        self.run_op(fp, &opts, route, |b, env| {
+            b.all_reduce_coalesced(env, route, bufs, op.combiner())?;
+            bufs.iter_mut().for_each(|buf| reduce::finish_avg(buf, op, n));
+            Ok(())
+        })
     }
 
     /// All-gathers several buffers as one op: `outputs[i]` (size × `inputs[i].len()`) receives

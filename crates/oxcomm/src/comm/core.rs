@@ -227,7 +227,7 @@ impl Core {
             keep: Mutex::new(Vec::new()),
             logger: CommsLogger::new(config.logger.clone()),
             logging_paused: AtomicBool::new(false),
-            flight: Default::default(),
+            flight: crate::logging::flight::FlightRecorder::with_names(crate::backend::route_names()),
             hosts: vec![0; size],
         }
     }

@@ -27,13 +27,12 @@ use std::sync::Arc;
 
 use self::core::Core;
 use crate::algorithms::hierarchical::HostLayout;
-use crate::backend::native::NativeBackend;
 use crate::backend::{AnyBackend, Backend, GroupView};
 use crate::dtype::{DType, Element};
 use crate::engine::LinkStats;
 use crate::error::{Error, ErrorKind, Result};
 use crate::logging::CommsLogger;
-use crate::transport::{Doorbell, Link, Transport};
+use crate::transport::Transport;
 use crate::wire::{Fingerprint, OpKind};
 
 pub use async_ops::OwnedBuf;
@@ -77,63 +76,9 @@ impl std::fmt::Debug for Communicator {
 }
 
 impl Communicator {
-    /// Builds a world communicator over ready links. `links[p]` is the link to world rank `p`
-    /// (`None` at `rank`); `bell` is this rank's doorbell that those links ring. Transports
-    /// and [`crate::threads::run`] call this; applications normally do not.
-    pub fn from_links(
-        rank: usize,
-        links: Vec<Option<Box<dyn Link>>>,
-        bell: Arc<dyn Doorbell>,
-        config: CommConfig,
-        transport: Transport,
-    ) -> Result<Communicator> {
-        Communicator::from_parts(rank, links, bell, config, transport, None)
-    }
-
-    /// [`Communicator::from_links`] plus the shared-memory workspaces for direct collectives.
-    pub(crate) fn from_parts(
-        rank: usize,
-        links: Vec<Option<Box<dyn Link>>>,
-        bell: Arc<dyn Doorbell>,
-        config: CommConfig,
-        transport: Transport,
-        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::workspace::ShmDirect>,
-        #[cfg(not(target_os = "linux"))] _direct: Option<()>,
-    ) -> Result<Communicator> {
-        let size = links.len();
-        if rank >= size {
-            return Err(Error::invalid(format!("rank {rank} out of range for {size} links")));
-        }
-        for (p, l) in links.iter().enumerate() {
-            if l.is_some() == (p == rank) {
-                return Err(Error::invalid(format!("link table of rank {rank} is wrong at {p}")));
-            }
-        }
-        Ok(Communicator::build(rank, links, bell, config, transport, direct))
-    }
-
-    /// Assembles a communicator over links (no validation).
-    fn build(
-        rank: usize,
-        links: Vec<Option<Box<dyn Link>>>,
-        bell: Arc<dyn Doorbell>,
-        config: CommConfig,
-        transport: Transport,
-        #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::workspace::ShmDirect>,
-        #[cfg(not(target_os = "linux"))] _direct: Option<()>,
-    ) -> Communicator {
-        let size = links.len();
-        let native = NativeBackend::new(
-            links,
-            bell,
-            transport,
-            #[cfg(target_os = "linux")]
-            direct,
-        );
-        Communicator::from_backend(rank, size, AnyBackend::Native(native), config)
-    }
-
-    /// A world communicator (rank `rank` of `size`) whose ops run on `backend`.
+    /// A world communicator (rank `rank` of `size`) whose ops run on `backend`. Backends are
+    /// built where communicators are built (the entry points: `world.rs` for the native one
+    /// over links, `mpi.rs`), never here.
     pub(crate) fn from_backend(rank: usize, size: usize, backend: AnyBackend, config: CommConfig) -> Communicator {
         let core = Arc::new(Core::new(rank, size, backend, config));
         let group = Arc::new(Group::new(0, (0..size).collect(), rank, &core.hosts));

@@ -29,7 +29,6 @@
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-use crate::algorithms::Algorithm;
 use crate::error::{Error, ErrorKind};
 use crate::wire::{Fingerprint, FP_BYTES, FP_WORDS};
 
@@ -91,6 +90,8 @@ pub struct FlightRecorder {
     /// Ops started so far; op `i` lives in record `i % CAPACITY`.
     started: AtomicU64,
     records: [Record; CAPACITY],
+    /// The route names a record reads back as (see [`FlightRecorder::with_names`]).
+    names: Vec<&'static str>,
 }
 
 impl Default for FlightRecorder {
@@ -101,6 +102,7 @@ impl Default for FlightRecorder {
                 version: AtomicU64::new(0),
                 words: std::array::from_fn(|_| AtomicU64::new(0)),
             }),
+            names: Vec::new(),
         }
     }
 }
@@ -114,11 +116,6 @@ impl std::fmt::Debug for FlightRecorder {
 /// The id of a started op, to finish it with.
 #[derive(Debug, Clone, Copy)]
 pub struct FlightId(u64);
-
-/// The names a record can carry: every algorithm's, and the routes that are not algorithms.
-fn known_names() -> impl Iterator<Item = &'static str> {
-    Algorithm::ALL.into_iter().map(Algorithm::name).chain(["p2p", "mpi"])
-}
 
 /// A name of at most 8 bytes as one word (longer ones are not recorded: read back as `?`).
 fn name_word(name: &str) -> u64 {
@@ -208,23 +205,31 @@ impl Record {
     }
 }
 
-/// The entry a record's words hold, if they decode.
-fn entry_of(words: &[u64; WORDS]) -> Option<FlightEntry> {
+/// The entry a record's words hold, if they decode; its route name is the one of `names`
+/// whose word it holds, else `?`.
+fn entry_of(words: &[u64; WORDS], names: &[&'static str]) -> Option<FlightEntry> {
     let mut fp = [0u8; FP_BYTES];
     for (chunk, w) in fp.chunks_exact_mut(8).zip(&words[FP..FP + FP_WORDS]) {
         chunk.copy_from_slice(&w.to_le_bytes());
     }
     let fp = Fingerprint::decode(&fp).ok()?;
-    let algorithm = known_names().find(|n| name_word(n) == words[ALGORITHM]).unwrap_or("?");
+    let algorithm = names.iter().copied().find(|n| name_word(n) == words[ALGORITHM]).unwrap_or("?");
     let peer = (words[PEER] != u64::MAX).then_some(words[PEER] as usize);
     Some(FlightEntry { fp, algorithm, peer, state: state_of(words[STATE]), start_ns: words[START], end_ns: words[END] })
 }
 
 impl FlightRecorder {
+    /// A recorder whose records read back with their route's name when it is one of `names`
+    /// (the communicator passes every name a backend's route can carry; the recorder itself
+    /// knows no algorithm). [`FlightRecorder::default`] knows none: every name reads as `?`.
+    pub fn with_names(names: impl IntoIterator<Item = &'static str>) -> FlightRecorder {
+        FlightRecorder { names: names.into_iter().collect(), ..FlightRecorder::default() }
+    }
+
     /// Records that `fp` starts now with `algorithm` (talking to `peer`, for point-to-point).
     /// Called by the thread that runs the op, holding the communicator's turn.
     pub fn start(&self, fp: &Fingerprint, algorithm: &'static str, peer: Option<usize>) -> FlightId {
-        let now = crate::transport::monotonic_ns();
+        let now = crate::clock::monotonic_ns();
         let id = self.started.load(Ordering::Relaxed);
         let words = fp.words();
         self.records[(id % CAPACITY as u64) as usize].write(|w| {
@@ -244,7 +249,7 @@ impl FlightRecorder {
 
     /// Records how op `id` ended (if it is still in the ring); by the thread that started it.
     pub fn finish(&self, id: FlightId, outcome: std::result::Result<(), &Error>) {
-        let now = crate::transport::monotonic_ns();
+        let now = crate::clock::monotonic_ns();
         let record = &self.records[(id.0 % CAPACITY as u64) as usize];
         if record.words[ID].load(Ordering::Relaxed) != id.0 || record.version.load(Ordering::Relaxed) == 0 {
             return;
@@ -272,7 +277,7 @@ impl FlightRecorder {
             .filter_map(|i| {
                 let words = self.records[(i % CAPACITY as u64) as usize].read()?;
                 // A record rewritten for a later op since `started` was read is left out.
-                (words[ID] == i).then(|| entry_of(&words)).flatten()
+                (words[ID] == i).then(|| entry_of(&words, &self.names)).flatten()
             })
             .collect()
     }
@@ -407,8 +412,8 @@ mod tests {
 
     #[test]
     fn every_route_name_and_state_reads_back() {
-        let fr = FlightRecorder::default();
-        let names: Vec<&str> = known_names().collect();
+        let names = ["ring", "rd", "star", "tree", "pairwise", "dissem", "flat", "direct", "hier", "p2p", "mpi"];
+        let fr = FlightRecorder::with_names(names);
         for (i, name) in names.iter().enumerate() {
             let id = fr.start(&fp(i as u64), name, Some(i));
             match KINDS.get(i) {

@@ -738,3 +738,46 @@ fn async_ops_take_any_owned_buffer() {
         r.unwrap();
     }
 }
+
+/// `Avg` is finished by the communicator, once, for every reduction (the backend reduces with
+/// the combiner): all_reduce in place and apart, reduce at the root only (the others' buffers
+/// unchanged), reduce_scatter in place and apart, and all_reduce_coalesced on every buffer.
+#[test]
+fn avg_is_finished_once_by_every_reduction() {
+    let n = 4;
+    let out = threads::run(n, |comm| {
+        let me = comm.rank();
+        // Rank r contributes 4·(r + 1): the sum is 40, the average 10.
+        let mine = 4 * (me as i32 + 1);
+        let avg = ReduceOp::Avg;
+        let mut buf = vec![mine; 6];
+        comm.all_reduce(&mut buf, avg)?;
+        assert_eq!(buf, vec![10; 6]);
+        let mut out = vec![0; 6];
+        comm.all_reduce_into(&[mine; 6], &mut out, avg)?;
+        assert_eq!(out, vec![10; 6]);
+        let mut buf = vec![mine; 3];
+        comm.reduce(&mut buf, 1, avg)?;
+        assert_eq!(buf, vec![if me == 1 { 10 } else { mine }; 3]);
+        let mut root_out = vec![0; 3];
+        comm.reduce_into(&[mine; 3], (me == 2).then_some(&mut root_out[..]), 2, avg)?;
+        assert_eq!(root_out, vec![if me == 2 { 10 } else { 0 }; 3]);
+        let mut block = vec![0; 2];
+        comm.reduce_scatter(&vec![mine; 2 * n], &mut block, avg)?;
+        assert_eq!(block, vec![10; 2]);
+        let mut whole = vec![mine; 2 * n];
+        comm.reduce_scatter_in_place(&mut whole, avg)?;
+        assert_eq!(whole[2 * me..2 * me + 2], [10, 10]);
+        let (mut a, mut b) = (vec![mine; 5], vec![2 * mine; 1]);
+        comm.all_reduce_coalesced(&mut [&mut a[..], &mut b[..]], avg)?;
+        assert_eq!((a, b), (vec![10; 5], vec![20]));
+        let mut f = vec![mine as f32 / 8.0; 9];
+        comm.all_reduce(&mut f, avg)?;
+        assert_eq!(f, vec![1.25; 9]);
+        Ok::<_, oxcomm::Error>(())
+    })
+    .unwrap();
+    for r in out {
+        r.unwrap();
+    }
+}

@@ -10,6 +10,7 @@ mod fuzz;
 mod hostile;
 #[cfg(target_os = "linux")]
 mod init_failure;
+mod layers;
 mod logging;
 mod multiproc;
 mod objects;

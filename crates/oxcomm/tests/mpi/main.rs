@@ -523,6 +523,11 @@ fn coalesced_ops(comm: &Communicator) -> CaseResult {
     comm.all_reduce_coalesced(&mut [&mut a[..], &mut b[..]], ReduceOp::Sum).map_err(e("all_reduce_coalesced"))?;
     check("all_reduce_coalesced a", &a, &expected::<f32>(n, 10, ReduceOp::Sum))?;
     check("all_reduce_coalesced b", &b, &expected::<f32>(n, 3, ReduceOp::Sum))?;
+    // Avg is finished by the communicator on every buffer, as on the native backend.
+    let (mut a, mut b) = (inputs::<i32>(me, 4, ReduceOp::Avg), inputs::<i32>(me, 7, ReduceOp::Avg));
+    comm.all_reduce_coalesced(&mut [&mut a[..], &mut b[..]], ReduceOp::Avg).map_err(e("all_reduce_coalesced avg"))?;
+    check("all_reduce_coalesced avg a", &a, &expected::<i32>(n, 4, ReduceOp::Avg))?;
+    check("all_reduce_coalesced avg b", &b, &expected::<i32>(n, 7, ReduceOp::Avg))?;
     let (x, y) = (vec![me as i32; 2], vec![-(me as i32); 5]);
     let (mut ox, mut oy) = (vec![0i32; 2 * n], vec![0i32; 5 * n]);
     comm.all_gather_coalesced(&[&x, &y], &mut [&mut ox[..], &mut oy[..]]).map_err(e("all_gather_coalesced"))?;

@@ -34,7 +34,8 @@
 //! communicator; every rank moves each of them by the same amount in every op.
 //!
 //! **Meeting the other ops.** A world op that does not take the direct path (it agrees over
-//! the links first, [`beside_direct`]) announces its fingerprint in this rank's workspace; a
+//! the links first, inside [`Ctx::watched`], with the workspaces as the engine's [`PeerWatch`])
+//! announces its fingerprint in this rank's workspace; a
 //! rank arriving at a direct op at the same sequence number sees that announcement where it
 //! waits for the peer's stamp, and the announcing rank, whenever it would sleep, looks for a
 //! peer's slot header carrying its sequence number. Either way both fail at once with
@@ -57,7 +58,7 @@ pub(crate) use broadcast::broadcast;
 pub(crate) use reduce_scatter::reduce_scatter;
 pub(crate) use rooted::{gather, reduce, scatter};
 
-use crate::engine::{Ctx, Watch};
+use crate::engine::{Ctx, PeerWatch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::shm::workspace::{Counter, ShmDirect, SLOTS, SLOT_HEADER, SMALL_BYTES};
 use crate::wire::{Fingerprint, FP_BYTES, FP_WORDS};
@@ -320,23 +321,18 @@ fn path_mismatch(r: usize, theirs: &[u8], mine: &Fingerprint, their_path: &str, 
     .with_peer(r)
 }
 
-/// Runs `f`, a world op at `ctx`'s rank that talks over links (agreement first), beside ranks
-/// that may run direct ops: announces `fp` to them and, while `f` waits, checks that no peer
-/// runs a direct op at the same sequence number (see the module docs). Without the direct path
-/// (other transports, subgroups) it is just `f`.
-pub(crate) fn beside_direct<R>(
-    ctx: &mut Ctx<'_>,
-    fp: &Fingerprint,
-    f: impl FnOnce(&mut Ctx<'_>) -> Result<R>,
-) -> Result<R> {
-    let Some(shm) = ctx.shm else { return f(ctx) };
-    shm.announce(announce_tag(fp.seq), &fp.encode());
-    let before = ctx.watch.replace(Watch { fp: *fp, check: no_direct_peer });
-    let r = f(ctx);
-    ctx.watch = before;
-    // A peer that saw the mismatch first may have closed its links: name the op it runs
-    // rather than report its close.
-    r.map_err(|e| no_direct_peer(shm, ctx.rank, fp).err().unwrap_or(e))
+/// How a world op that talks over links (agreement first) meets ranks that may run direct ops
+/// (see the module docs): the native backend hands the workspaces to the engine as its
+/// [`PeerWatch`], and [`Ctx::watched`] announces the op and runs [`no_direct_peer`] whenever
+/// it would sleep.
+impl PeerWatch for ShmDirect {
+    fn announce(&self, fp: &Fingerprint) {
+        ShmDirect::announce(self, announce_tag(fp.seq), &fp.encode());
+    }
+
+    fn check(&self, rank: usize, fp: &Fingerprint) -> Result<()> {
+        no_direct_peer(self, rank, fp)
+    }
 }
 
 /// `Err` ([`ErrorKind::Mismatch`]) if a peer's slot says it runs a direct op at `fp`'s

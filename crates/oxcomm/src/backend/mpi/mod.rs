@@ -31,8 +31,9 @@
 //! op* that runs oxcomm's own kernel ([`crate::reduce::reduce_into`]: widen each pair to f32,
 //! combine, round once), the same arithmetic as the native transports. Float `MIN`/`MAX` use a
 //! user-defined op too, so NaN propagates as it does natively (MPI leaves NaN unspecified).
-//! [`ReduceOp::Avg`], which MPI lacks, is `SUM` followed by a division by the group size
-//! ([`crate::reduce::finish_avg`], truncating for integers), as natively. Results of float
+//! [`ReduceOp::Avg`], which MPI lacks, reaches this backend as `SUM` (its combiner); the
+//! communicator then divides by the group size ([`crate::reduce::finish_avg`], truncating for
+//! integers), in the same place as for the native backend. Results of float
 //! sums can differ from the native transports' in the last bit, since MPI picks its own
 //! reduction order; integer-valued data gives identical results.
 //!

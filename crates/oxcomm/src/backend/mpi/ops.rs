@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use mpi::ffi;
 
 use super::*;
-use crate::algorithms::{Algorithm, ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
+use crate::algorithms::Algorithm;
 use crate::backend::{concat, split_back, unpack_gathered, Backend, NewGroup, OpEnv, P2pMsg, Route};
+use crate::buffers::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
 use crate::wire::OpKind;
 
 impl Backend for MpiBackend {
@@ -39,28 +40,30 @@ impl Backend for MpiBackend {
         Err(Error::unsupported("members_group on the MPI backend (use new_group or split)"))
     }
 
-    fn all_reduce<T: Element>(
+    fn all_reduce<'b, T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         _route: Route,
-        io: ReduceBuffers<'_, T>,
+        io: ReduceBuffers<'b, T>,
         op: ReduceOp,
-    ) -> Result<()> {
+    ) -> Result<&'b mut [T]> {
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
             let c = self.prepare(&g, fp)?;
-            self.all_reduce_in(&g, c, io.into_in_place(), op, stats)
+            let buf = io.into_in_place();
+            self.all_reduce_in(&g, c, buf, op, stats)?;
+            Ok(buf)
         }
     }
 
-    fn reduce<T: Element>(
+    fn reduce<'b, T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         _route: Route,
-        mut io: ReduceBuffers<'_, T>,
+        mut io: ReduceBuffers<'b, T>,
         root: usize,
         op: ReduceOp,
-    ) -> Result<()> {
+    ) -> Result<&'b mut [T]> {
         let (n, me) = (env.group.size(), env.group.rank);
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
@@ -80,12 +83,11 @@ impl Backend for MpiBackend {
                 ffi::MPI_Reduce(send, recv, len, datatype(T::DTYPE), mop, root as c_int, c)
             })?;
             if me == root {
-                reduce::finish_avg(io.into_output(), op, n);
                 add(stats, 0, (n - 1) * bytes);
             } else {
                 add(stats, bytes, 0);
             }
-            Ok(())
+            Ok(io.into_output())
         }
     }
 
@@ -128,13 +130,13 @@ impl Backend for MpiBackend {
         }
     }
 
-    fn reduce_scatter<T: Element>(
+    fn reduce_scatter<'b, T: Element>(
         &self,
         env: &mut OpEnv<'_>,
         _route: Route,
-        io: ScatterBuffers<'_, T>,
+        io: ScatterBuffers<'b, T>,
         op: ReduceOp,
-    ) -> Result<()> {
+    ) -> Result<&'b mut [T]> {
         let (n, me) = (env.group.size(), env.group.rank);
         {
             let (fp, g, stats) = (env.fp, env.group, &mut *env.stats);
@@ -163,9 +165,8 @@ impl Backend for MpiBackend {
                     &mut buf[me * m..(me + 1) * m]
                 }
             };
-            reduce::finish_avg(out, op, n);
             add(stats, share, share);
-            Ok(())
+            Ok(out)
         }
     }
 
@@ -493,7 +494,7 @@ impl Backend for MpiBackend {
 }
 
 impl MpiBackend {
-    /// `MPI_Allreduce` in place, then the division of `Avg`.
+    /// `MPI_Allreduce` in place (`op` is a combiner; the communicator finishes `Avg`).
     fn all_reduce_in<T: Element>(
         &self,
         g: &GroupView<'_>,
@@ -505,7 +506,6 @@ impl MpiBackend {
         let (n, mop, len) = (g.size(), self.op::<T>(op)?, count(buf.len())?);
         // SAFETY: in place on `buf`, `len` elements of the datatype of T; `c` is valid.
         mpi_call("MPI_Allreduce", unsafe { ffi::MPI_Allreduce(in_place(), rp(buf), len, datatype(T::DTYPE), mop, c) })?;
-        reduce::finish_avg(buf, op, n);
         let share = ring_share(2 * std::mem::size_of_val(buf), n);
         add(stats, share, share);
         Ok(())
