@@ -46,7 +46,8 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context};
 use oxcomm::compression::coalesced;
 use oxcomm::compression::onebit;
-use oxcomm::{Algorithm, Communicator, DType, Element, OpOptions, ReduceOp};
+use oxcomm::rendezvous::env::{OXCOMM_TIMEOUT, OXCOMM_TRANSPORT};
+use oxcomm::{Algorithm, Communicator, DType, Element, OpOptions, ReduceOp, Transport};
 use serde::{Deserialize, Serialize};
 
 use crate::bench::cases::{BenchElement, BenchOp, Buffers, Case, Layout, Pattern, SENTINEL};
@@ -84,6 +85,30 @@ pub struct CheckArgs {
     /// Worker rank 0 writes its results (JSON) to this file.
     #[arg(long = "results", hide = true, value_name = "FILE", requires = "worker")]
     pub results: Option<PathBuf>,
+}
+
+/// The transports `--transport` takes, and the default list, in column order.
+const TRANSPORTS: [Transport; 3] = [Transport::Threads, Transport::Shm, Transport::Tcp];
+
+/// The transports `--transport` names (all of [`TRANSPORTS`] when empty), read with the
+/// library's names.
+fn transports(typed: &[String]) -> anyhow::Result<Vec<Transport>> {
+    if typed.is_empty() {
+        return Ok(TRANSPORTS.to_vec());
+    }
+    typed
+        .iter()
+        .map(|t| {
+            Transport::parse(t.trim()).filter(|t| TRANSPORTS.contains(t)).ok_or_else(|| {
+                let names: Vec<&str> = TRANSPORTS.iter().map(|t| t.as_str()).collect();
+                anyhow!(
+                    "--transport: unknown transport {:?} (one of: {})",
+                    t.trim().to_ascii_lowercase(),
+                    names.join(", ")
+                )
+            })
+        })
+        .collect()
 }
 
 /// Deadline of every op of a check, unless `OXCOMM_TIMEOUT` is set.
@@ -145,10 +170,10 @@ impl Check {
 
 /// Every check for `transport` (`direct` algorithms only on shm, hierarchical ones only on
 /// jobs that mix shm and TCP, i.e. span hosts), in table order.
-fn checks(transport: &str) -> Vec<Check> {
+fn checks(transport: Transport) -> Vec<Check> {
     let applies = |a: &Algorithm| match a {
-        Algorithm::ShmDirect => transport == "shm",
-        Algorithm::Hierarchical => transport == "shm+tcp",
+        Algorithm::ShmDirect => transport == Transport::Shm,
+        Algorithm::Hierarchical => transport == Transport::ShmTcp,
         _ => true,
     };
     let mut out = Vec::new();
@@ -176,7 +201,7 @@ fn checks(transport: &str) -> Vec<Check> {
 }
 
 /// The checks selected by `--op` (all when empty).
-fn selected(transport: &str, filter: &[String]) -> Vec<Check> {
+fn selected(transport: Transport, filter: &[String]) -> Vec<Check> {
     checks(transport)
         .into_iter()
         .filter(|c| filter.is_empty() || filter.iter().any(|f| c.name().starts_with(f.trim())))
@@ -189,42 +214,35 @@ fn selected(transport: &str, filter: &[String]) -> Vec<Check> {
 
 /// Runs `oxcomm check`: 0 when every check passed, 1 when one failed.
 pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
-    if std::env::var_os("OXCOMM_TIMEOUT").is_none() {
-        std::env::set_var("OXCOMM_TIMEOUT", DEFAULT_TIMEOUT_S);
+    if std::env::var_os(OXCOMM_TIMEOUT).is_none() {
+        std::env::set_var(OXCOMM_TIMEOUT, DEFAULT_TIMEOUT_S);
     }
     if args.worker {
         return run_worker(&args);
     }
-    let transports: Vec<String> = if args.transport.is_empty() {
-        vec!["threads".into(), "shm".into(), "tcp".into()]
-    } else {
-        args.transport.iter().map(|t| t.trim().to_ascii_lowercase()).collect()
-    };
-    if let Some(t) = transports.iter().find(|t| !matches!(t.as_str(), "threads" | "shm" | "tcp")) {
-        bail!("--transport: unknown transport {t:?} (one of: threads, shm, tcp)");
-    }
+    let transports = transports(&args.transport)?;
     if args.world_size.iter().any(|n| !(1..=64).contains(n)) {
         bail!("--world-size must be between 1 and 64");
     }
-    if selected("shm", &args.op).is_empty() {
-        let names: Vec<String> = checks("shm").iter().map(Check::name).collect();
+    if selected(Transport::Shm, &args.op).is_empty() {
+        let names: Vec<String> = checks(Transport::Shm).iter().map(Check::name).collect();
         bail!("--op matches no check (the checks: {})", names.join(", "));
     }
 
     let started = Instant::now();
     println!(
         "# oxcomm check  transports: {}  ranks: {}  dtypes: {}  counts per rank block: {}",
-        transports.join(", "),
+        transports.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", "),
         args.world_size.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", "),
         DTYPES.iter().map(|d| d.name()).collect::<Vec<_>>().join(", "),
         COUNTS.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", "),
     );
     let mut columns: Vec<(String, Vec<Outcome>)> = Vec::new();
     for &n in &args.world_size {
-        for t in &transports {
+        for &t in &transports {
             let t0 = Instant::now();
-            let outcomes = match t.as_str() {
-                "threads" => run_threads(&args, n),
+            let outcomes = match t {
+                Transport::Threads => run_threads(&args, n),
                 other => run_processes(&args, other, n),
             };
             let outcomes = outcomes.unwrap_or_else(|e| {
@@ -238,7 +256,7 @@ pub fn run(args: CheckArgs) -> anyhow::Result<i32> {
             columns.push((format!("{t}/{n}"), outcomes));
         }
     }
-    let order: Vec<String> = selected("shm", &args.op).iter().map(Check::name).collect();
+    let order: Vec<String> = selected(Transport::Shm, &args.op).iter().map(Check::name).collect();
     let (table, failed) = table(&order, &columns);
     print!("{table}");
     println!("# {:.1}s", started.elapsed().as_secs_f64());
@@ -295,13 +313,13 @@ fn table(order: &[String], columns: &[(String, Vec<Outcome>)]) -> (String, bool)
 }
 
 fn run_threads(args: &CheckArgs, n: usize) -> anyhow::Result<Vec<Outcome>> {
-    let checks = selected("threads", &args.op);
+    let checks = selected(Transport::Threads, &args.op);
     let results = oxcomm::threads::run(n, |comm| run_checks(&comm, &checks, args.inject_failure.as_deref()))?;
     results.into_iter().next().ok_or_else(|| anyhow!("no rank 0"))?
 }
 
 #[cfg(target_os = "linux")]
-fn run_processes(args: &CheckArgs, transport: &str, n: usize) -> anyhow::Result<Vec<Outcome>> {
+fn run_processes(args: &CheckArgs, transport: Transport, n: usize) -> anyhow::Result<Vec<Outcome>> {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
     let path = std::env::temp_dir().join(format!("oxcomm-check-{}-{nanos:x}.json", std::process::id()));
     let mut argv: Vec<String> = vec![
@@ -310,7 +328,7 @@ fn run_processes(args: &CheckArgs, transport: &str, n: usize) -> anyhow::Result<
         "--results".into(),
         path.display().to_string(),
         "--transport".into(),
-        transport.into(),
+        transport.as_str().into(),
         "--world-size".into(),
         n.to_string(),
     ];
@@ -323,7 +341,7 @@ fn run_processes(args: &CheckArgs, transport: &str, n: usize) -> anyhow::Result<
         argv.push(op.clone());
     }
     // The workers inherit this and build their links accordingly.
-    std::env::set_var("OXCOMM_TRANSPORT", transport);
+    std::env::set_var(OXCOMM_TRANSPORT, transport.as_str());
     let code = crate::launch::launch_self(n, argv, true);
     let read = read_results(&path);
     let _ = std::fs::remove_file(&path);
@@ -337,7 +355,7 @@ fn run_processes(args: &CheckArgs, transport: &str, n: usize) -> anyhow::Result<
 }
 
 #[cfg(not(target_os = "linux"))]
-fn run_processes(_args: &CheckArgs, transport: &str, _n: usize) -> anyhow::Result<Vec<Outcome>> {
+fn run_processes(_args: &CheckArgs, transport: Transport, _n: usize) -> anyhow::Result<Vec<Outcome>> {
     bail!("--transport {transport} needs Linux")
 }
 
@@ -349,7 +367,10 @@ fn read_results(path: &Path) -> anyhow::Result<Vec<Outcome>> {
 #[cfg(target_os = "linux")]
 fn run_worker(args: &CheckArgs) -> anyhow::Result<i32> {
     let comm = oxcomm::init().context("cannot join the job")?;
-    let transport = args.transport.first().map(String::as_str).unwrap_or(comm.transport().as_str());
+    let transport = match args.transport.first() {
+        Some(t) => transports(std::slice::from_ref(t))?[0],
+        None => comm.transport(),
+    };
     let checks = selected(transport, &args.op);
     let outcomes = run_checks(&comm, &checks, args.inject_failure.as_deref())?;
     if comm.rank() == 0 {
@@ -629,7 +650,7 @@ mod tests {
 
     #[test]
     fn every_op_of_the_brief_is_checked() {
-        let names: Vec<String> = checks("shm").iter().map(Check::name).collect();
+        let names: Vec<String> = checks(Transport::Shm).iter().map(Check::name).collect();
         for want in [
             "all_reduce/auto",
             "all_reduce/ring",
@@ -652,14 +673,14 @@ mod tests {
         ] {
             assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
         }
-        assert!(!checks("threads").iter().any(|c| c.name().ends_with("/direct")));
-        assert!(!checks("shm").iter().any(|c| c.name().ends_with("/hier")));
-        assert!(checks("shm+tcp").iter().any(|c| c.name() == "all_reduce/hier"));
+        assert!(!checks(Transport::Threads).iter().any(|c| c.name().ends_with("/direct")));
+        assert!(!checks(Transport::Shm).iter().any(|c| c.name().ends_with("/hier")));
+        assert!(checks(Transport::ShmTcp).iter().any(|c| c.name() == "all_reduce/hier"));
     }
 
     #[test]
     fn threads_world_3_passes_and_an_injected_failure_is_seen() {
-        let only = |f: &str| selected("threads", &[f.to_string()]);
+        let only = |f: &str| selected(Transport::Threads, &[f.to_string()]);
         let gather = only("gather");
         let outcomes = oxcomm::threads::run(3, |comm| run_checks(&comm, &gather, Some("gather"))).unwrap();
         // The filter also selects the bench's gather (`gather/auto`, `gather/flat`).
