@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use oxcomm::rendezvous::env::{OXCOMM_SOCKET_ADDR, OXCOMM_SOCKET_IFNAME};
 use oxcomm::rendezvous::{Store, TransportChoice};
 use oxcomm::{Communicator, ReduceOp};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -133,8 +134,8 @@ impl PyComm {
                     transport,
                     config: oxcomm::CommConfig { timeout: Duration::from_secs_f64(timeout), ..Default::default() },
                     host_id: std::env::var(oxcomm::init::ENV_HOST_ID).ok(),
-                    socket_ifname: std::env::var("OXCOMM_SOCKET_IFNAME").ok(),
-                    socket_addr: std::env::var("OXCOMM_SOCKET_ADDR").ok().and_then(|a| a.parse().ok()),
+                    socket_ifname: std::env::var(OXCOMM_SOCKET_IFNAME).ok(),
+                    socket_addr: std::env::var(OXCOMM_SOCKET_ADDR).ok().and_then(|a| a.parse().ok()),
                     pin_to_core,
                 };
                 let comm = init.connect_with_store(store)?;
