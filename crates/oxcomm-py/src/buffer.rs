@@ -33,19 +33,9 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Buf {
     }
 }
 
-/// The dtype named by the Python layer.
+/// The dtype named by the Python layer (one of [`DType::name`]'s names; the library's parser).
 pub fn parse_dtype(name: &str) -> PyResult<DType> {
-    Ok(match name {
-        "f32" => DType::F32,
-        "f64" => DType::F64,
-        "f16" => DType::F16,
-        "bf16" => DType::BF16,
-        "i8" => DType::I8,
-        "u8" => DType::U8,
-        "i32" => DType::I32,
-        "i64" => DType::I64,
-        other => return Err(PyTypeError::new_err(format!("oxcomm does not reduce dtype {other}"))),
-    })
+    DType::parse(name).ok_or_else(|| PyTypeError::new_err(format!("oxcomm does not reduce dtype {name}")))
 }
 
 impl Buf {

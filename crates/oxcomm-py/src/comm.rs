@@ -4,10 +4,16 @@
 //! Sync ops run on the calling thread with the GIL released. `async_op=True` ops run through
 //! [`oxcomm::Communicator::run_async`] on the communicator's worker, in issue order with every
 //! other op of this rank, and return a [`PyWork`] that holds the buffers until the op is done.
+//!
+//! One file because it is one class: PyO3 (without its `multiple-pymethods` feature, which
+//! needs `inventory` and a link-time registry) takes one `#[pymethods]` block per class, and
+//! every method here is a thin argument check around one [`oxcomm::Communicator`] call. Names
+//! (dtypes, reduce ops, transports) are read by the library's parsers, never matched here.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use oxcomm::rendezvous::env::{OXCOMM_SOCKET_ADDR, OXCOMM_SOCKET_IFNAME};
 use oxcomm::rendezvous::{Store, TransportChoice};
 use oxcomm::{Communicator, ReduceOp};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -20,19 +26,11 @@ use crate::store::PyStore;
 use crate::with_elem;
 use crate::work::{PyWork, RecvInto};
 
-/// A reduce op by name (`"sum"`, `"avg"`, … as `oxcomm.ReduceOp` passes them).
+/// A reduce op by name (`"sum"`, `"avg"`, … as `oxcomm.ReduceOp` passes them; the library's
+/// parser).
 pub fn parse_op(name: &str) -> PyResult<ReduceOp> {
-    Ok(match name.to_ascii_lowercase().as_str() {
-        "sum" => ReduceOp::Sum,
-        "avg" => ReduceOp::Avg,
-        "prod" | "product" => ReduceOp::Prod,
-        "min" => ReduceOp::Min,
-        "max" => ReduceOp::Max,
-        "band" => ReduceOp::BAnd,
-        "bor" => ReduceOp::BOr,
-        "bxor" => ReduceOp::BXor,
-        other => return Err(PyValueError::new_err(format!("op: unknown reduce op {other:?}"))),
-    })
+    ReduceOp::parse(name)
+        .ok_or_else(|| PyValueError::new_err(format!("op: unknown reduce op {:?}", name.to_ascii_lowercase())))
 }
 
 /// Checks that every buffer of an op has `dtype`, naming the argument that differs.
@@ -100,11 +98,11 @@ impl PyComm {
         if !(timeout.is_finite() && timeout > 0.0) {
             return Err(PyValueError::new_err(format!("timeout: {timeout} is not a positive number of seconds")));
         }
-        let transport = match transport.as_deref().map(str::to_ascii_lowercase).as_deref() {
-            None | Some("auto") => TransportChoice::Auto,
-            Some("shm") => TransportChoice::Shm,
-            Some("tcp") => TransportChoice::Tcp,
-            Some(other) => return Err(PyValueError::new_err(format!("transport: {other:?} is not auto, shm or tcp"))),
+        let transport = match transport.as_deref() {
+            None => TransportChoice::Auto,
+            Some(name) => TransportChoice::parse(name).ok_or_else(|| {
+                PyValueError::new_err(format!("transport: {:?} is not auto, shm or tcp", name.to_ascii_lowercase()))
+            })?,
         };
         let addr = master_addr.unwrap_or_else(|| "127.0.0.1".to_string());
         let store_addr = std::net::ToSocketAddrs::to_socket_addrs(&(addr.as_str(), 0))
@@ -136,8 +134,8 @@ impl PyComm {
                     transport,
                     config: oxcomm::CommConfig { timeout: Duration::from_secs_f64(timeout), ..Default::default() },
                     host_id: std::env::var(oxcomm::init::ENV_HOST_ID).ok(),
-                    socket_ifname: std::env::var("OXCOMM_SOCKET_IFNAME").ok(),
-                    socket_addr: std::env::var("OXCOMM_SOCKET_ADDR").ok().and_then(|a| a.parse().ok()),
+                    socket_ifname: std::env::var(OXCOMM_SOCKET_IFNAME).ok(),
+                    socket_addr: std::env::var(OXCOMM_SOCKET_ADDR).ok().and_then(|a| a.parse().ok()),
                     pin_to_core,
                 };
                 let comm = init.connect_with_store(store)?;

@@ -27,6 +27,8 @@ pub const ENV_JOB_ID: &str = "OXCOMM_JOB_ID";
 /// Environment variable: `launcher` when the launcher already serves the store, so rank 0
 /// must not start one. Default: rank 0 serves the store at `MASTER_ADDR:MASTER_PORT`.
 pub const ENV_STORE: &str = "OXCOMM_STORE";
+/// The value of [`ENV_STORE`] that `oxcomm launch` sets.
+pub const STORE_LAUNCHER: &str = "launcher";
 /// Environment variable: overrides this process's host identity (ranks with equal ids use
 /// shared memory between them). Default: hostname + boot id + network namespace.
 pub const ENV_HOST_ID: &str = "OXCOMM_HOST_ID";
@@ -135,7 +137,7 @@ impl Init {
             rank: env.rank,
             world_size: env.world_size,
             store_addr,
-            store_served: get(ENV_STORE).is_some_and(|v| v == "launcher"),
+            store_served: get(ENV_STORE).is_some_and(|v| v == STORE_LAUNCHER),
             token,
             job,
             transport: settings.transport,

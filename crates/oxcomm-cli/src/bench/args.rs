@@ -7,7 +7,8 @@
 use std::path::PathBuf;
 
 use anyhow::bail;
-use oxcomm::{Algorithm, DType, ReduceOp};
+pub use oxcomm::init::ENV_BACKEND;
+use oxcomm::{Algorithm, DType, ReduceOp, Transport};
 
 /// Flags of `oxcomm bench`. The short flags and defaults follow nccl-tests where it has the
 /// flag (except `-w`, 5 here, and `-b`/`-e`, 8 B to 64 MiB here).
@@ -163,35 +164,14 @@ fn parse_algorithm(raw: &str) -> Result<Algorithm, String> {
     })
 }
 
+/// The transports `--transport` takes, in the order its error lists them.
+pub const TRANSPORTS: [Transport; 3] = [Transport::Shm, Transport::Threads, Transport::Tcp];
+
 fn parse_transport(raw: &str) -> Result<Transport, String> {
-    match raw.trim().to_ascii_lowercase().as_str() {
-        "shm" => Ok(Transport::Shm),
-        "threads" => Ok(Transport::Threads),
-        "tcp" => Ok(Transport::Tcp),
-        _ => Err(format!("unknown transport {raw:?} (one of: shm, threads, tcp)")),
-    }
-}
-
-/// How the bench's ranks talk to each other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transport {
-    /// Processes on this host over shared memory.
-    Shm,
-    /// Threads of this process.
-    Threads,
-    /// Processes over TCP links (on loopback).
-    Tcp,
-}
-
-impl Transport {
-    /// The name `--transport` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Transport::Shm => "shm",
-            Transport::Threads => "threads",
-            Transport::Tcp => "tcp",
-        }
-    }
+    Transport::parse(raw.trim()).filter(|t| TRANSPORTS.contains(t)).ok_or_else(|| {
+        let names: Vec<&str> = TRANSPORTS.iter().map(|t| t.as_str()).collect();
+        format!("unknown transport {raw:?} (one of: {})", names.join(", "))
+    })
 }
 
 /// Where a rank's communicator comes from: oxcomm's own transports, or the MPI backend
@@ -203,9 +183,6 @@ pub enum Backend {
     /// The MPI backend: the process is one rank of a job an MPI launcher started.
     Mpi,
 }
-
-/// The variable that picks the backend (the same one `oxcomm::init()` reads).
-pub const ENV_BACKEND: &str = "OXCOMM_BACKEND";
 
 impl Backend {
     /// The backend `OXCOMM_BACKEND` names (values as `oxcomm::init()` takes them); an error for

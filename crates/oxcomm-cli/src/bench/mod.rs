@@ -41,9 +41,11 @@ mod workers;
 
 use anyhow::{anyhow, bail};
 
+use args::Backend;
 pub use args::BenchArgs;
-use args::{Backend, Transport};
 use cases::human;
+use oxcomm::rendezvous::env::OXCOMM_TRANSPORT;
+use oxcomm::Transport;
 use plan::BenchPlan;
 
 /// Runs `oxcomm bench`: returns the exit status (0, or the launcher's status when a rank
@@ -65,9 +67,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         Transport::Shm => workers::run_shm(&plan, world),
         Transport::Tcp => {
             // The worker ranks inherit this and build TCP links on loopback.
-            std::env::set_var("OXCOMM_TRANSPORT", "tcp");
+            std::env::set_var(OXCOMM_TRANSPORT, Transport::Tcp.as_str());
             workers::run_shm(&plan, world)
         }
+        other => bail!("--transport {other} does not apply to oxcomm bench"),
     }
 }
 

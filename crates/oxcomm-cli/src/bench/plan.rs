@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail};
-use oxcomm::{Algorithm, DType, ReduceOp};
+use oxcomm::{Algorithm, DType, ReduceOp, Transport};
 
-use super::args::{Backend, BenchArgs, Transport, ENV_BACKEND};
+use super::args::{Backend, BenchArgs, ENV_BACKEND};
 use super::cases::BenchOp;
 
 /// Largest world size the bench accepts.
@@ -123,7 +123,7 @@ impl BenchPlan {
             if args.transport != Transport::Shm {
                 bail!(
                     "--transport {} does not apply with {ENV_BACKEND}=mpi (the ranks are the MPI job's; unset {ENV_BACKEND} to use oxcomm's transports)",
-                    args.transport.name()
+                    args.transport
                 );
             }
             if let Some(a) = args.algorithm {
@@ -202,7 +202,7 @@ impl BenchPlan {
             "--world-size".into(),
             world.to_string(),
             "--transport".into(),
-            "shm".into(),
+            Transport::Shm.as_str().into(),
             "--op".into(),
             ops,
             "--dtype".into(),

@@ -326,6 +326,35 @@ pub enum TransportChoice {
     Tcp,
 }
 
+impl TransportChoice {
+    /// Every choice, in the order error messages list them.
+    pub const ALL: [TransportChoice; 3] = [TransportChoice::Auto, TransportChoice::Shm, TransportChoice::Tcp];
+
+    /// The value's name: `auto`, `shm` or `tcp` (for `shm` and `tcp`, the name of the
+    /// transport it picks).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Shm => "shm",
+            TransportChoice::Tcp => "tcp",
+        }
+    }
+
+    /// The choice named `s` (any case, surrounding blanks ignored): one of the names
+    /// [`TransportChoice::as_str`] gives. The one parser of [`OXCOMM_TRANSPORT`]'s values,
+    /// also used by the Python package's `transport=` argument.
+    pub fn parse(s: &str) -> Option<TransportChoice> {
+        let s = s.trim();
+        TransportChoice::ALL.into_iter().find(|c| c.as_str().eq_ignore_ascii_case(s))
+    }
+}
+
+impl std::fmt::Display for TransportChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The `OXCOMM_*` settings of setup. Unset or empty variables take their defaults.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -440,17 +469,22 @@ fn read_transport(get: &impl Fn(&str) -> Option<String>) -> Result<TransportChoi
     let Some(raw) = get(OXCOMM_TRANSPORT) else {
         return Ok(TransportChoice::default());
     };
-    match raw.trim().to_ascii_lowercase().as_str() {
-        "auto" => Ok(TransportChoice::Auto),
-        "shm" => Ok(TransportChoice::Shm),
-        "tcp" => Ok(TransportChoice::Tcp),
-        _ => Err(rendezvous(format!("{OXCOMM_TRANSPORT}={raw:?} is not one of auto, shm, tcp"))),
-    }
+    TransportChoice::parse(&raw)
+        .ok_or_else(|| rendezvous(format!("{OXCOMM_TRANSPORT}={raw:?} is not one of auto, shm, tcp")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transport_choices_round_trip() {
+        for c in TransportChoice::ALL {
+            assert_eq!(TransportChoice::parse(c.as_str()), Some(c));
+        }
+        assert_eq!(TransportChoice::parse(" TCP "), Some(TransportChoice::Tcp));
+        assert_eq!(TransportChoice::parse("threads"), None);
+    }
 
     #[test]
     fn slurm_layouts_parse() {

@@ -87,7 +87,8 @@ pub trait Link: Send {
 /// How a communicator moves bytes: which transport its links use, or MPI.
 ///
 /// [`Transport::as_str`] is the name in logs, the comms log's JSON and the CLI's tables
-/// (`threads`, `shm`, `tcp`, `shm+tcp`, `mpi`); it compares equal to those strings.
+/// (`threads`, `shm`, `tcp`, `shm+tcp`, `mpi`), and [`Transport::parse`] is the one place those
+/// names are read back (the CLI, the Python package). Compare values, not names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Transport {
@@ -104,6 +105,25 @@ pub enum Transport {
 }
 
 impl Transport {
+    /// Every transport, in the order the CLI lists them.
+    pub const ALL: [Transport; 5] =
+        [Transport::Threads, Transport::Shm, Transport::Tcp, Transport::ShmTcp, Transport::Mpi];
+
+    /// The transport named `s` (any case): one of the names [`Transport::as_str`] gives.
+    ///
+    /// ```
+    /// use oxcomm::Transport;
+    ///
+    /// for t in Transport::ALL {
+    ///     assert_eq!(Transport::parse(t.as_str()), Some(t));
+    /// }
+    /// assert_eq!(Transport::parse("SHM+TCP"), Some(Transport::ShmTcp));
+    /// assert_eq!(Transport::parse("gloo"), None);
+    /// ```
+    pub fn parse(s: &str) -> Option<Transport> {
+        Transport::ALL.into_iter().find(|t| t.as_str().eq_ignore_ascii_case(s))
+    }
+
     /// The transport's name: `threads`, `shm`, `tcp`, `shm+tcp` or `mpi`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -125,18 +145,6 @@ impl Transport {
 impl std::fmt::Display for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-impl PartialEq<str> for Transport {
-    fn eq(&self, other: &str) -> bool {
-        self.as_str() == other
-    }
-}
-
-impl PartialEq<&str> for Transport {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
     }
 }
 

@@ -179,7 +179,7 @@ impl CollectiveTester {
                 Algorithm::ShmDirect,
                 Algorithm::Hierarchical,
             ] {
-                if algo == Algorithm::ShmDirect && comm.transport() != "shm" {
+                if algo == Algorithm::ShmDirect && comm.transport() != oxcomm::Transport::Shm {
                     continue;
                 }
                 if algo == Algorithm::Hierarchical && comm.host_layout().is_none() {
@@ -268,7 +268,7 @@ impl CollectiveTester {
         case: impl Fn(DType, ReduceOp, usize, &OpOptions) -> Result<(), String>,
     ) -> Vec<String> {
         let mut algos = vec![Algorithm::Ring];
-        if comm.transport() == "shm" {
+        if comm.transport() == oxcomm::Transport::Shm {
             algos.push(Algorithm::ShmDirect);
         }
         if comm.host_layout().is_some() {
@@ -315,7 +315,7 @@ impl CollectiveTester {
     /// runs (on threads they add minutes and no code).
     pub fn rank_reduce_scatter(&self, comm: &Communicator) -> Vec<String> {
         let mut cases = self.cases(|d| ReduceOp::ALL.into_iter().filter(|o| o.fits(d)).collect());
-        cases.retain(|c| c.0 <= 10_000 || comm.transport() == "shm");
+        cases.retain(|c| c.0 <= 10_000 || comm.transport() == oxcomm::Transport::Shm);
         self.rank_block_op(
             comm,
             &cases,
@@ -371,7 +371,7 @@ fn all_reduce_case<T: Element>(
 
 /// The algorithms of `algos` that can run on `comm`: the direct one only over shm.
 fn runnable(comm: &Communicator, algos: &[Algorithm]) -> Vec<Algorithm> {
-    algos.iter().copied().filter(|a| *a != Algorithm::ShmDirect || comm.transport() == "shm").collect()
+    algos.iter().copied().filter(|a| *a != Algorithm::ShmDirect || comm.transport() == oxcomm::Transport::Shm).collect()
 }
 
 /// `opts` forcing `algo`.

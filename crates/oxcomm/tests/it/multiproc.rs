@@ -173,7 +173,7 @@ fn child_entry() {
         "hosts" => {
             // Two simulated hosts of two ranks: shared memory inside, TCP across, and the
             // hierarchical algorithms picked by the planner (all_reduce also forced).
-            assert_eq!(comm.transport(), "shm+tcp");
+            assert_eq!(comm.transport(), oxcomm::Transport::ShmTcp);
             assert_eq!(comm.hosts(), vec![0, 0, 1, 1]);
             assert!(comm.host_layout().is_some());
             full_matrix(&comm, CollectiveTester::new().counts(&[0, 7, 1000, 65537]).segments(&[1 << 20]));

@@ -187,7 +187,7 @@ fn run_exchange(world: usize, ring_bytes: usize, total: usize, max_chunk: usize)
         .map(|(r, (mut links, bell))| {
             std::thread::spawn(move || {
                 exchange(r, &mut links, &*bell, total, max_chunk, 1 + r as u64).unwrap();
-                assert!(links.iter().flatten().all(|l| l.kind() == "shm"));
+                assert!(links.iter().flatten().all(|l| l.kind() == oxcomm::Transport::Shm));
             })
         })
         .collect();

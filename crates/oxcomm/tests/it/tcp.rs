@@ -288,7 +288,7 @@ fn communicator_over_tcp_gives_exact_results() {
     let parts = mesh(world, &job);
     let config = CommConfig { timeout: Duration::from_secs(30), max_segment_bytes: 64 << 10, ..CommConfig::default() };
     on_tcp_ranks(parts, config, |r, c| {
-        assert_eq!(c.transport(), "tcp");
+        assert_eq!(c.transport(), oxcomm::Transport::Tcp);
         for count in [1usize, 1000, 300_001] {
             let mut buf: Vec<i64> = (0..count).map(|i| (r * 1_000_000 + i) as i64).collect();
             c.all_reduce(&mut buf, ReduceOp::Sum)?;

@@ -277,7 +277,7 @@ fn ops_for(d: DType) -> impl Iterator<Item = ReduceOp> {
 fn init_reads_the_mpi_world(comm: &Communicator) -> CaseResult {
     let n: usize = std::env::var("OMPI_COMM_WORLD_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let r: usize = std::env::var("OMPI_COMM_WORLD_RANK").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);
-    if (comm.size(), comm.rank(), comm.transport().as_str()) != (n, r, "mpi") {
+    if (comm.size(), comm.rank(), comm.transport()) != (n, r, oxcomm::Transport::Mpi) {
         return Err(format!("size/rank/transport {} {} {} vs env {n} {r}", comm.size(), comm.rank(), comm.transport()));
     }
     Ok(())
