@@ -60,6 +60,7 @@ mod link;
 mod ring;
 mod segment;
 pub(crate) mod single_copy;
+mod sync;
 pub mod workspace;
 
 pub use futex::ShmDoorbell;
