@@ -534,7 +534,8 @@ mod tests {
         assert!(fresh().check(2, 5, total).unwrap_err().contains("world size"));
         assert!(fresh().check(2, 4, total + PAGE).unwrap_err().contains("file is"));
         // Each field, tampered with.
-        let tamper: [(&str, fn(&Header)); 8] = [
+        type Tamper = (&'static str, fn(&Header));
+        let tamper: [Tamper; 8] = [
             ("version", |h| h.version.store(VERSION + 1, Ordering::Relaxed)),
             ("header of", |h| h.header_bytes.store(64, Ordering::Relaxed)),
             ("rings of", |h| h.ring_bytes.store(5000, Ordering::Relaxed)),

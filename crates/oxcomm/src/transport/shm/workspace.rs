@@ -17,6 +17,23 @@
 //!
 //! Writers publish with `Release` stores to a counter or stamp after writing the bytes it
 //! covers; readers load it with `Acquire` before reading those bytes.
+//!
+//! # What the accessors check, and what they leave to the protocol
+//!
+//! Every accessor is safe and checks what one process can: the rank indexes a bounds-checked
+//! table, a slot index wraps at [`SLOTS`], payload and chunk ranges are checked against their
+//! region (without overflow), and every word that two ranks touch at once (counters, stamps,
+//! check words, lengths, headers, announcements) is an atomic. This rank's chunk buffer is
+//! reachable only through one [`ChunkMut`] at a time, never as a peer's, so two views of this
+//! process never alias. The unsafe code and its `SAFETY` lines are all in this file.
+//!
+//! Not guaranteed by types: that a peer does not rewrite a slot payload or chunk range while
+//! this rank holds a slice of it, nor that this rank keeps no slice of its own slot across the
+//! [`ShmDirect::write_slot`] that reuses it [`SLOTS`] ops later. Other processes are outside Rust's view; the slot and
+//! chunk protocols of `algorithms/shm_direct/` keep them off, and a peer is trusted to follow
+//! them, as it is trusted with the rings (see the [transport's docs](super)). Those bytes are
+//! plain data, valid for any bits: a peer that breaks the protocol yields wrong numbers, and
+//! every length or count read from it is checked before use.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
