@@ -40,6 +40,12 @@ impl Bell {
     /// Increments the counter; wakes sleepers if any are registered.
     pub(crate) fn ring(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
+        // loom models SeqCst accesses as AcqRel, which lets this load and the sleeper's both
+        // miss the other's store (it reported exactly that as a deadlock). The real program is
+        // safe: SeqCst operations have one total order (and the locked RMW is a full barrier on
+        // x86), so the model gets that order spelled as a fence; the real build pays nothing.
+        #[cfg(loom)]
+        fence(Ordering::SeqCst);
         if self.waiters.load(Ordering::SeqCst) > 0 {
             sync::wake(&self.epoch);
         }
