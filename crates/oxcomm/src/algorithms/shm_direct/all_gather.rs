@@ -56,9 +56,9 @@ pub(crate) fn all_gather<T: Element>(
         let slot = arrive(ctx, d, fp, as_bytes(io.own(me, m, 0..m)))?;
         let out = io.into_whole(me);
         for r in others() {
-            // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
+            // Stamped for this op (arrive waited for it); read before the slot can be
             // reused (only once this rank has arrived at a later op).
-            let (_, payload) = unsafe { d.shm.slot(r, slot, bytes) };
+            let payload = d.shm.slot_payload(r, slot, bytes);
             copy(as_bytes_mut(&mut out[r * m..(r + 1) * m]), payload);
         }
         return Ok(());
@@ -76,17 +76,17 @@ pub(crate) fn all_gather<T: Element>(
         let shm = d.shm;
         // Copy in. Half `half` was last used by chunk g-2: everyone must be done reading it.
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
-        // SAFETY: others read my buffer for chunk g only after I publish CopiedIn = g+1, and
+        // Others read my buffer for chunk g only after I publish CopiedIn = g+1, and
         // they finished with chunk g-2 (waited above).
-        copy(unsafe { shm.chunk_mut(half, 0, len) }, as_bytes(io.own(me, m, piece.clone())));
+        copy(&mut shm.chunk_mut(half, 0, len), as_bytes(io.own(me, m, piece.clone())));
         shm.publish(Counter::CopiedIn, g + 1);
         shm.publish(Counter::Reduced, g + 1);
         // Copy out.
         for r in others() {
             wait_peer_counter(ctx, shm, r, Counter::CopiedIn, g + 1)?;
-            // SAFETY: rank r published its piece for chunk g and rewrites this half only after
+            // Rank r published its piece for chunk g and rewrites this half only after
             // everyone (me included) published CopiedOut = g+1.
-            let src = unsafe { shm.chunk(r, half, 0, len) };
+            let src = shm.chunk(r, half, 0, len);
             copy_out(as_bytes_mut(io.block_mut(m, r, piece.clone())), src);
         }
         shm.publish(Counter::CopiedOut, g + 1);

@@ -53,9 +53,9 @@ pub(super) fn copy_in<T: Element>(
     for r in (0..n).filter(|r| *r != me) {
         let s = slice(start, len, n, r);
         let off = (s.start - start) * size;
-        // SAFETY: others read slice r of my buffer only after I publish CopiedIn = g+1, and
+        // Others read slice r of my buffer only after I publish CopiedIn = g+1, and
         // they finished with chunk g-2 (waited above).
-        copy(unsafe { shm.chunk_mut((g & 1) as usize, off, s.len() * size) }, as_bytes(&input[s]));
+        copy(&mut shm.chunk_mut((g & 1) as usize, off, s.len() * size), as_bytes(&input[s]));
     }
     shm.publish(Counter::CopiedIn, g + 1);
     wait_counter(ctx, shm, Counter::CopiedIn, g + 1)
@@ -79,9 +79,9 @@ pub(super) fn copy_out<T: Element>(
             continue;
         }
         let off = (s.start - start) * size;
-        // SAFETY: rank r published its reduced slice for chunk g and rewrites it only after
+        // Rank r published its reduced slice for chunk g and rewrites it only after
         // everyone (me included) published CopiedOut = g+1.
-        let src = unsafe { shm.chunk(r, (g & 1) as usize, off, s.len() * size) };
+        let src = shm.chunk(r, (g & 1) as usize, off, s.len() * size);
         copy(as_bytes_mut(&mut output[s]), src);
     }
     Ok(())
@@ -92,9 +92,9 @@ pub(super) fn copy_out<T: Element>(
 pub(super) fn reduce_slots<T: Element>(d: &Direct<'_>, slot: usize, n: usize, out: &mut [T], op: ReduceOp) {
     let bytes = std::mem::size_of_val(out);
     for r in 0..n {
-        // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
+        // Stamped for this op (arrive waited for it); read before the slot can be
         // reused (only once this rank has arrived at a later op).
-        let (_, payload) = unsafe { d.shm.slot(r, slot, bytes) };
+        let payload = d.shm.slot_payload(r, slot, bytes);
         if r == 0 {
             copy(as_bytes_mut(out), payload);
         } else {
@@ -132,12 +132,13 @@ pub(crate) fn all_reduce<'b, T: Element>(
         let mine = slice(me);
         if !mine.is_empty() {
             let (off, len) = ((mine.start - start) * size, mine.len() * size);
-            // SAFETY: slice `me` of my buffer is read by others only after I publish
+            // Slice `me` of my buffer is read by others only after I publish
             // Reduced = g+1; the other ranks' slices `me` were published for chunk g and are
             // not rewritten before everyone published CopiedOut = g+1.
-            let dst: &mut [T] = bytemuck::cast_slice_mut(unsafe { shm.chunk_mut(half, off, len) });
-            // SAFETY: as above, for the other ranks' published slices.
-            let theirs = |r: usize| -> &[T] { bytemuck::cast_slice(unsafe { shm.chunk(r, half, off, len) }) };
+            let mut own = shm.chunk_mut(half, off, len);
+            let dst: &mut [T] = bytemuck::cast_slice_mut(&mut own);
+            // As above, for the other ranks' published slices.
+            let theirs = |r: usize| -> &[T] { bytemuck::cast_slice(shm.chunk(r, half, off, len)) };
             // In L1-sized pieces: reduce into the result's buffer (apart: after copying the
             // input's piece there), then copy the piece (still in L1) to my chunk buffer for
             // the others; so my own slice needs no copy-out.

@@ -121,10 +121,10 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
                 continue;
             }
             let from = send[p].start + part.start..send[p].start + part.end;
-            // SAFETY: rank p reads this lane only after I publish CopiedIn = g+1, and every
+            // Rank p reads this lane only after I publish CopiedIn = g+1, and every
             // rank finished chunk g-2 (waited above), the last to read this half.
-            let to = unsafe { shm.chunk_mut(half, lanes.offset(me, p, n), part.len()) };
-            copy(to, io.send(from));
+            let mut to = shm.chunk_mut(half, lanes.offset(me, p, n), part.len());
+            copy(&mut to, io.send(from));
         }
         shm.publish(Counter::CopiedIn, g + 1);
         shm.publish(Counter::Reduced, g + 1);
@@ -132,9 +132,9 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
         ctx.wait_until(|| (0..n).find(|r| has_piece(*r) && shm.counter(*r, Counter::CopiedIn) < g + 1))?;
         for r in (0..n).filter(|r| has_piece(*r)) {
             let part = piece(recv[r].len(), lane, s);
-            // SAFETY: rank r published its lanes for chunk g and rewrites them only after every
+            // Rank r published its lanes for chunk g and rewrites them only after every
             // rank (me included) published CopiedOut = g+1.
-            let from = unsafe { shm.chunk(r, half, lanes.offset(r, me, n), part.len()) };
+            let from = shm.chunk(r, half, lanes.offset(r, me, n), part.len());
             copy_out(io.recv(recv[r].start + part.start..recv[r].start + part.end), from);
         }
         shm.publish(Counter::CopiedOut, g + 1);
@@ -206,9 +206,9 @@ pub(crate) fn all_to_all<T: Element>(
             // Rank r's block for me starts where the blocks before mine end (checked: it sends
             // recv_b[r].len() bytes here, inside the payload it wrote).
             let at = table.as_ref().map_or(send_b[me].start, |t| t.offset(r, me));
-            // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
+            // Stamped for this op (arrive waited for it); read before the slot can be
             // reused (only once this rank has arrived at a later op).
-            let (_, payload) = unsafe { d.shm.slot(r, slot, at + len) };
+            let payload = d.shm.slot_payload(r, slot, at + len);
             copy(io.recv(recv_b[r].clone()), &payload[at..]);
         }
         return Ok(());
@@ -284,8 +284,8 @@ impl CountTable {
         let table = CountTable::bytes(n);
         let mut t = CountTable { send: Vec::with_capacity(n), recv: Vec::with_capacity(n), inline: Vec::new(), size };
         for r in 0..n {
-            // SAFETY: stamped for this op; the header is always readable.
-            let (h, _) = unsafe { d.shm.slot(r, slot, 0) };
+            // Stamped for this op; the header is always readable.
+            let h = d.shm.slot_header_snapshot(r, slot);
             let len = u64::from_le_bytes(h[FP_BYTES..FP_BYTES + 8].try_into().expect("8 bytes"));
             let bad = |why: &str| {
                 Error::protocol(format!("rank {r}'s all_to_all_v count table is malformed ({why})")).with_peer(r)
@@ -293,8 +293,8 @@ impl CountTable {
             if len < table as u64 || len > SMALL_BYTES as u64 {
                 return Err(bad(&format!("{len} bytes of payload, expected {table} to {SMALL_BYTES}")));
             }
-            // SAFETY: as above; `table` ≤ SMALL_BYTES (checked by the caller).
-            let (_, words) = unsafe { d.shm.slot(r, slot, table) };
+            // As above; `table` ≤ SMALL_BYTES (checked by the caller).
+            let words = d.shm.slot_payload(r, slot, table);
             let counts: Vec<u64> =
                 words.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes"))).collect();
             let data = counts[..n]

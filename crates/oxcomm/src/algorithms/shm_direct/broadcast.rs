@@ -28,9 +28,9 @@ pub(crate) fn broadcast<T: Element>(
         let (payload, wait) = if me == root { (as_bytes(&*buf), Wait::Nobody) } else { (&[][..], Wait::Root(root)) };
         let slot = arrive_for(ctx, d, fp, payload, wait)?;
         if me != root {
-            // SAFETY: the root stamped its slot for this op; it is reused only once this rank
+            // The root stamped its slot for this op; it is reused only once this rank
             // has arrived at a later op.
-            let (_, payload) = unsafe { d.shm.slot(root, slot, bytes) };
+            let payload = d.shm.slot_payload(root, slot, bytes);
             copy(as_bytes_mut(buf), payload);
         }
         return Ok(());
@@ -47,8 +47,8 @@ pub(crate) fn broadcast<T: Element>(
         let len = std::mem::size_of_val(part);
         if me == root {
             wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
-            // SAFETY: as in all_reduce's copy-in.
-            copy(unsafe { shm.chunk_mut(half, 0, len) }, as_bytes(part));
+            // As in all_reduce's copy-in.
+            copy(&mut shm.chunk_mut(half, 0, len), as_bytes(part));
             shm.publish(Counter::CopiedIn, g + 1);
             shm.publish(Counter::Reduced, g + 1);
             shm.publish(Counter::CopiedOut, g + 1);
@@ -56,9 +56,9 @@ pub(crate) fn broadcast<T: Element>(
             shm.publish(Counter::CopiedIn, g + 1);
             shm.publish(Counter::Reduced, g + 1);
             wait_peer_counter(ctx, shm, root, Counter::CopiedIn, g + 1)?;
-            // SAFETY: the root published chunk g and rewrites this half only after every rank
+            // The root published chunk g and rewrites this half only after every rank
             // published CopiedOut = g+1.
-            copy_out(as_bytes_mut(part), unsafe { shm.chunk(root, half, 0, len) });
+            copy_out(as_bytes_mut(part), shm.chunk(root, half, 0, len));
             shm.publish(Counter::CopiedOut, g + 1);
         }
         d.state.chunks += 1;

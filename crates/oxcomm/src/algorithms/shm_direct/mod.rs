@@ -167,9 +167,9 @@ pub(super) fn arrive_for(
     let mut header = [0u64; SLOT_HEADER / 8];
     header[..FP_WORDS].copy_from_slice(&words);
     header[FP_WORDS] = payload.len() as u64;
-    // SAFETY: every rank has stamped op k − EAGER (just checked), so none still reads op
+    // Every rank has stamped op k − EAGER (just checked), so none still reads op
     // k − SLOTS's slot, which this write replaces (module docs).
-    unsafe { d.shm.write_slot(slot, stamp, check, &header, payload) };
+    d.shm.write_slot(slot, stamp, check, &header, payload);
     let ranks = match wait {
         Wait::Everyone => {
             arrive_wait(ctx, d.shm, fp, slot, stamp, 0..n)?;
@@ -274,14 +274,14 @@ fn check_fingerprints(
     ranks: std::ops::Range<usize>,
 ) -> Result<()> {
     for r in ranks {
-        // SAFETY: rank r stamped this slot for this op; it rewrites it only once this rank has
+        // Rank r stamped this slot for this op; it rewrites it only once this rank has
         // stamped a later op than it has (module docs).
-        let theirs_check = unsafe { shm.slot_check(r, slot) };
+        let theirs_check = shm.slot_check(r, slot);
         if theirs_check == check {
             continue;
         }
-        // SAFETY: as above.
-        let (h, _) = unsafe { shm.slot(r, slot, 0) };
+        // As above.
+        let h = shm.slot_header_snapshot(r, slot);
         let theirs = Fingerprint::decode_from(&h[..FP_BYTES], r)?;
         if theirs != *fp {
             return Err(Error::new(

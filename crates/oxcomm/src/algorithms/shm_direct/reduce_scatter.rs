@@ -53,9 +53,9 @@ pub(crate) fn reduce_scatter<'b, T: Element>(
         let slot = arrive(ctx, d, fp, as_bytes(io.input(0..n * m)))?;
         let shm = d.shm;
         let theirs = |r: usize| -> &[T] {
-            // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
+            // Stamped for this op (arrive waited for it); read before the slot can be
             // reused (only once this rank has arrived at a later op).
-            let (_, payload) = unsafe { shm.slot(r, slot, n * m * size) };
+            let payload = shm.slot_payload(r, slot, n * m * size);
             bytemuck::cast_slice(&payload[me * m * size..(me + 1) * m * size])
         };
         let out = io.into_result(me, m);
@@ -73,10 +73,10 @@ pub(crate) fn reduce_scatter<'b, T: Element>(
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
         for r in (0..n).filter(|r| *r != me) {
             let at = r * m + start;
-            // SAFETY: others read my buffer for chunk g only after I publish CopiedIn = g+1,
+            // Others read my buffer for chunk g only after I publish CopiedIn = g+1,
             // and they finished with chunk g-2 (waited above).
-            let dst = unsafe { shm.chunk_mut(half, piece_index(r, me) * k * size, k * size) };
-            copy(dst, as_bytes(io.input(at..at + k)));
+            let mut dst = shm.chunk_mut(half, piece_index(r, me) * k * size, k * size);
+            copy(&mut dst, as_bytes(io.input(at..at + k)));
         }
         shm.publish(Counter::CopiedIn, g + 1);
         wait_counter(ctx, shm, Counter::CopiedIn, g + 1)?;
@@ -86,9 +86,9 @@ pub(crate) fn reduce_scatter<'b, T: Element>(
             let hi = (lo + step).min(k);
             let theirs = |r: usize| -> &[T] {
                 let off = (piece_index(me, r) * k + lo) * size;
-                // SAFETY: every rank published its pieces for chunk g and rewrites this half
+                // Every rank published its pieces for chunk g and rewrites this half
                 // only after everyone (me included) published CopiedOut = g+1.
-                bytemuck::cast_slice(unsafe { shm.chunk(r, half, off, (hi - lo) * size) })
+                bytemuck::cast_slice(shm.chunk(r, half, off, (hi - lo) * size))
             };
             let (out, own) = io.result_and_own(me, m, start + lo..start + hi);
             reduce_in_rank_order(out, own, me, n, theirs, &mut saved, op);

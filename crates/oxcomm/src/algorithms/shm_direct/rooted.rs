@@ -82,9 +82,9 @@ pub(crate) fn gather<T: Element>(
     let blocks = |r: usize| if r != me { r * s..(r + 1) * s } else { 0..0 };
     if small {
         for r in (0..n).filter(|r| *r != me) {
-            // SAFETY: stamped for this op (arrive waited for it); read before the slot can be
+            // Stamped for this op (arrive waited for it); read before the slot can be
             // reused (only once this rank has arrived at a later op).
-            let (_, payload) = unsafe { d.shm.slot(r, slot, s) };
+            let payload = d.shm.slot_payload(r, slot, s);
             copy(&mut dst[blocks(r)], payload);
         }
         return Ok(());
@@ -115,9 +115,9 @@ pub(crate) fn scatter<T: Element>(
         let slot = if small { arrive_for(ctx, d, fp, &[], Wait::Root(root))? } else { arrive(ctx, d, fp, &[])? };
         let dst = as_bytes_mut(io.into_result(me, m));
         if small {
-            // SAFETY: the root stamped its slot for this op; it is reused only once this rank
+            // The root stamped its slot for this op; it is reused only once this rank
             // has arrived at a later op.
-            let (_, payload) = unsafe { d.shm.slot(root, slot, n * s) };
+            let payload = d.shm.slot_payload(root, slot, n * s);
             copy(dst, &payload[me * s..(me + 1) * s]);
             return Ok(());
         }
@@ -183,9 +183,9 @@ pub(crate) fn reduce<'b, T: Element>(
         copy_in(ctx, shm, g, start, part_len, io.input(0..total))?;
         let mine = slice(me);
         let (off, len) = ((mine.start - start) * size, mine.len() * size);
-        // SAFETY: the other ranks' slices `me` were published for chunk g and are not
+        // The other ranks' slices `me` were published for chunk g and are not
         // rewritten before everyone published CopiedOut = g+1.
-        let theirs = |r: usize| -> &[T] { bytemuck::cast_slice(unsafe { shm.chunk(r, half, off, len) }) };
+        let theirs = |r: usize| -> &[T] { bytemuck::cast_slice(shm.chunk(r, half, off, len)) };
         for lo in (0..mine.len()).step_by(piece) {
             let hi = (lo + piece).min(mine.len());
             let at = mine.start + lo..mine.start + hi;
@@ -209,9 +209,10 @@ pub(crate) fn reduce<'b, T: Element>(
                 let own = &own[..hi - lo];
                 reduce_in_rank_order(out, n, |r| if r == me { own } else { &theirs(r)[lo..hi] }, op);
             } else {
-                // SAFETY: slice `me` of my half is read by the root only after I publish
+                // Slice `me` of my half is read by the root only after I publish
                 // Reduced = g+1, and by no one else.
-                let dst: &mut [T] = bytemuck::cast_slice_mut(unsafe { shm.chunk_mut(half, off, len) });
+                let mut own = shm.chunk_mut(half, off, len);
+                let dst: &mut [T] = bytemuck::cast_slice_mut(&mut own);
                 let mine_now = io.input(at);
                 reduce_in_rank_order(&mut dst[lo..hi], n, |r| if r == me { mine_now } else { &theirs(r)[lo..hi] }, op);
             }

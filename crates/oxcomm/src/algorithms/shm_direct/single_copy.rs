@@ -87,11 +87,11 @@ pub(super) fn expose(addr: *const u8, word: u64) -> [u8; 16] {
 /// `slot`); a payload of another length (a rank that did not plan single copy) is a protocol
 /// error naming it, never an older op's address.
 pub(super) fn exposed(d: &Direct<'_>, slot: usize, r: usize) -> Result<(u64, u64)> {
-    // SAFETY: stamped for this op (the caller's arrival waited for it); the slot is reused only
+    // Stamped for this op (the caller's arrival waited for it); the slot is reused only
     // once this rank has arrived at a later op.
-    let (header, payload) = unsafe { d.shm.slot(r, slot, 16) };
+    let (header, payload) = (d.shm.slot_header_snapshot(r, slot), d.shm.slot_payload(r, slot, 16));
     let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
-    let len = word(header, FP_BYTES);
+    let len = word(&header, FP_BYTES);
     if len != 16 {
         return Err(Error::protocol(format!(
             "rank {r} published {len} bytes where single copy expects its buffer's address (16)"

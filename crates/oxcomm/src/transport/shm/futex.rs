@@ -28,11 +28,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustix::io::Errno;
-use rustix::thread::futex;
-
 use super::layout::Bell;
 use super::segment::Segment;
+use super::sync::{self, fence, Woke};
 use crate::transport::Doorbell;
 
 /// Yields after the spin phase, before sleeping, at least this many times.
@@ -42,10 +40,14 @@ impl Bell {
     /// Increments the counter; wakes sleepers if any are registered.
     pub(crate) fn ring(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
+        // loom models SeqCst accesses as AcqRel, which lets this load and the sleeper's both
+        // miss the other's store (it reported exactly that as a deadlock). The real program is
+        // safe: SeqCst operations have one total order (and the locked RMW is a full barrier on
+        // x86), so the model gets that order spelled as a fence; the real build pays nothing.
+        #[cfg(loom)]
+        fence(Ordering::SeqCst);
         if self.waiters.load(Ordering::SeqCst) > 0 {
-            // Errors (none expected for a valid, mapped address) leave sleepers to their
-            // timeout, which is bounded by their deadline.
-            let _ = futex::wake(&self.epoch, futex::Flags::empty(), u32::MAX >> 1);
+            sync::wake(&self.epoch);
         }
     }
 
@@ -54,7 +56,7 @@ impl Bell {
     /// before calling; the fence orders that store before the load of `waiters`, against the
     /// sleeper's "register, then check" (one of the two sees the other).
     pub(crate) fn ring_if_sleeping(&self) {
-        std::sync::atomic::fence(Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         if self.waiters.load(Ordering::SeqCst) > 0 {
             self.ring();
         }
@@ -107,23 +109,25 @@ impl Bell {
                 return;
             }
         }
+        self.sleep(seen, until, ready);
+    }
+
+    /// The last phase of [`Bell::wait_ready`]: registers in `waiters`, re-checks `epoch` and
+    /// `ready` behind a fence, and sleeps on the futex while neither changed, until `until`.
+    /// This is the sleeper's half of the no-lost-wake-up protocol (module docs), which the
+    /// loom model below checks against [`Bell::ring`] and [`Bell::ring_if_sleeping`].
+    pub(crate) fn sleep(&self, seen: u32, until: Instant, ready: &mut dyn FnMut() -> bool) {
         self.waiters.fetch_add(1, Ordering::SeqCst);
-        std::sync::atomic::fence(Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         while self.epoch.load(Ordering::SeqCst) == seen && !ready() {
             let now = Instant::now();
             if now >= until {
                 break;
             }
             let left = until - now;
-            let ts = futex::Timespec {
-                tv_sec: left.as_secs().min(i64::MAX as u64) as i64,
-                tv_nsec: i64::from(left.subsec_nanos()),
-            };
-            match futex::wait(&self.epoch, futex::Flags::empty(), seen, Some(&ts)) {
-                // Woken, value changed (EAGAIN), timed out or interrupted: re-check above.
-                Ok(()) | Err(Errno::AGAIN) | Err(Errno::TIMEDOUT) | Err(Errno::INTR) => {}
+            if sync::wait(&self.epoch, seen, left) == Woke::NoFutex {
                 // No futex (seccomp, odd kernels): degrade to short sleeps, still bounded.
-                Err(_) => std::thread::sleep(left.min(Duration::from_millis(1))),
+                std::thread::sleep(left.min(Duration::from_millis(1)));
             }
         }
         self.waiters.fetch_sub(1, Ordering::SeqCst);
@@ -179,21 +183,24 @@ impl Doorbell for ShmDoorbell {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// Deadlines of these tests: Miri's clock runs slower than the machine's.
+    const SHORT: Duration = Duration::from_millis(if cfg!(miri) { 5 } else { 50 });
 
     #[test]
     fn wait_returns_at_deadline_and_on_ring() {
         let bell = Arc::new(Bell::default());
         let t0 = Instant::now();
-        bell.wait(0, t0 + Duration::from_millis(50), Duration::from_micros(5), Duration::from_micros(50));
+        bell.wait(0, t0 + SHORT, Duration::from_micros(5), Duration::from_micros(50));
         let took = t0.elapsed();
-        assert!(took >= Duration::from_millis(50) && took < Duration::from_millis(1000), "{took:?}");
+        assert!(took >= SHORT && took < Duration::from_millis(1000) + SHORT * 20, "{took:?}");
 
         let b2 = bell.clone();
         let ringer = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(SHORT / 2);
             b2.ring();
         });
         let t0 = Instant::now();
@@ -201,5 +208,100 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_secs(5));
         assert_eq!(bell.waiters.load(Ordering::SeqCst), 0);
         ringer.join().unwrap();
+    }
+
+    /// The direct collectives' pattern: publish an event, ring only if the owner sleeps; the
+    /// owner checks the event in every phase. Many rounds, so some find the owner asleep.
+    #[test]
+    fn ring_if_sleeping_wakes_a_checked_wait() {
+        let rounds: u32 = if cfg!(miri) { 20 } else { 2000 };
+        let bell = Arc::new(Bell::default());
+        let event = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let (b2, e2) = (bell.clone(), event.clone());
+        let ringer = std::thread::spawn(move || {
+            for i in 1..=rounds {
+                e2.store(i, Ordering::Release);
+                b2.ring_if_sleeping();
+                while e2.load(Ordering::Acquire) == i {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        for i in 1..=rounds {
+            let until = Instant::now() + Duration::from_secs(30);
+            let seen = bell.epoch.load(Ordering::SeqCst);
+            bell.wait_ready(seen, until, Duration::ZERO, Duration::ZERO, &mut || event.load(Ordering::Acquire) == i);
+            assert!(Instant::now() < until, "round {i}: the wake-up was lost");
+            event.store(0, Ordering::Release);
+        }
+        ringer.join().unwrap();
+        assert_eq!(bell.waiters.load(Ordering::SeqCst), 0);
+    }
+}
+
+/// A loom model of the no-lost-wake-up protocol (module docs): the ringer publishes, then
+/// looks for sleepers; the sleeper registers, re-checks, then sleeps on the model futex
+/// (`sync.rs`), which never times out, so a lost wake-up is a deadlock that loom reports. Run
+/// with `RUSTFLAGS="--cfg loom" cargo test -p oxcomm --lib --release loom` (bench/miri.sh).
+#[cfg(all(test, loom))]
+mod loom_model {
+    use super::*;
+    use loom::sync::atomic::AtomicU32;
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    /// A link's pattern: bump the epoch (`ring`), against a sleeper that saw the old epoch.
+    #[test]
+    fn loom_ring_wakes_a_sleeper() {
+        loom::model(|| {
+            let bell = Arc::new(Bell::default());
+            let b = bell.clone();
+            let ringer = loom::thread::spawn(move || b.ring());
+            bell.sleep(0, far(), &mut || false);
+            assert_eq!(bell.epoch.load(Ordering::SeqCst), 1);
+            ringer.join().unwrap();
+            assert_eq!(bell.waiters.load(Ordering::SeqCst), 0);
+        });
+    }
+
+    /// The direct collectives' pattern: publish an event, ring only if the owner sleeps
+    /// (`ring_if_sleeping`), against a sleeper that checks the event after registering.
+    #[test]
+    fn loom_ring_if_sleeping_wakes_a_checked_sleeper() {
+        loom::model(|| {
+            let bell = Arc::new(Bell::default());
+            let event = Arc::new(AtomicU32::new(0));
+            let (b, e) = (bell.clone(), event.clone());
+            let ringer = loom::thread::spawn(move || {
+                e.store(1, Ordering::Release);
+                b.ring_if_sleeping();
+            });
+            let seen = bell.epoch.load(Ordering::SeqCst);
+            bell.sleep(seen, far(), &mut || event.load(Ordering::Acquire) == 1);
+            ringer.join().unwrap();
+            assert_eq!(event.load(Ordering::Acquire), 1);
+            assert_eq!(bell.waiters.load(Ordering::SeqCst), 0);
+        });
+    }
+
+    /// Two ringers and one sleeper (ranks ring a shared owner): still no lost wake-up.
+    #[test]
+    fn loom_two_ringers() {
+        loom::model(|| {
+            let bell = Arc::new(Bell::default());
+            let ringers: Vec<_> = (0..2)
+                .map(|_| {
+                    let b = bell.clone();
+                    loom::thread::spawn(move || b.ring())
+                })
+                .collect();
+            bell.sleep(0, far(), &mut || false);
+            for r in ringers {
+                r.join().unwrap();
+            }
+            assert_eq!(bell.epoch.load(Ordering::SeqCst), 2);
+        });
     }
 }

@@ -14,7 +14,7 @@
 //! | [`SLOTS_OFFSET`] | [`SLOTS`] slots: a line with an 8-byte stamp, an 8-byte check word, the payload's length and up to [`INLINE_BYTES`] of payload; a line with the [`SLOT_HEADER`]-byte header; up to [`SMALL_BYTES`] of payload (when it is not inline) |
 //! | [`BIG_OFFSET`] (page-aligned) | two chunk buffers of [`CHUNK_BYTES`] |
 
-use std::sync::atomic::AtomicU32;
+use super::sync::AtomicU32;
 
 /// The doorbell words in the owner's segment: the counter and its sleepers on one 128-byte
 /// line, the heartbeat on the next, so that the owner stamping its heartbeat every op does not

@@ -1,9 +1,12 @@
 //! Shared-memory transport for ranks (processes, or threads in tests) on one host.
 //!
-//! This module owns the setup of per-rank POSIX shared-memory segments and the [`ShmLink`] /
-//! [`ShmDoorbell`] that implement the [transport contract](crate::transport) over them. It
-//! knows nothing about collectives, and nothing about how ranks find each other: the caller
-//! coordinates the two setup phases (for example through a key-value store).
+//! This file owns the endpoint: the setup of per-rank POSIX shared-memory segments, the
+//! transport's settings and the hand-out of the [`ShmLink`]s (in `link.rs`) and the
+//! [`ShmDoorbell`] (in `futex.rs`) that implement the [transport contract](crate::transport)
+//! over them. The ring lives in `ring.rs`, the segment and its header in `segment.rs` and
+//! `layout.rs`, the direct collectives' view in `workspace.rs`. It knows nothing about
+//! collectives, and nothing about how ranks find each other: the caller coordinates the two
+//! setup phases (for example through a key-value store).
 //!
 //! # Design
 //!
@@ -48,24 +51,22 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rustix::event::{poll, PollFd, PollFlags};
-use rustix::fd::OwnedFd;
-use rustix::io::Errno;
-use rustix::process::{pidfd_open, test_kill_process, Pid, PidfdFlags};
-
 use super::{Doorbell, Link};
 use crate::error::{Error, ErrorKind, Result};
 
 mod futex;
 mod layout;
+mod link;
 mod ring;
 mod segment;
 pub(crate) mod single_copy;
+mod sync;
 pub mod workspace;
 
 pub use futex::ShmDoorbell;
+pub use link::ShmLink;
 
-use ring::{Consumer, Corrupt, Producer};
+use link::PeerProcess;
 use segment::{Layout, Segment, MAX_RING_BYTES, MIN_RING_BYTES};
 
 /// Longest accepted job name.
@@ -367,223 +368,6 @@ impl ShmEndpoint {
         let links = std::mem::take(&mut self.links);
         let bell = Arc::new(ShmDoorbell::new(self.own.clone(), self.config.spin, self.config.yield_for));
         (links, bell)
-    }
-}
-
-/// How a link tells whether the peer's process is still alive.
-enum PeerProcess {
-    /// The peer is a thread of this process: only its close flags tell.
-    SameProcess,
-    /// A pidfd, readable once the process has exited (zombies included).
-    Pidfd(OwnedFd),
-    /// No pidfd support: `kill(pid, 0)` (a zombie still counts as alive until reaped).
-    Pid(Pid),
-}
-
-impl PeerProcess {
-    /// Opens a handle on process `pid`; `Err` if it does not exist (a stale segment).
-    fn open(pid: u32) -> std::result::Result<PeerProcess, String> {
-        let me = rustix::process::getpid();
-        let pid =
-            i32::try_from(pid).ok().and_then(Pid::from_raw).ok_or_else(|| format!("owner pid {pid} is invalid"))?;
-        if pid == me {
-            return Ok(PeerProcess::SameProcess);
-        }
-        match pidfd_open(pid, PidfdFlags::empty()) {
-            Ok(fd) => Ok(PeerProcess::Pidfd(fd)),
-            Err(Errno::SRCH) => Err(format!("its owner process {} is not running", pid.as_raw_pid())),
-            Err(_) => match test_kill_process(pid) {
-                Err(Errno::SRCH) => Err(format!("its owner process {} is not running", pid.as_raw_pid())),
-                _ => Ok(PeerProcess::Pid(pid)),
-            },
-        }
-    }
-
-    /// `true` once the process is known to have exited. One non-blocking syscall.
-    fn gone(&self) -> bool {
-        match self {
-            PeerProcess::SameProcess => false,
-            PeerProcess::Pidfd(fd) => {
-                let mut fds = [PollFd::new(fd, PollFlags::IN)];
-                let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
-                matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
-            }
-            PeerProcess::Pid(pid) => matches!(test_kill_process(*pid), Err(Errno::SRCH)),
-        }
-    }
-}
-
-/// This rank's end of a shared-memory link to one peer: writes go into this rank's ring in
-/// the peer's segment, reads come from the peer's ring in this rank's segment.
-///
-/// A send that took bytes always rings the peer's doorbell. A receive that freed space rings
-/// it only if the peer found the ring full since (the only case in which it can be waiting
-/// for space), so streaming does not wake a busy sender for nothing.
-pub struct ShmLink {
-    rank: usize,
-    peer: usize,
-    /// Into the peer's segment.
-    tx: Producer,
-    /// From this rank's segment.
-    rx: Consumer,
-    /// Keeps the peer's mapping (and its doorbell) alive.
-    peer_seg: Arc<Segment>,
-    process: PeerProcess,
-    /// Set once `check_peer` saw the process exit.
-    process_gone: bool,
-}
-
-impl std::fmt::Debug for ShmLink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShmLink").field("rank", &self.rank).field("peer", &self.peer).finish_non_exhaustive()
-    }
-}
-
-impl Drop for ShmLink {
-    fn drop(&mut self) {
-        self.close_flags(1);
-    }
-}
-
-/// Close-flag values: 0 open, 1 closed, `2 + (r << 3 | code)` closed because rank `r` failed
-/// with the error kind of [`crate::transport::cause_code`] `code`.
-const CLOSED: u32 = 1;
-
-fn closed_flag(cause: Option<(usize, ErrorKind)>) -> u32 {
-    cause.map_or(CLOSED, |(r, kind)| 2 + ((r as u32) << 3 | crate::transport::cause_code(kind)))
-}
-
-/// Why a link with close flag `flag` is gone: a plain reason, or the error naming the culprit.
-fn closed_reason(flag: u32, peer: usize) -> Option<std::result::Result<String, Error>> {
-    match flag {
-        0 => None,
-        CLOSED => Some(Ok("it closed its shared-memory link".to_string())),
-        v => {
-            let (culprit, code) = (((v - 2) >> 3) as usize, (v - 2) & 7);
-            if culprit == peer {
-                Some(Ok("it closed its shared-memory link after failing".to_string()))
-            } else {
-                Some(Err(crate::transport::cascaded(peer, culprit, crate::transport::cause_kind(code))))
-            }
-        }
-    }
-}
-
-impl ShmLink {
-    /// Sets both close flags (first value wins) and wakes the peer.
-    fn close_flags(&self, value: u32) {
-        let flags = &self.tx.ctrl().flags.0;
-        let _ = flags.writer_closed.compare_exchange(0, value, Ordering::AcqRel, Ordering::Acquire);
-        let flags = &self.rx.ctrl().flags.0;
-        let _ = flags.reader_closed.compare_exchange(0, value, Ordering::AcqRel, Ordering::Acquire);
-        self.peer_seg.bell().ring();
-    }
-
-    fn gone(&self, why: std::result::Result<String, Error>) -> Error {
-        match why {
-            Ok(why) => Error::new(ErrorKind::PeerGone, format!("rank {} is gone ({why})", self.peer))
-                .with_peer(self.peer)
-                .with_rank(self.rank),
-            Err(e) => e.with_rank(self.rank),
-        }
-    }
-
-    fn corrupt(&self, c: Corrupt, dir: &str) -> Error {
-        Error::protocol(format!("shm ring {dir} rank {}: {c}", self.peer)).with_peer(self.peer).with_rank(self.rank)
-    }
-
-    /// Why the peer can no longer read, if it cannot, and the rank to blame.
-    fn reader_gone(&self) -> Option<std::result::Result<String, Error>> {
-        closed_reason(self.tx.ctrl().flags.0.reader_closed.load(Ordering::Acquire), self.peer)
-            .or_else(|| self.process_gone.then(|| Ok("its process exited".to_string())))
-    }
-
-    /// Why the peer will send no more, if it will not, and the rank to blame.
-    fn writer_gone(&self) -> Option<std::result::Result<String, Error>> {
-        closed_reason(self.rx.ctrl().flags.0.writer_closed.load(Ordering::Acquire), self.peer)
-            .or_else(|| self.process_gone.then(|| Ok("its process exited".to_string())))
-    }
-}
-
-impl Link for ShmLink {
-    fn peer(&self) -> usize {
-        self.peer
-    }
-
-    fn try_send(&mut self, data: &[u8]) -> Result<usize> {
-        if let Some(why) = self.reader_gone() {
-            return Err(self.gone(why));
-        }
-        let n = self.tx.try_write(data).map_err(|c| self.corrupt(c, "to"))?;
-        if n > 0 {
-            self.peer_seg.bell().ring();
-        }
-        Ok(n)
-    }
-
-    fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
-        let n = self.rx.try_read(buf).map_err(|c| self.corrupt(c, "from"))?;
-        self.after_recv(n, buf.is_empty())
-    }
-
-    fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8])) -> Result<usize> {
-        let n = self.rx.read_with(max, consume).map_err(|c| self.corrupt(c, "from"))?;
-        self.after_recv(n, max == 0)
-    }
-
-    fn check_peer(&mut self) -> Result<()> {
-        if !self.process_gone && self.process.gone() {
-            self.process_gone = true;
-        }
-        if let Some(why) = self.writer_gone() {
-            // Bytes already in the ring may still be read; report once drained.
-            let left = self.rx.available().map_err(|c| self.corrupt(c, "from"))?;
-            if left == 0 {
-                return Err(self.gone(why));
-            }
-        }
-        Ok(())
-    }
-
-    fn check_alive(&mut self) -> Result<()> {
-        if !self.process_gone && self.process.gone() {
-            self.process_gone = true;
-        }
-        match self.writer_gone() {
-            Some(why) => Err(self.gone(why)),
-            None => Ok(()),
-        }
-    }
-
-    fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
-        self.close_flags(closed_flag(cause));
-    }
-
-    fn peer_idle(&mut self) -> Option<std::time::Duration> {
-        crate::transport::idle_since(self.peer_seg.bell().heartbeat.load(Ordering::Relaxed))
-    }
-
-    fn kind(&self) -> crate::transport::Transport {
-        crate::transport::Transport::Shm
-    }
-}
-
-impl ShmLink {
-    fn after_recv(&mut self, n: usize, asked_none: bool) -> Result<usize> {
-        if n > 0 {
-            // Ring only if the peer found its ring full and may wait for this space.
-            if self.rx.take_writer_blocked() {
-                self.peer_seg.bell().ring();
-            }
-        } else if !asked_none {
-            if let Some(why) = self.writer_gone() {
-                // Re-check: bytes may have landed between the read and the flag.
-                if self.rx.available().map_err(|c| self.corrupt(c, "from"))? == 0 {
-                    return Err(self.gone(why));
-                }
-            }
-        }
-        Ok(n)
     }
 }
 

@@ -52,6 +52,7 @@ const PAGE: usize = 4096;
 /// The segment header. Every field is atomic because another process writes it; all but
 /// `magic` are read `Relaxed` after `magic` was loaded with `Acquire`.
 #[repr(C, align(128))]
+#[cfg_attr(test, derive(Default))]
 pub(crate) struct Header {
     magic: AtomicU64,
     version: AtomicU32,
@@ -68,6 +69,70 @@ pub(crate) struct Header {
 }
 
 const HEADER_BYTES: usize = std::mem::size_of::<Header>();
+
+impl Header {
+    /// Writes every field for a segment of `layout` owned by rank `owner_rank` (process
+    /// `pid`), then `magic` last with `Release`: whoever loads it with `Acquire` sees the rest
+    /// (and whatever the creator wrote into the segment before).
+    fn publish(&self, layout: &Layout, owner_rank: usize, pid: u32) {
+        self.version.store(VERSION, Ordering::Relaxed);
+        self.header_bytes.store(HEADER_BYTES as u32, Ordering::Relaxed);
+        self.world.store(layout.world as u64, Ordering::Relaxed);
+        self.owner_rank.store(owner_rank as u64, Ordering::Relaxed);
+        self.owner_pid.store(u64::from(pid), Ordering::Relaxed);
+        self.ring_bytes.store(layout.ring_bytes as u64, Ordering::Relaxed);
+        self.slots.store(layout.slots as u64, Ordering::Relaxed);
+        self.table_offset.store(layout.table_offset as u64, Ordering::Relaxed);
+        self.rings_offset.store(layout.rings_offset as u64, Ordering::Relaxed);
+        self.ring_stride.store(layout.ring_stride as u64, Ordering::Relaxed);
+        self.total_bytes.store(layout.total_bytes as u64, Ordering::Relaxed);
+        self.magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// Checks every field (after `magic`, which the caller checked) against what an attacher
+    /// of rank `owner`'s segment in a world of `world` expects, and against the layout
+    /// recomputed from the header and the file's `len`. The layout and owner pid, or why not.
+    fn check(&self, owner: usize, world: usize, len: usize) -> std::result::Result<(Layout, u32), String> {
+        let field = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let version = self.version.load(Ordering::Relaxed);
+        if version != VERSION {
+            return Err(format!("layout version {version}, expected {VERSION}"));
+        }
+        let hb = self.header_bytes.load(Ordering::Relaxed);
+        if hb as usize != HEADER_BYTES {
+            return Err(format!("header of {hb} bytes, expected {HEADER_BYTES}"));
+        }
+        let (w, r) = (field(&self.world), field(&self.owner_rank));
+        if w != world as u64 {
+            return Err(format!("world size {w}, expected {world}"));
+        }
+        if r != owner as u64 {
+            return Err(format!("owner rank {r}, expected {owner}"));
+        }
+        let pid = field(&self.owner_pid);
+        let (slots, ring_bytes) = (field(&self.slots), field(&self.ring_bytes));
+        let layout = usize::try_from(slots)
+            .ok()
+            .zip(usize::try_from(ring_bytes).ok())
+            .and_then(|(s, b)| Layout::new(world, s, b))
+            .ok_or_else(|| format!("{slots} rings of {ring_bytes} bytes"))?;
+        let stored =
+            [field(&self.table_offset), field(&self.rings_offset), field(&self.ring_stride), field(&self.total_bytes)];
+        let expected =
+            [layout.table_offset, layout.rings_offset, layout.ring_stride, layout.total_bytes].map(|v| v as u64);
+        if stored != expected {
+            return Err(format!("layout (table, rings, stride, total) = {stored:?}, expected {expected:?}"));
+        }
+        if layout.total_bytes != len {
+            return Err(format!("file is {len} bytes, header says {}", layout.total_bytes));
+        }
+        if pid == 0 || pid > i32::MAX as u64 {
+            return Err(format!("owner pid {pid}"));
+        }
+        Ok((layout, pid as u32))
+    }
+}
+
 const BELL_OFFSET: usize = HEADER_BYTES;
 const TABLE_OFFSET: usize = BELL_OFFSET + std::mem::size_of::<Bell>();
 
@@ -214,25 +279,12 @@ impl Segment {
             own: true,
             unlinked: AtomicBool::new(false),
         };
-        let h = seg.header();
-        h.version.store(VERSION, Ordering::Relaxed);
-        h.header_bytes.store(HEADER_BYTES as u32, Ordering::Relaxed);
-        h.world.store(layout.world as u64, Ordering::Relaxed);
-        h.owner_rank.store(owner_rank as u64, Ordering::Relaxed);
-        h.owner_pid.store(u64::from(seg.owner_pid), Ordering::Relaxed);
-        h.ring_bytes.store(layout.ring_bytes as u64, Ordering::Relaxed);
-        h.slots.store(layout.slots as u64, Ordering::Relaxed);
-        h.table_offset.store(layout.table_offset as u64, Ordering::Relaxed);
-        h.rings_offset.store(layout.rings_offset as u64, Ordering::Relaxed);
-        h.ring_stride.store(layout.ring_stride as u64, Ordering::Relaxed);
-        h.total_bytes.store(layout.total_bytes as u64, Ordering::Relaxed);
         for (p, slot) in ring_of.iter().enumerate().take(layout.world) {
             let v = slot.map_or(NO_SLOT, |s| s as u32);
             seg.table_entry(p).store(v, Ordering::Relaxed);
         }
         // Bell and ring control blocks are zero (fresh file), their valid initial state.
-        // Release: everything above is visible to whoever sees the magic.
-        h.magic.store(MAGIC, Ordering::Release);
+        seg.header().publish(&layout, owner_rank, seg.owner_pid);
         Ok(seg)
     }
 
@@ -307,48 +359,12 @@ impl Segment {
         )
     }
 
-    /// Checks every header field; on success fills in `layout` and `owner_pid`.
+    /// Checks every header field and the slot table; on success fills in `layout` and
+    /// `owner_pid`.
     fn validate(&mut self, owner: usize, world: usize) -> Result<()> {
-        let h = self.header();
-        let field = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let version = h.version.load(Ordering::Relaxed);
-        if version != VERSION {
-            return Err(self.reject(format!("layout version {version}, expected {VERSION}")));
-        }
-        let hb = h.header_bytes.load(Ordering::Relaxed);
-        if hb as usize != HEADER_BYTES {
-            return Err(self.reject(format!("header of {hb} bytes, expected {HEADER_BYTES}")));
-        }
-        let (w, r) = (field(&h.world), field(&h.owner_rank));
-        if w != world as u64 {
-            return Err(self.reject(format!("world size {w}, expected {world}")));
-        }
-        if r != owner as u64 {
-            return Err(self.reject(format!("owner rank {r}, expected {owner}")));
-        }
-        let pid = field(&h.owner_pid);
-        let (slots, ring_bytes) = (field(&h.slots), field(&h.ring_bytes));
-        let layout = usize::try_from(slots)
-            .ok()
-            .zip(usize::try_from(ring_bytes).ok())
-            .and_then(|(s, b)| Layout::new(world, s, b))
-            .ok_or_else(|| self.reject(format!("{slots} rings of {ring_bytes} bytes")))?;
-        let stored = [field(&h.table_offset), field(&h.rings_offset), field(&h.ring_stride), field(&h.total_bytes)];
-        let expected =
-            [layout.table_offset, layout.rings_offset, layout.ring_stride, layout.total_bytes].map(|v| v as u64);
-        if stored != expected {
-            return Err(
-                self.reject(format!("layout (table, rings, stride, total) = {stored:?}, expected {expected:?}"))
-            );
-        }
-        if layout.total_bytes != self.len {
-            return Err(self.reject(format!("file is {} bytes, header says {}", self.len, layout.total_bytes)));
-        }
-        if pid == 0 || pid > i32::MAX as u64 {
-            return Err(self.reject(format!("owner pid {pid}")));
-        }
+        let (layout, pid) = self.header().check(owner, world, self.len).map_err(|why| self.reject(why))?;
         self.layout = layout;
-        self.owner_pid = pid as u32;
+        self.owner_pid = pid;
         for p in 0..world {
             let v = self.table_entry(p).load(Ordering::Relaxed);
             if v != NO_SLOT && v as usize >= layout.slots {
@@ -462,5 +478,78 @@ impl Drop for Segment {
         // SAFETY: the mapping was made by `map` with this length; `&mut self` means no
         // reference into it remains (ring ends hold an `Arc<Segment>`, so they are gone).
         unsafe { unmap(self.base, self.len) };
+    }
+}
+
+/// Layout and header checks on heap memory (no mapping, no syscall), so they also run under
+/// Miri (bench/miri.sh).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_places_everything_aligned_and_in_order() {
+        let l = Layout::new(8, 3, MIN_RING_BYTES).expect("layout");
+        assert_eq!(l.table_offset, TABLE_OFFSET);
+        assert!(l.table_offset + 4 * 8 <= l.rings_offset);
+        assert_eq!(l.rings_offset % PAGE, 0);
+        assert_eq!(l.ring_stride, CTRL_BYTES + MIN_RING_BYTES);
+        assert_eq!(l.ring_stride % 128, 0);
+        assert!(l.rings_offset + 3 * l.ring_stride <= l.workspace_offset);
+        assert_eq!(l.workspace_offset % PAGE, 0);
+        assert_eq!(l.total_bytes, l.workspace_offset + WORKSPACE_BYTES);
+        assert_eq!(HEADER_BYTES, 128);
+        assert_eq!(BELL_OFFSET % 128, 0);
+    }
+
+    #[test]
+    fn layout_rejects_bad_sizes() {
+        assert!(Layout::new(4, 1, 5000).is_none(), "not a power of two");
+        assert!(Layout::new(4, 1, MIN_RING_BYTES / 2).is_none());
+        assert!(Layout::new(4, 1, MAX_RING_BYTES * 2).is_none());
+        assert!(Layout::new(2, 3, MIN_RING_BYTES).is_none(), "more rings than ranks");
+        assert!(Layout::new(usize::MAX / 2, 1, MIN_RING_BYTES).is_none(), "world too large");
+    }
+
+    #[test]
+    fn a_published_header_checks_out() {
+        let layout = Layout::new(4, 3, MIN_RING_BYTES).expect("layout");
+        let h = Box::new(Header::default());
+        h.publish(&layout, 2, 4242);
+        assert_eq!(h.magic.load(Ordering::Acquire), MAGIC);
+        assert_eq!(h.check(2, 4, layout.total_bytes), Ok((layout, 4242)));
+    }
+
+    #[test]
+    fn every_wrong_field_is_rejected() {
+        let layout = Layout::new(4, 3, MIN_RING_BYTES).expect("layout");
+        let fresh = || {
+            let h = Box::new(Header::default());
+            h.publish(&layout, 2, 4242);
+            h
+        };
+        let total = layout.total_bytes;
+        // What the attacher expects.
+        assert!(fresh().check(1, 4, total).unwrap_err().contains("owner rank"));
+        assert!(fresh().check(2, 5, total).unwrap_err().contains("world size"));
+        assert!(fresh().check(2, 4, total + PAGE).unwrap_err().contains("file is"));
+        // Each field, tampered with.
+        type Tamper = (&'static str, fn(&Header));
+        let tamper: [Tamper; 8] = [
+            ("version", |h| h.version.store(VERSION + 1, Ordering::Relaxed)),
+            ("header of", |h| h.header_bytes.store(64, Ordering::Relaxed)),
+            ("rings of", |h| h.ring_bytes.store(5000, Ordering::Relaxed)),
+            ("rings of", |h| h.slots.store(9, Ordering::Relaxed)),
+            ("layout", |h| h.rings_offset.store(0, Ordering::Relaxed)),
+            ("layout", |h| h.ring_stride.store(1, Ordering::Relaxed)),
+            ("owner pid", |h| h.owner_pid.store(0, Ordering::Relaxed)),
+            ("owner pid", |h| h.owner_pid.store(u64::MAX, Ordering::Relaxed)),
+        ];
+        for (what, f) in tamper {
+            let h = fresh();
+            f(&h);
+            let why = h.check(2, 4, total).unwrap_err();
+            assert!(why.contains(what), "{what}: {why}");
+        }
     }
 }

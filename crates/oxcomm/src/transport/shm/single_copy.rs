@@ -36,6 +36,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "process_vm_readv is a syscall Miri cannot run")]
     fn reads_this_process_and_refuses_bad_addresses() {
         let src: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
         let mut dst = vec![0u8; src.len()];

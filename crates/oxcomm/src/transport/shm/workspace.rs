@@ -17,9 +17,26 @@
 //!
 //! Writers publish with `Release` stores to a counter or stamp after writing the bytes it
 //! covers; readers load it with `Acquire` before reading those bytes.
+//!
+//! # What the accessors check, and what they leave to the protocol
+//!
+//! Every accessor is safe and checks what one process can: the rank indexes a bounds-checked
+//! table, a slot index wraps at [`SLOTS`], payload and chunk ranges are checked against their
+//! region (without overflow), and every word that two ranks touch at once (counters, stamps,
+//! check words, lengths, headers, announcements) is an atomic. This rank's chunk buffer is
+//! reachable only through one [`ChunkMut`] at a time, never as a peer's, so two views of this
+//! process never alias. The unsafe code and its `SAFETY` lines are all in this file.
+//!
+//! Not guaranteed by types: that a peer does not rewrite a slot payload or chunk range while
+//! this rank holds a slice of it, nor that this rank keeps no slice of its own slot across the
+//! [`ShmDirect::write_slot`] that reuses it [`SLOTS`] ops later. Other processes are outside Rust's view; the slot and
+//! chunk protocols of `algorithms/shm_direct/` keep them off, and a peer is trusted to follow
+//! them, as it is trusted with the rings (see the [transport's docs](super)). Those bytes are
+//! plain data, valid for any bits: a peer that breaks the protocol yields wrong numbers, and
+//! every length or count read from it is checked before use.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::segment::Segment;
@@ -61,6 +78,8 @@ pub struct ShmDirect {
     /// The word peers read from this process to find out whether they can (its address is in
     /// this rank's single-copy line; it holds [`probe_value`] of this process).
     probe: Box<u64>,
+    /// Whether a [`ChunkMut`] of this rank's chunk buffer is alive.
+    own_chunk_out: AtomicBool,
 }
 
 /// What a rank's probe word holds: a value peers can predict from its pid alone, and would not
@@ -86,7 +105,7 @@ impl ShmDirect {
         let bases = segs.iter().map(|s| s.workspace()).collect();
         let pids: Vec<u32> = segs.iter().map(|s| s.owner_pid()).collect();
         let probe = Box::new(probe_value(pids[rank]));
-        let direct = ShmDirect { rank, arrival_polls, segs, bases, pids, probe };
+        let direct = ShmDirect { rank, arrival_polls, segs, bases, pids, probe, own_chunk_out: AtomicBool::new(false) };
         // Published before this rank's first stamp, which peers acquire before they probe.
         direct.single_copy_words(rank)[1].store(&*direct.probe as *const u64 as u64, Ordering::Release);
         direct
@@ -177,54 +196,64 @@ impl ShmDirect {
         unsafe { self.bases[rank].add(SLOTS_OFFSET + (slot % SLOTS) * SLOT_BYTES) }
     }
 
+    /// The words of `rank`'s slot `slot`: stamp, check word, payload length and header.
+    fn slot_words(&self, rank: usize, slot: usize) -> SlotWords<'_> {
+        const _: () = assert!(SLOT_CHECK == 8 && SLOT_LEN == 16 && SLOT_HEADER_AT % 8 == 0);
+        const _: () = assert!(SLOT_HEADER_AT + SLOT_HEADER <= SLOT_PAYLOAD && SLOT_LEN + 8 <= SLOT_INLINE);
+        let base = self.slot_base(rank, slot).as_ptr();
+        // SAFETY: the stamp, check and length words open the slot (128-aligned), the header
+        // is 8-aligned on its second line (asserted above), all inside the mapping; the inline
+        // payload is not among them (it starts at `SLOT_INLINE`); `AtomicU64` is valid for any
+        // bits, and every access to these words is atomic.
+        unsafe {
+            SlotWords {
+                stamp: &*base.cast::<AtomicU64>(),
+                check: &*base.add(SLOT_CHECK).cast::<AtomicU64>(),
+                len: &*base.add(SLOT_LEN).cast::<AtomicU64>(),
+                header: &*base.add(SLOT_HEADER_AT).cast::<[AtomicU64; SLOT_HEADER / 8]>(),
+            }
+        }
+    }
+
     fn stamp(&self, rank: usize, slot: usize) -> &AtomicU64 {
-        // SAFETY: the stamp is the first word of the slot, which is 128-aligned.
-        unsafe { self.slot_base(rank, slot).cast::<AtomicU64>().as_ref() }
+        self.slot_words(rank, slot).stamp
     }
 
     /// Writes this rank's slot `slot`: `header` (the [`SLOT_HEADER`] bytes as little-endian
     /// words), its `check` word and `payload` (≤ [`SMALL_BYTES`]; inline when ≤
     /// [`INLINE_BYTES`]), then stamps it `stamp` and wakes every other rank.
     ///
-    /// # Safety
-    /// No other rank may be reading this slot: the caller follows the slot protocol of
-    /// `algorithms/shm_direct/mod.rs` (a slot is rewritten [`SLOTS`] ops later, once every rank
-    /// has read it and checked its fingerprint).
-    pub unsafe fn write_slot(
-        &self,
-        slot: usize,
-        stamp: u64,
-        check: u64,
-        header: &[u64; SLOT_HEADER / 8],
-        payload: &[u8],
-    ) {
-        assert!(payload.len() <= SMALL_BYTES);
-        let base = self.slot_base(self.rank, slot);
-        let at = if payload.len() <= INLINE_BYTES { SLOT_INLINE } else { SLOT_PAYLOAD };
-        // SAFETY: every range lies inside the slot (asserted sizes, layout constants; the
-        // header is on the slot's second line, so 8-aligned); by the caller's contract nobody
-        // reads them now; the payload is ordinary memory, not in this slot.
-        unsafe {
-            let words = base.as_ptr().add(SLOT_HEADER_AT).cast::<u64>();
-            for (i, w) in header.iter().enumerate() {
-                words.add(i).write(w.to_le());
-            }
-            base.as_ptr().add(SLOT_CHECK).cast::<u64>().write(check);
-            base.as_ptr().add(SLOT_LEN).cast::<u64>().write(payload.len() as u64);
-            crate::copy::copy_raw(base.as_ptr().add(at), payload.as_ptr(), payload.len());
+    /// The slot protocol of `algorithms/shm_direct/mod.rs` makes sure that no rank still reads
+    /// the slot (a slot is rewritten [`SLOTS`] ops later, once every rank has read it and
+    /// checked its fingerprint); the module docs say what that leaves to the protocol.
+    ///
+    /// # Panics
+    /// If `payload` is longer than [`SMALL_BYTES`].
+    pub fn write_slot(&self, slot: usize, stamp: u64, check: u64, header: &[u64; SLOT_HEADER / 8], payload: &[u8]) {
+        assert!(payload.len() <= SMALL_BYTES, "slot payload of {} bytes over {SMALL_BYTES}", payload.len());
+        let words = self.slot_words(self.rank, slot);
+        for (word, w) in words.header.iter().zip(header) {
+            word.store(w.to_le(), Ordering::Relaxed);
         }
-        self.stamp(self.rank, slot).store(stamp, Ordering::Release);
+        words.check.store(check, Ordering::Relaxed);
+        words.len.store(payload.len() as u64, Ordering::Relaxed);
+        let at = if payload.len() <= INLINE_BYTES { SLOT_INLINE } else { SLOT_PAYLOAD };
+        // SAFETY: `at + payload.len()` lies inside this rank's slot (asserted length, layout
+        // constants: the inline room is `INLINE_BYTES` from `SLOT_INLINE`, the other
+        // `SMALL_BYTES` from `SLOT_PAYLOAD`); the payload is ordinary memory, not in the
+        // workspace; only this rank writes its slots, and no reader holds this slot's bytes
+        // (slot protocol, see the module docs).
+        unsafe {
+            crate::copy::copy_raw(self.slot_base(self.rank, slot).as_ptr().add(at), payload.as_ptr(), payload.len())
+        };
+        words.stamp.store(stamp, Ordering::Release);
         self.wake_sleepers();
     }
 
-    /// The check word of `rank`'s slot `slot`.
-    ///
-    /// # Safety
-    /// As [`ShmDirect::slot`]: the caller has seen the slot's stamp for the current op.
-    pub unsafe fn slot_check(&self, rank: usize, slot: usize) -> u64 {
-        // SAFETY: the check word is 8-aligned inside the slot; not written concurrently by the
-        // caller's contract.
-        unsafe { self.slot_base(rank, slot).as_ptr().add(SLOT_CHECK).cast::<u64>().read() }
+    /// The check word of `rank`'s slot `slot`; meaningful once the caller has seen the slot's
+    /// stamp for the current op.
+    pub fn slot_check(&self, rank: usize, slot: usize) -> u64 {
+        self.slot_words(rank, slot).check.load(Ordering::Relaxed)
     }
 
     /// The words of the announcement line: the tag, then the record.
@@ -263,15 +292,12 @@ impl ShmDirect {
     }
 
     /// A snapshot of the header of `rank`'s slot `slot` whatever its state, read word by
-    /// word: it may be torn while the owner rewrites the slot, so callers only use it as a
-    /// hint that they confirm (a fingerprint with the op's sequence number).
+    /// word: it may be torn while the owner rewrites the slot, so callers that have not seen
+    /// the slot's stamp for their op use it only as a hint that they confirm (a fingerprint
+    /// with the op's sequence number). Once the stamp is seen, it is the op's header.
     pub fn slot_header_snapshot(&self, rank: usize, slot: usize) -> [u8; SLOT_HEADER] {
-        // SAFETY: the header is on the slot's second line, so it is 8-aligned and inside the
-        // slot; `AtomicU64` is valid for any bits, and atomic loads do not race.
-        let words =
-            unsafe { self.slot_base(rank, slot).add(SLOT_HEADER_AT).cast::<[AtomicU64; SLOT_HEADER / 8]>().as_ref() };
         let mut h = [0u8; SLOT_HEADER];
-        for (word, bytes) in words.iter().zip(h.chunks_exact_mut(8)) {
+        for (word, bytes) in self.slot_words(rank, slot).header.iter().zip(h.chunks_exact_mut(8)) {
             bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
         }
         h
@@ -282,56 +308,102 @@ impl ShmDirect {
         self.stamp(rank, slot).load(Ordering::Acquire)
     }
 
-    /// `rank`'s slot `slot`: its header ([`SLOT_HEADER`] bytes) and the first `len` bytes of
-    /// its payload (inline or not, as the writer's payload length says).
+    /// The first `len` bytes of the payload of `rank`'s slot `slot` (inline or not, as the
+    /// writer's payload length says). Meaningful once the caller has seen the slot's stamp for
+    /// the current op; the caller drops the slice before the slot protocol lets the writer
+    /// reuse the slot (module docs).
     ///
-    /// # Safety
-    /// The caller has seen the slot's stamp for the current op (so the writer is done) and
-    /// does not keep the slices past the point where the writer may reuse the slot.
-    pub unsafe fn slot(&self, rank: usize, slot: usize, len: usize) -> (&[u8], &[u8]) {
-        assert!(len <= SMALL_BYTES);
-        let base = self.slot_base(rank, slot);
-        // SAFETY: the length word is 8-aligned inside the slot; not written concurrently by the
-        // caller's contract.
-        let written = unsafe { base.as_ptr().add(SLOT_LEN).cast::<u64>().read() };
+    /// # Panics
+    /// If `len` is over [`SMALL_BYTES`] or `rank` is not below [`ShmDirect::size`].
+    pub fn slot_payload(&self, rank: usize, slot: usize, len: usize) -> &[u8] {
+        assert!(len <= SMALL_BYTES, "slot payload of {len} bytes over {SMALL_BYTES}");
+        let written = self.slot_words(rank, slot).len.load(Ordering::Relaxed);
         // A prefix longer than the inline room (a peer's bad length) reads the other region:
         // wrong bytes, which the caller's checks catch, never past the slot.
         let inline = written <= INLINE_BYTES as u64 && len <= INLINE_BYTES;
         let at = if inline { SLOT_INLINE } else { SLOT_PAYLOAD };
-        // SAFETY: inside the slot; not written concurrently by the caller's contract.
-        unsafe {
-            (
-                std::slice::from_raw_parts(base.as_ptr().add(SLOT_HEADER_AT), SLOT_HEADER),
-                std::slice::from_raw_parts(base.as_ptr().add(at), len),
-            )
-        }
+        // SAFETY: `at + len` lies inside the slot (asserted `len`; inline only when
+        // `len ≤ INLINE_BYTES`); bytes are valid for any bits; this process writes slots only
+        // through `write_slot`, and the slot protocol keeps every writer off a slot while it
+        // is read (module docs).
+        unsafe { std::slice::from_raw_parts(self.slot_base(rank, slot).as_ptr().add(at), len) }
     }
 
-    fn region(&self, rank: usize, half: usize) -> *mut u8 {
-        let off = BIG_OFFSET + (half & 1) * CHUNK_BYTES;
-        // SAFETY: inside the workspace by the layout constants.
+    /// Start of `rank`'s chunk buffer of half `half`, with `offset..offset + len` checked to
+    /// lie inside it (without overflow).
+    fn region(&self, rank: usize, half: usize, offset: usize, len: usize) -> *mut u8 {
+        assert!(
+            len <= CHUNK_BYTES && offset <= CHUNK_BYTES - len,
+            "chunk range {offset}+{len} outside the {CHUNK_BYTES}-byte buffer"
+        );
+        let off = BIG_OFFSET + (half & 1) * CHUNK_BYTES + offset;
+        // SAFETY: inside the workspace by the layout constants and the check above.
         unsafe { self.bases[rank].as_ptr().add(off) }
     }
 
-    /// `rank`'s chunk buffer of half `half`, `len` bytes from `offset`.
+    /// Peer `rank`'s chunk buffer of half `half`, `len` bytes from `offset`. The caller
+    /// reads only what the owner has published (its counters) and not yet released for
+    /// rewriting (chunk protocol, `algorithms/shm_direct/`). This rank's own buffer is only
+    /// reachable through [`ShmDirect::chunk_mut`].
     ///
-    /// # Safety
-    /// The caller follows the chunk protocol: it reads only what the owner has published
-    /// (counters) and is not overwriting, and writes only its own buffer where no one reads.
-    pub unsafe fn chunk(&self, rank: usize, half: usize, offset: usize, len: usize) -> &[u8] {
-        assert!(offset + len <= CHUNK_BYTES);
-        // SAFETY: inside the region (asserted); exclusivity per the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.region(rank, half).add(offset), len) }
+    /// # Panics
+    /// If `rank` is this rank or not below [`ShmDirect::size`], or the range is outside the
+    /// buffer.
+    pub fn chunk(&self, rank: usize, half: usize, offset: usize, len: usize) -> &[u8] {
+        assert!(rank != self.rank, "rank {rank} read its own chunk buffer as a peer's");
+        // SAFETY: inside the peer's buffer (checked by `region`); bytes are valid for any
+        // bits; this process never writes a peer's buffer, and the peer rewrites it only
+        // after this rank has released it (chunk protocol, module docs).
+        unsafe { std::slice::from_raw_parts(self.region(rank, half, offset, len), len) }
     }
 
-    /// This rank's chunk buffer of half `half`, mutable.
+    /// This rank's chunk buffer of half `half`, `len` bytes from `offset`, writable: the caller
+    /// writes only where no peer reads (chunk protocol, `algorithms/shm_direct/`).
     ///
-    /// # Safety
-    /// As [`ShmDirect::chunk`]: nobody else reads these bytes while the slice lives.
-    #[allow(clippy::mut_from_ref)] // the memory is shared with other processes, not owned by `self`
-    pub unsafe fn chunk_mut(&self, half: usize, offset: usize, len: usize) -> &mut [u8] {
-        assert!(offset + len <= CHUNK_BYTES);
-        // SAFETY: inside this rank's region; exclusivity per the caller's contract.
-        unsafe { std::slice::from_raw_parts_mut(self.region(self.rank, half).add(offset), len) }
+    /// # Panics
+    /// If the range is outside the buffer, or another [`ChunkMut`] of this rank is alive (one
+    /// at a time, so two writable views never alias).
+    pub fn chunk_mut(&self, half: usize, offset: usize, len: usize) -> ChunkMut<'_> {
+        let at = self.region(self.rank, half, offset, len);
+        assert!(!self.own_chunk_out.swap(true, Ordering::Acquire), "two writable views of this rank's chunk buffer");
+        // SAFETY: inside this rank's buffer (checked by `region`); no other view of it exists
+        // in this process (the flag above; `chunk` refuses this rank); peers only read it,
+        // where and when the chunk protocol lets them.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(at, len) };
+        ChunkMut { bytes, out: &self.own_chunk_out }
+    }
+}
+
+/// The atomic words of one slot ([`ShmDirect::slot_words`]).
+struct SlotWords<'a> {
+    stamp: &'a AtomicU64,
+    check: &'a AtomicU64,
+    len: &'a AtomicU64,
+    header: &'a [AtomicU64; SLOT_HEADER / 8],
+}
+
+/// A writable view of this rank's chunk buffer ([`ShmDirect::chunk_mut`]); one at a time.
+#[derive(Debug)]
+pub struct ChunkMut<'a> {
+    bytes: &'a mut [u8],
+    out: &'a AtomicBool,
+}
+
+impl std::ops::Deref for ChunkMut<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.bytes
+    }
+}
+
+impl std::ops::DerefMut for ChunkMut<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.bytes
+    }
+}
+
+impl Drop for ChunkMut<'_> {
+    fn drop(&mut self) {
+        self.out.store(false, Ordering::Release);
     }
 }

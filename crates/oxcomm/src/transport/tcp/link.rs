@@ -7,6 +7,12 @@
 //!
 //! The design (no I/O threads, one-shot interest polled by the doorbell) is described in the
 //! [TCP module docs](crate::transport::tcp).
+//!
+//! Over 600 lines on purpose: the link and the doorbell are the two halves of one protocol,
+//! the one-shot interest in [`Shared`] (a link arms read/write interest when a call would
+//! block, the doorbell's poll consumes it), and each half's ordering argument refers to the
+//! other's lines. Should either grow, the seam is `TcpDoorbell` into its own file, with
+//! `Shared` as the only thing both import.
 
 use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, TcpStream};
