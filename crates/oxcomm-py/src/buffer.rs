@@ -44,6 +44,18 @@ pub fn parse_dtype(name: &str) -> PyResult<DType> {
         "u8" => DType::U8,
         "i32" => DType::I32,
         "i64" => DType::I64,
+        "bool" => DType::Bool,
+        "i16" => DType::I16,
+        "u16" => DType::U16,
+        "u32" => DType::U32,
+        "u64" => DType::U64,
+        "c64" => DType::C64,
+        "c128" => DType::C128,
+        "f8e4m3fn" => DType::F8E4M3Fn,
+        "f8e5m2" => DType::F8E5M2,
+        "f8e4m3fnuz" => DType::F8E4M3Fnuz,
+        "f8e5m2fnuz" => DType::F8E5M2Fnuz,
+        "f8e8m0fnu" => DType::F8E8M0Fnu,
         other => return Err(PyTypeError::new_err(format!("oxcomm does not reduce dtype {other}"))),
     })
 }
@@ -125,6 +137,54 @@ macro_rules! with_elem {
             }
             oxcomm::DType::I64 => {
                 type $T = i64;
+                $body
+            }
+            oxcomm::DType::Bool => {
+                type $T = oxcomm::dtype::Bool;
+                $body
+            }
+            oxcomm::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            oxcomm::DType::U16 => {
+                type $T = u16;
+                $body
+            }
+            oxcomm::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            oxcomm::DType::U64 => {
+                type $T = u64;
+                $body
+            }
+            oxcomm::DType::C64 => {
+                type $T = oxcomm::dtype::Complex64;
+                $body
+            }
+            oxcomm::DType::C128 => {
+                type $T = oxcomm::dtype::Complex128;
+                $body
+            }
+            oxcomm::DType::F8E4M3Fn => {
+                type $T = oxcomm::dtype::F8E4M3Fn;
+                $body
+            }
+            oxcomm::DType::F8E5M2 => {
+                type $T = oxcomm::dtype::F8E5M2;
+                $body
+            }
+            oxcomm::DType::F8E4M3Fnuz => {
+                type $T = oxcomm::dtype::F8E4M3Fnuz;
+                $body
+            }
+            oxcomm::DType::F8E5M2Fnuz => {
+                type $T = oxcomm::dtype::F8E5M2Fnuz;
+                $body
+            }
+            oxcomm::DType::F8E8M0Fnu => {
+                type $T = oxcomm::dtype::F8E8M0Fnu;
                 $body
             }
         }
