@@ -743,8 +743,11 @@ mod tests {
                 if r % 4 == 0 {
                     let mut v = T::default();
                     let bytes = bytemuck::bytes_of_mut(&mut v);
-                    let raw = rng.next().to_le_bytes();
-                    bytes.copy_from_slice(&raw[..bytes.len()]);
+                    // 8 random bytes at a time (complex128 elements have 16).
+                    for chunk in bytes.chunks_mut(8) {
+                        let raw = rng.next().to_le_bytes();
+                        chunk.copy_from_slice(&raw[..chunk.len()]);
+                    }
                     v
                 } else {
                     T::from_f64(((r >> 8) % 9) as f64 - 4.0)
