@@ -117,6 +117,54 @@ macro_rules! with_elem {
                 type $T = i64;
                 $body
             }
+            oxcomm::DType::Bool => {
+                type $T = oxcomm::dtype::Bool;
+                $body
+            }
+            oxcomm::DType::I16 => {
+                type $T = i16;
+                $body
+            }
+            oxcomm::DType::U16 => {
+                type $T = u16;
+                $body
+            }
+            oxcomm::DType::U32 => {
+                type $T = u32;
+                $body
+            }
+            oxcomm::DType::U64 => {
+                type $T = u64;
+                $body
+            }
+            oxcomm::DType::C64 => {
+                type $T = oxcomm::dtype::Complex64;
+                $body
+            }
+            oxcomm::DType::C128 => {
+                type $T = oxcomm::dtype::Complex128;
+                $body
+            }
+            oxcomm::DType::F8E4M3Fn => {
+                type $T = oxcomm::dtype::F8E4M3Fn;
+                $body
+            }
+            oxcomm::DType::F8E5M2 => {
+                type $T = oxcomm::dtype::F8E5M2;
+                $body
+            }
+            oxcomm::DType::F8E4M3Fnuz => {
+                type $T = oxcomm::dtype::F8E4M3Fnuz;
+                $body
+            }
+            oxcomm::DType::F8E5M2Fnuz => {
+                type $T = oxcomm::dtype::F8E5M2Fnuz;
+                $body
+            }
+            oxcomm::DType::F8E8M0Fnu => {
+                type $T = oxcomm::dtype::F8E8M0Fnu;
+                $body
+            }
         }
     };
 }

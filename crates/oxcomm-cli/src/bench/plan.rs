@@ -102,8 +102,10 @@ impl BenchPlan {
                 None => break,
             }
         }
-        if ops.iter().any(|o| o.reduces()) && !args.redop.fits(args.dtype) {
-            bail!("--redop {} does not apply to --dtype {} (bitwise ops need an integer type)", args.redop, args.dtype);
+        if ops.iter().any(|o| o.reduces()) {
+            if let Err(e) = oxcomm::reduce::check(args.redop, args.dtype) {
+                bail!("--redop {} with --dtype {}: {}", args.redop, args.dtype, e.message());
+            }
         }
         if let Some(a) = args.algorithm {
             let fits = |o: &BenchOp| o.algorithms().contains(&a);

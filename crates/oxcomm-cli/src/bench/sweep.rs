@@ -27,6 +27,18 @@ pub(super) fn rank_main(comm: &Communicator, plan: &BenchPlan, sink: Option<Sink
         DType::U8 => rank_typed::<u8>(comm, plan, sink),
         DType::I32 => rank_typed::<i32>(comm, plan, sink),
         DType::I64 => rank_typed::<i64>(comm, plan, sink),
+        DType::Bool => rank_typed::<oxcomm::dtype::Bool>(comm, plan, sink),
+        DType::I16 => rank_typed::<i16>(comm, plan, sink),
+        DType::U16 => rank_typed::<u16>(comm, plan, sink),
+        DType::U32 => rank_typed::<u32>(comm, plan, sink),
+        DType::U64 => rank_typed::<u64>(comm, plan, sink),
+        DType::C64 => rank_typed::<oxcomm::dtype::Complex64>(comm, plan, sink),
+        DType::C128 => rank_typed::<oxcomm::dtype::Complex128>(comm, plan, sink),
+        DType::F8E4M3Fn => rank_typed::<oxcomm::dtype::F8E4M3Fn>(comm, plan, sink),
+        DType::F8E5M2 => rank_typed::<oxcomm::dtype::F8E5M2>(comm, plan, sink),
+        DType::F8E4M3Fnuz => rank_typed::<oxcomm::dtype::F8E4M3Fnuz>(comm, plan, sink),
+        DType::F8E5M2Fnuz => rank_typed::<oxcomm::dtype::F8E5M2Fnuz>(comm, plan, sink),
+        DType::F8E8M0Fnu => rank_typed::<oxcomm::dtype::F8E8M0Fnu>(comm, plan, sink),
     }
 }
 

@@ -16,6 +16,19 @@ _TORCH_DTYPES = {
     "torch.uint8": "u8",
     "torch.int32": "i32",
     "torch.int64": "i64",
+    "torch.bool": "bool",
+    "torch.int16": "i16",
+    "torch.uint16": "u16",
+    "torch.uint32": "u32",
+    "torch.uint64": "u64",
+    "torch.complex64": "c64",
+    "torch.complex128": "c128",
+    # float8: moved by every op that only moves data; reducing ops refuse them (Unsupported).
+    "torch.float8_e4m3fn": "f8e4m3fn",
+    "torch.float8_e5m2": "f8e5m2",
+    "torch.float8_e4m3fnuz": "f8e4m3fnuz",
+    "torch.float8_e5m2fnuz": "f8e5m2fnuz",
+    "torch.float8_e8m0fnu": "f8e8m0fnu",
 }
 _NUMPY_DTYPES = {
     "float32": "f32",
@@ -25,8 +38,18 @@ _NUMPY_DTYPES = {
     "uint8": "u8",
     "int32": "i32",
     "int64": "i64",
+    "bool": "bool",
+    "int16": "i16",
+    "uint16": "u16",
+    "uint32": "u32",
+    "uint64": "u64",
+    "complex64": "c64",
+    "complex128": "c128",
 }
-SUPPORTED = "float32, float64, float16, bfloat16 (torch), int8, uint8, int32, int64"
+SUPPORTED = (
+    "float32, float64, float16, bfloat16 (torch), int8, uint8, int16, uint16, int32, uint32, int64, uint64, "
+    "bool, complex64, complex128, and the float8 types (torch; moved, not reduced)"
+)
 
 
 def _is_torch(x):
@@ -126,7 +149,28 @@ def same(a, b):
     return a[0] == b[0] and a[1] == b[1] and a[2] == b[2]
 
 
-_SIZES = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i8": 1, "u8": 1, "i32": 4, "i64": 8}
+_SIZES = {
+    "f32": 4,
+    "f64": 8,
+    "f16": 2,
+    "bf16": 2,
+    "i8": 1,
+    "u8": 1,
+    "i32": 4,
+    "i64": 8,
+    "bool": 1,
+    "i16": 2,
+    "u16": 2,
+    "u32": 4,
+    "u64": 8,
+    "c64": 8,
+    "c128": 16,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "f8e4m3fnuz": 1,
+    "f8e5m2fnuz": 1,
+    "f8e8m0fnu": 1,
+}
 
 
 def copy_of(x):

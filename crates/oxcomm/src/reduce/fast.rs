@@ -205,6 +205,10 @@ int_lane!(i8);
 int_lane!(u8);
 int_lane!(i32);
 int_lane!(i64);
+int_lane!(i16);
+int_lane!(u16);
+int_lane!(u32);
+int_lane!(u64);
 
 // ---------------------------------------------------------------------------------------------
 // The three loop shapes. Each walks whole steps of STEP_BYTES (a constant trip count that
@@ -557,6 +561,19 @@ pub(crate) fn reduce_into_with<T: Element>(isa: Isa, dst: &mut [T], src: &[T], o
         DType::U8 => prim!(u8, int_op),
         DType::I32 => prim!(i32, int_op),
         DType::I64 => prim!(i64, int_op),
+        DType::I16 => prim!(i16, int_op),
+        DType::U16 => prim!(u16, int_op),
+        DType::U32 => prim!(u32, int_op),
+        DType::U64 => prim!(u64, int_op),
+        // Bool and complex take the reference loops; float8 is never reduced (it panics there).
+        DType::Bool
+        | DType::C64
+        | DType::C128
+        | DType::F8E4M3Fn
+        | DType::F8E5M2
+        | DType::F8E4M3Fnuz
+        | DType::F8E5M2Fnuz
+        | DType::F8E8M0Fnu => super::scalar::reduce_into(dst, src, op),
     }
 }
 
@@ -594,6 +611,19 @@ pub(crate) fn reduce_from2_with<T: Element>(isa: Isa, dst: &mut [T], a: &[T], b:
         DType::U8 => prim!(u8, int_op),
         DType::I32 => prim!(i32, int_op),
         DType::I64 => prim!(i64, int_op),
+        DType::I16 => prim!(i16, int_op),
+        DType::U16 => prim!(u16, int_op),
+        DType::U32 => prim!(u32, int_op),
+        DType::U64 => prim!(u64, int_op),
+        // Bool and complex take the reference loops; float8 is never reduced (it panics there).
+        DType::Bool
+        | DType::C64
+        | DType::C128
+        | DType::F8E4M3Fn
+        | DType::F8E5M2
+        | DType::F8E4M3Fnuz
+        | DType::F8E5M2Fnuz
+        | DType::F8E8M0Fnu => super::scalar::reduce_from2(dst, a, b, op),
     }
 }
 
@@ -607,11 +637,11 @@ const F64_EXACT: u64 = 1 << 53;
 /// `buf[i] /= n` with the kernels for `isa`, as [`super::scalar::divide`] does it (integers
 /// truncate toward zero). `n` must be at least 1.
 ///
-/// Integer division does not vectorise, so i8/u8 divide in f32 and i32 in f64, then truncate.
+/// Integer division does not vectorise, so i8/u8/i16/u16 divide in f32 and i32/u32 in f64, then truncate.
 /// That is exact: for integers `x` and `n` with `|x| < 2^p` (p = 24 or 53, the mantissa bits)
 /// and `n` representable, a non-integer `x / n` is at least `1/n` away from the next integer,
 /// more than half an ulp of `x / n` (at most `|x|/n · 2^-p`), so rounding the quotient never
-/// crosses an integer and truncation gives the integer quotient. i64 divides as integers.
+/// crosses an integer and truncation gives the integer quotient. i64 and u64 divide as integers.
 pub(crate) fn divide_with<T: Element>(isa: Isa, buf: &mut [T], n: usize) {
     debug_assert!(n >= 1);
     match T::DTYPE {
@@ -642,6 +672,22 @@ pub(crate) fn divide_with<T: Element>(isa: Isa, buf: &mut [T], n: usize) {
         DType::I32 if (n as u64) <= F64_EXACT => {
             let (buf, d) = (cast_mut::<T, i32>(buf), n as f64);
             map(isa, buf, |x| (x as f64 / d) as i32)
+        }
+        DType::I16 if n <= F32_EXACT => {
+            let (buf, d) = (cast_mut::<T, i16>(buf), n as f32);
+            map(isa, buf, |x| (x as f32 / d) as i16)
+        }
+        DType::U16 if n <= F32_EXACT => {
+            let (buf, d) = (cast_mut::<T, u16>(buf), n as f32);
+            map(isa, buf, |x| (x as f32 / d) as u16)
+        }
+        DType::U32 if (n as u64) <= F64_EXACT => {
+            let (buf, d) = (cast_mut::<T, u32>(buf), n as f64);
+            map(isa, buf, |x| (x as f64 / d) as u32)
+        }
+        DType::U64 => {
+            let (buf, d) = (cast_mut::<T, u64>(buf), n as u64);
+            map(isa, buf, |x| x / d)
         }
         DType::I64 if i64::try_from(n).is_ok() => {
             let (buf, d) = (cast_mut::<T, i64>(buf), n as i64);
@@ -697,8 +743,11 @@ mod tests {
                 if r % 4 == 0 {
                     let mut v = T::default();
                     let bytes = bytemuck::bytes_of_mut(&mut v);
-                    let raw = rng.next().to_le_bytes();
-                    bytes.copy_from_slice(&raw[..bytes.len()]);
+                    // 8 random bytes at a time (complex128 elements have 16).
+                    for chunk in bytes.chunks_mut(8) {
+                        let raw = rng.next().to_le_bytes();
+                        chunk.copy_from_slice(&raw[..chunk.len()]);
+                    }
                     v
                 } else {
                     T::from_f64(((r >> 8) % 9) as f64 - 4.0)
@@ -732,6 +781,9 @@ mod tests {
                     assert!(same(&got, &want), "{isa:?} {} {op} from2 len {len}", T::DTYPE);
                 }
                 for n in [1, 2, 3, 7, 1000, 1 << 24, (1 << 24) + 1, usize::MAX] {
+                    if !ReduceOp::Avg.fits(T::DTYPE) {
+                        break;
+                    }
                     let mut want = a.to_vec();
                     scalar::divide(&mut want, n);
                     let mut got = a.to_vec();
@@ -752,6 +804,13 @@ mod tests {
         every_isa_matches_scalar::<u8>();
         every_isa_matches_scalar::<i32>();
         every_isa_matches_scalar::<i64>();
+        every_isa_matches_scalar::<i16>();
+        every_isa_matches_scalar::<u16>();
+        every_isa_matches_scalar::<u32>();
+        every_isa_matches_scalar::<u64>();
+        every_isa_matches_scalar::<crate::dtype::Bool>();
+        every_isa_matches_scalar::<crate::dtype::Complex64>();
+        every_isa_matches_scalar::<crate::dtype::Complex128>();
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! the group size for [`ReduceOp::Avg`]. All three run vectorised kernels (AVX2 chosen at run
 //! time on x86_64) whose results equal, bit for bit, those of [`scalar`], the plain reference
 //! they are tested against. f16 and bf16 are widened to f32 for every operation and rounded
-//! once per call. This module knows nothing about communication.
+//! once per call. Bool, complex and the 16-bit integer types take the scalar kernels; float8
+//! types are never reduced ([`ReduceOp::fits`] says which op applies to which dtype). This
+//! module knows nothing about communication.
 
 use std::fmt;
 
@@ -19,21 +21,22 @@ pub mod scalar;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ReduceOp {
-    /// Sum.
+    /// Sum (logical or for bool, as torch defines it).
     Sum = 0,
-    /// Sum divided by the group size (integer division, truncating, for integer types).
+    /// Sum divided by the group size (integer division, truncating, for integer types; not
+    /// for bool).
     Avg = 1,
-    /// Product.
+    /// Product (complex product for complex types; logical and for bool).
     Prod = 2,
-    /// Minimum (for floats, NaN propagates).
+    /// Minimum (for floats, NaN propagates; logical and for bool; not for complex types).
     Min = 3,
-    /// Maximum (for floats, NaN propagates).
+    /// Maximum (for floats, NaN propagates; logical or for bool; not for complex types).
     Max = 4,
-    /// Bitwise and (integer types only).
+    /// Bitwise and (integer types and bool only).
     BAnd = 5,
-    /// Bitwise or (integer types only).
+    /// Bitwise or (integer types and bool only).
     BOr = 6,
-    /// Bitwise xor (integer types only).
+    /// Bitwise xor (integer types and bool only).
     BXor = 7,
 }
 
@@ -84,9 +87,20 @@ impl ReduceOp {
         ReduceOp::ALL.get(tag as usize).copied()
     }
 
-    /// Whether the operator applies to `dtype` (bitwise ops need an integer type).
+    /// Whether the operator applies to `dtype`: bitwise ops need an integer type or bool,
+    /// complex types take only Sum, Avg and Prod (they have no order), bool takes all but Avg
+    /// (as torch: its average is not a bool), and float8 types take none (they only move).
     pub fn fits(self, dtype: DType) -> bool {
-        !matches!(self, ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor) || !dtype.is_float()
+        let bitwise = matches!(self, ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor);
+        if dtype.is_float8() {
+            false
+        } else if dtype.is_complex() {
+            matches!(self, ReduceOp::Sum | ReduceOp::Avg | ReduceOp::Prod)
+        } else if dtype == DType::Bool {
+            self != ReduceOp::Avg
+        } else {
+            !bitwise || !dtype.is_float()
+        }
     }
 
     /// The operator used while combining partial results: `Avg` combines as `Sum`.
@@ -104,13 +118,26 @@ impl fmt::Display for ReduceOp {
     }
 }
 
-/// Rejects an operator that does not apply to `dtype` with [`crate::ErrorKind::InvalidArgument`].
+/// Rejects an operator that does not apply to `dtype`: a bitwise op on a float type with
+/// [`crate::ErrorKind::InvalidArgument`], any other combination [`ReduceOp::fits`] refuses
+/// (float8, min/max/bitwise on complex, avg on bool) with [`crate::ErrorKind::Unsupported`].
+/// Callers add the rank and the op.
 pub fn check(op: ReduceOp, dtype: DType) -> Result<()> {
     if op.fits(dtype) {
-        Ok(())
-    } else {
-        Err(Error::invalid(format!("reduce op {op} does not apply to {dtype} (bitwise ops need an integer type)")))
+        return Ok(());
     }
+    let why = if dtype.is_float8() {
+        "float8 types are moved, not reduced"
+    } else if dtype.is_complex() {
+        "complex types reduce with sum, avg and prod only"
+    } else if dtype == DType::Bool {
+        "the average of bools is not a bool"
+    } else {
+        return Err(Error::invalid(format!(
+            "reduce op {op} does not apply to {dtype} (bitwise ops need an integer type)"
+        )));
+    };
+    Err(Error::unsupported(format!("reduce op {op} on {dtype} is not supported ({why})")))
 }
 
 /// `dst[i] = op(dst[i], src[i])` for every i; `Avg` acts as `Sum` (see [`finish_avg`]).

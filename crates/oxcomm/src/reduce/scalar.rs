@@ -4,7 +4,7 @@
 use half::{bf16, f16};
 
 use super::ReduceOp;
-use crate::dtype::{DType, Element};
+use crate::dtype::{Bool, Complex128, Complex64, DType, Element};
 
 /// Casts a slice of `T` to a slice of `U` when both are the same dtype.
 #[inline]
@@ -108,12 +108,52 @@ macro_rules! int_loop {
     }};
 }
 
+/// Bool: Sum, Max and BOr are a logical or, Prod, Min and BAnd a logical and, BXor a
+/// logical xor (torch's definitions); any non-zero byte is true and results are 0 or 1.
+fn bool_loop(dst: &mut [Bool], src: &[Bool], op: ReduceOp) {
+    let f: fn(bool, bool) -> bool = match op {
+        ReduceOp::Sum | ReduceOp::Max | ReduceOp::BOr => |a, b| a | b,
+        ReduceOp::Prod | ReduceOp::Min | ReduceOp::BAnd => |a, b| a & b,
+        ReduceOp::BXor => |a, b| a ^ b,
+        ReduceOp::Avg => panic!("avg reduce op on bool"),
+    };
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = Bool::from(f(d.get(), s.get()));
+    }
+}
+
+macro_rules! complex_loop {
+    ($dst:expr, $src:expr, $op:expr) => {{
+        let (dst, src) = ($dst, $src);
+        match $op {
+            ReduceOp::Sum | ReduceOp::Avg => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    d.re += s.re;
+                    d.im += s.im;
+                }
+            }
+            ReduceOp::Prod => {
+                for (d, s) in dst.iter_mut().zip(src) {
+                    let (re, im) = (d.re * s.re - d.im * s.im, d.re * s.im + d.im * s.re);
+                    d.re = re;
+                    d.im = im;
+                }
+            }
+            _ => panic!("reduce op {} on a complex type", $op),
+        }
+    }};
+}
+
 fn id<T>(x: T) -> T {
     x
 }
 
 /// Reference `dst[i] = op(dst[i], src[i])`. Integers wrap on overflow; floats follow IEEE,
-/// with NaN propagating through Min and Max; f16/bf16 compute in f32.
+/// with NaN propagating through Min and Max; f16/bf16 compute in f32; complex numbers add
+/// part by part and multiply as `(a·c − b·d) + (a·d + b·c)i`; bool as [`ReduceOp`] says.
+///
+/// # Panics
+/// On an op that does not fit the type ([`ReduceOp::fits`]), float8 included.
 pub fn reduce_into<T: Element>(dst: &mut [T], src: &[T], op: ReduceOp) {
     match T::DTYPE {
         DType::F32 => float_loop!(cast_mut::<T, f32>(dst), cast::<T, f32>(src), op, id, id),
@@ -124,6 +164,16 @@ pub fn reduce_into<T: Element>(dst: &mut [T], src: &[T], op: ReduceOp) {
         DType::U8 => int_loop!(cast_mut::<T, u8>(dst), cast::<T, u8>(src), op),
         DType::I32 => int_loop!(cast_mut::<T, i32>(dst), cast::<T, i32>(src), op),
         DType::I64 => int_loop!(cast_mut::<T, i64>(dst), cast::<T, i64>(src), op),
+        DType::I16 => int_loop!(cast_mut::<T, i16>(dst), cast::<T, i16>(src), op),
+        DType::U16 => int_loop!(cast_mut::<T, u16>(dst), cast::<T, u16>(src), op),
+        DType::U32 => int_loop!(cast_mut::<T, u32>(dst), cast::<T, u32>(src), op),
+        DType::U64 => int_loop!(cast_mut::<T, u64>(dst), cast::<T, u64>(src), op),
+        DType::Bool => bool_loop(cast_mut::<T, Bool>(dst), cast::<T, Bool>(src), op),
+        DType::C64 => complex_loop!(cast_mut::<T, Complex64>(dst), cast::<T, Complex64>(src), op),
+        DType::C128 => complex_loop!(cast_mut::<T, Complex128>(dst), cast::<T, Complex128>(src), op),
+        DType::F8E4M3Fn | DType::F8E5M2 | DType::F8E4M3Fnuz | DType::F8E5M2Fnuz | DType::F8E8M0Fnu => {
+            panic!("reduce op {op} on {}: float8 types are moved, not reduced", T::DTYPE)
+        }
     }
 }
 
@@ -135,7 +185,11 @@ pub fn reduce_from2<T: Element>(dst: &mut [T], a: &[T], b: &[T], op: ReduceOp) {
 }
 
 /// Reference division by `n`, which must be at least 1 (integer types truncate toward zero;
-/// the quotient is computed in i128, so it is exact for every `n`).
+/// the quotient is computed in i128, so it is exact for every `n`; complex numbers divide
+/// both parts).
+///
+/// # Panics
+/// For bool and float8 types, which have no average.
 pub fn divide<T: Element>(buf: &mut [T], n: usize) {
     let wide = n as i128;
     match T::DTYPE {
@@ -147,5 +201,20 @@ pub fn divide<T: Element>(buf: &mut [T], n: usize) {
         DType::U8 => cast_mut::<T, u8>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as u8),
         DType::I32 => cast_mut::<T, i32>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as i32),
         DType::I64 => cast_mut::<T, i64>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as i64),
+        DType::I16 => cast_mut::<T, i16>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as i16),
+        DType::U16 => cast_mut::<T, u16>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as u16),
+        DType::U32 => cast_mut::<T, u32>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as u32),
+        DType::U64 => cast_mut::<T, u64>(buf).iter_mut().for_each(|x| *x = (*x as i128 / wide) as u64),
+        DType::C64 => cast_mut::<T, Complex64>(buf).iter_mut().for_each(|x| {
+            x.re /= n as f32;
+            x.im /= n as f32;
+        }),
+        DType::C128 => cast_mut::<T, Complex128>(buf).iter_mut().for_each(|x| {
+            x.re /= n as f64;
+            x.im /= n as f64;
+        }),
+        DType::Bool | DType::F8E4M3Fn | DType::F8E5M2 | DType::F8E4M3Fnuz | DType::F8E5M2Fnuz | DType::F8E8M0Fnu => {
+            panic!("avg on {}: the type has no average", T::DTYPE)
+        }
     }
 }

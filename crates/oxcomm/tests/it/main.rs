@@ -3,6 +3,7 @@
 mod collectives;
 mod comm_logging;
 mod compression_kernels;
+mod dtypes;
 mod failures;
 mod faults;
 mod fuzz;

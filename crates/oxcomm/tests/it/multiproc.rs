@@ -138,6 +138,18 @@ fn child_entry() {
             bad.extend(big.rank_reduce_scatter(&comm));
             report(&comm, bad);
         }
+        "dtypes" => {
+            // bool, the 16-bit and unsigned integers, complex and float8 over shared memory
+            // (the direct algorithms included).
+            let t =
+                CollectiveTester::new().dtypes(&crate::dtypes::NEW_DTYPES).counts(&[0, 7, 1000]).segments(&[1 << 20]);
+            let mut bad = t.rank_all_reduce(&comm);
+            bad.extend(t.rank_rooted(&comm));
+            bad.extend(t.rank_gather_scatter(&comm));
+            bad.extend(t.rank_all_gather(&comm));
+            bad.extend(t.rank_reduce_scatter(&comm));
+            report(&comm, bad);
+        }
         "chunks" => {
             // Exactly one chunk per rank (f32), and several with an odd remainder: the direct
             // paths' chunked steps, against every other algorithm of each op.
@@ -427,6 +439,11 @@ fn shm_chunked_rooted_and_movement_8_ranks_on_2_cores() {
 #[test]
 fn shm_collectives_8_ranks_on_2_cores() {
     run_tester(8, "quick");
+}
+
+#[test]
+fn new_dtypes_over_shm() {
+    run_tester(3, "dtypes");
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use half::{bf16, f16};
 use oxcomm::reduce::{self, check, finish_avg, reduce_from2, reduce_into, scalar};
-use oxcomm::{DType, Element, ErrorKind, ReduceOp};
+use oxcomm::{Element, ErrorKind, ReduceOp};
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -117,6 +117,10 @@ gen_int!(i8);
 gen_int!(u8);
 gen_int!(i32);
 gen_int!(i64);
+gen_int!(i16);
+gen_int!(u16);
+gen_int!(u32);
+gen_int!(u64);
 
 /// Two buffers of `len + offset` elements whose subslices `[offset..]` are what is reduced, so
 /// the kernels see lengths that are not multiples of a vector and unaligned starts.
@@ -219,11 +223,20 @@ proptest! {
     fn i32_fast_equals_scalar(case in Case::<i32>::strategy()) { fast_equals_scalar(&case)?; }
     #[test]
     fn i64_fast_equals_scalar(case in Case::<i64>::strategy()) { fast_equals_scalar(&case)?; }
+    #[test]
+    fn i16_fast_equals_scalar(case in Case::<i16>::strategy()) { fast_equals_scalar(&case)?; }
+    #[test]
+    fn u16_fast_equals_scalar(case in Case::<u16>::strategy()) { fast_equals_scalar(&case)?; }
+    #[test]
+    fn u32_fast_equals_scalar(case in Case::<u32>::strategy()) { fast_equals_scalar(&case)?; }
+    #[test]
+    fn u64_fast_equals_scalar(case in Case::<u64>::strategy()) { fast_equals_scalar(&case)?; }
 }
 
 #[test]
 fn check_rejects_bitwise_ops_on_floats_only() {
-    for dtype in DType::ALL {
+    // The types after the first eight have their own table (`tests/it/dtypes.rs`).
+    for dtype in crate::collectives::BASE_DTYPES {
         for op in ReduceOp::ALL {
             let bitwise = matches!(op, ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor);
             match check(op, dtype) {

@@ -154,7 +154,9 @@ macro_rules! bench_element {
     };
 }
 
-bench_element!(quant: f32, half::f16, half::bf16; plain: f64, i8, u8, i32, i64);
+bench_element!(quant: f32, half::f16, half::bf16; plain: f64, i8, u8, i32, i64, i16, u16, u32, u64,
+    oxcomm::dtype::Bool, oxcomm::dtype::Complex64, oxcomm::dtype::Complex128, oxcomm::dtype::F8E4M3Fn,
+    oxcomm::dtype::F8E5M2, oxcomm::dtype::F8E4M3Fnuz, oxcomm::dtype::F8E5M2Fnuz, oxcomm::dtype::F8E8M0Fnu);
 
 /// `buf` as f32, when `T` is f32.
 fn as_f32<T: Element>(buf: &mut [T]) -> Option<&mut [f32]> {

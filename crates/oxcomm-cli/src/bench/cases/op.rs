@@ -132,6 +132,7 @@ impl BenchOp {
             BenchOp::QuantReduceScatter if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) => {
                 Some("quant_reduce_scatter takes f32, f16 and bf16 only")
             }
+            op if op.reduces() && dtype.is_float8() => Some("float8 types are moved, not reduced"),
             _ => None,
         }
     }

@@ -36,6 +36,19 @@ impl Pattern {
             DType::U8 => (255, 7),
             DType::I32 => (i32::MAX as u64, 30),
             DType::I64 => (1 << 53, 52),
+            DType::I16 => (i16::MAX as u64, 14),
+            DType::U16 => (u16::MAX as u64, 15),
+            DType::U32 => (u32::MAX as u64, 31),
+            DType::U64 => (1 << 53, 52),
+            DType::C64 => (1 << 24, 127),
+            DType::C128 => (1 << 53, 1023),
+            // Not checked by sums of ones (see `unsupported`).
+            DType::Bool
+            | DType::F8E4M3Fn
+            | DType::F8E5M2
+            | DType::F8E4M3Fnuz
+            | DType::F8E5M2Fnuz
+            | DType::F8E8M0Fnu => (0, 0),
         };
         let n = n.max(1);
         Pattern { redop, dtype, n, sum_max: (limit / n as u64).min(3), prod_twos: max_exp.min(n) }
@@ -43,6 +56,9 @@ impl Pattern {
 
     /// Why reduced values cannot be checked exactly here, if they cannot.
     pub(crate) fn unsupported(&self) -> Option<String> {
+        if self.dtype == DType::Bool || self.dtype.is_float8() {
+            return Some(format!("{} reductions are not checked by the bench's patterns", self.dtype));
+        }
         matches!(self.redop, ReduceOp::Sum | ReduceOp::Avg)
             .then_some(())
             .filter(|_| self.sum_max == 0)
@@ -85,7 +101,7 @@ impl Pattern {
             ReduceOp::Sum => vals.sum(),
             ReduceOp::Avg => {
                 let s: f64 = vals.sum();
-                if self.dtype.is_float() {
+                if self.dtype.is_float() || self.dtype.is_complex() {
                     s / self.n as f64
                 } else {
                     (s / self.n as f64).trunc()
@@ -102,11 +118,11 @@ impl Pattern {
 
     /// Whether `got` is the reduced value `want`: exact, except avg on floats (2 ulp).
     pub(crate) fn matches(&self, got: f64, want: f64) -> bool {
-        if self.redop == ReduceOp::Avg && self.dtype.is_float() {
+        if self.redop == ReduceOp::Avg && (self.dtype.is_float() || self.dtype.is_complex()) {
             let ulp = match self.dtype {
                 DType::F16 => 2f64.powi(-10),
                 DType::BF16 => 2f64.powi(-7),
-                DType::F32 => 2f64.powi(-23),
+                DType::F32 | DType::C64 => 2f64.powi(-23),
                 _ => 2f64.powi(-52),
             };
             (got - want).abs() <= 2.0 * ulp * want.abs().max(f64::MIN_POSITIVE)
@@ -131,7 +147,7 @@ mod tests {
                     }
                     for i in 0..200 {
                         let want = p.reduced(i);
-                        if !(redop == ReduceOp::Avg && dtype.is_float()) {
+                        if !(redop == ReduceOp::Avg && (dtype.is_float() || dtype.is_complex())) {
                             let round = match dtype {
                                 DType::F16 => half::f16::from_f64(want).to_f64(),
                                 DType::BF16 => half::bf16::from_f64(want).to_f64(),

@@ -11,7 +11,7 @@ its exceptions (:class:`oxcomm.OxcommError` and subclasses) reach the caller unc
 Completion (``Work``, futures, the waiter thread) is :mod:`oxcomm.torch.work`'s.
 
 What torch can ask for and oxcomm cannot do raises ``NotImplementedError`` naming the call:
-``PREMUL_SUM``, receiving from any source, sparse all-reduce, all-gather/gather/scatter
+``PREMUL_SUM`` on the coalesced calls, receiving from any source, sparse all-reduce, all-gather/gather/scatter
 lists whose tensors differ in shape, and multi-tensor (multi-device) variants of the
 single-tensor collectives.
 
@@ -77,6 +77,7 @@ _OPS = {
 }
 
 _SUM = dist.ReduceOp.SUM
+_PREMUL_SUM = dist.ReduceOp.RedOpType.PREMUL_SUM
 
 
 _op_cache = {}
@@ -95,6 +96,32 @@ def _reduce_op(op, call):
         )
     _op_cache[kind] = found = getattr(oxcomm.ReduceOp, _OPS[name])
     return found
+
+
+def _premul_factor(op):
+    """The factor of a ``PREMUL_SUM`` op (``dist._make_nccl_premul_sum(factor)``: a number or a
+    one-element tensor), or None for any other op.
+
+    NCCL's premul-sum is ``sum_i(factor_i * x_i)``: the calls that take it scale their input by
+    the factor (in place where the input is overwritten by the result anyway, else a scaled
+    copy) and sum."""
+    if getattr(op, "op", op) != _PREMUL_SUM:
+        return None
+    factor = getattr(op, "factor", None)
+    if factor is None:
+        raise NotImplementedError("oxcomm: ReduceOp.PREMUL_SUM whose factor this torch does not expose")
+    if isinstance(factor, torch.Tensor):
+        if factor.numel() != 1:
+            raise ValueError(f"oxcomm: PREMUL_SUM takes a one-element factor tensor, got {factor.numel()} elements")
+        return factor.reshape(())
+    return factor
+
+
+def _scaled(t, factor, in_place):
+    """``t`` times a premul factor: ``t`` itself scaled when ``in_place``, else a new tensor."""
+    if isinstance(factor, torch.Tensor):
+        factor = factor.to(t.device)
+    return t.mul_(factor) if in_place else t * factor
 
 
 def _timeout(opts):
@@ -303,22 +330,34 @@ class _Calls:
             t = tensors[0]
             if t.is_cpu and not _dev.OVERRIDDEN and t.is_contiguous():
                 op = opts.reduceOp
-                name = "sum" if op == _SUM else _reduce_op(op, "all_reduce").value
+                if op == _SUM:
+                    name = "sum"
+                else:
+                    factor = _premul_factor(op)
+                    if factor is not None:
+                        _scaled(t, factor, True)
+                    name = "sum" if factor is not None else _reduce_op(op, "all_reduce").value
                 self._native.all_reduce(_buffer(t, "tensor"), name, False)
                 return _DONE
         opts = opts or dist.AllreduceOptions()
-        op = _reduce_op(opts.reduceOp, "all_reduce")
+        factor = _premul_factor(opts.reduceOp)
+        op = oxcomm.ReduceOp.SUM if factor is not None else _reduce_op(opts.reduceOp, "all_reduce")
         dev = _on_device("all_reduce", *tensors)
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
+        if factor is not None:
+            _scaled(tensors[0], factor, True)
         buf, finish = _contiguous_out(tensors[0], None)
         start = lambda a: self.comm.all_reduce(buf, op, async_op=a)  # noqa: E731
         return self._run("all_reduce", opts, start, tensors, finish, device=dev)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts or dist.AllreduceCoalescedOptions()
-        op = _reduce_op(opts.reduceOp, "all_reduce_coalesced")
+        factor = _premul_factor(opts.reduceOp)
+        op = oxcomm.ReduceOp.SUM if factor is not None else _reduce_op(opts.reduceOp, "all_reduce_coalesced")
         dev = _on_device("all_reduce_coalesced", *tensors)
+        for t in tensors if factor is not None else ():
+            _scaled(t, factor, True)
         finish = None
         bufs = []
         for t in tensors:
@@ -337,11 +376,18 @@ class _Calls:
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
-        op = _reduce_op(opts.reduceOp, "reduce")
+        factor = _premul_factor(opts.reduceOp)
+        op = oxcomm.ReduceOp.SUM if factor is not None else _reduce_op(opts.reduceOp, "reduce")
         t = _single(tensors, "reduce")
         dev = _on_device("reduce", t)
-        buf, finish = _contiguous_out(t, None)
         root = opts.rootRank
+        if factor is not None and self.rank() != root:
+            # Other ranks' tensors stay as they were: they send a scaled copy.
+            buf, finish = _scaled(t, factor, False).contiguous(), None
+        else:
+            if factor is not None:
+                _scaled(t, factor, True)
+            buf, finish = _contiguous_out(t, None)
         start = lambda a: self.comm.reduce(buf, root, op, async_op=a)  # noqa: E731
         return self._run("reduce", opts, start, tensors, finish, device=dev)
 
@@ -508,7 +554,8 @@ class _Calls:
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
-        op = _reduce_op(opts.reduceOp, "reduce_scatter")
+        factor = _premul_factor(opts.reduceOp)
+        op = oxcomm.ReduceOp.SUM if factor is not None else _reduce_op(opts.reduceOp, "reduce_scatter")
         out = _single(output_tensors, "reduce_scatter")
         ins = _single(input_tensors, "reduce_scatter")
         dev = _on_device("reduce_scatter", out, *ins)
@@ -518,6 +565,8 @@ class _Calls:
         flat = _adjacent_base(ins)
         if flat is None:
             flat = torch.cat([_flat(t.contiguous()) for t in ins])
+        if factor is not None:
+            flat = _scaled(flat, factor, False)
         buf, finish = _contiguous_out(out, None)
         dst = _flat(buf)
         return self._run(
@@ -531,9 +580,12 @@ class _Calls:
 
     def reduce_scatter_single(self, output, input, opts=None):
         opts = opts or dist.ReduceScatterOptions()
-        op = _reduce_op(opts.reduceOp, "reduce_scatter_tensor")
+        factor = _premul_factor(opts.reduceOp)
+        op = oxcomm.ReduceOp.SUM if factor is not None else _reduce_op(opts.reduceOp, "reduce_scatter_tensor")
         dev = _on_device("reduce_scatter_tensor", output, input)
         src = _flat(input.contiguous())
+        if factor is not None:
+            src = _scaled(src, factor, False)
         buf, finish = _contiguous_out(output, None)
         dst = _flat(buf)
         return self._run(

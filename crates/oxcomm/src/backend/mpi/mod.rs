@@ -25,8 +25,11 @@
 //!
 //! # Types and reduce ops
 //!
-//! f32, f64, i8, u8, i32 and i64 travel as the matching MPI types and reduce with MPI's
-//! built-in `SUM`, `PROD`, `MIN`, `MAX`, `BAND`, `BOR`, `BXOR`. **f16 and bf16** travel as
+//! f32, f64, i8, u8, i16, u16, i32, u32, i64 and u64 travel as the matching MPI types and
+//! reduce with MPI's built-in `SUM`, `PROD`, `MIN`, `MAX`, `BAND`, `BOR`, `BXOR`. **bool**
+//! (`MPI_C_BOOL`) and **complex** (`MPI_C_FLOAT_COMPLEX`, `MPI_C_DOUBLE_COMPLEX`) reduce with
+//! oxcomm's kernels as user-defined ops (torch's logical ops; oxcomm's complex product bit for
+//! bit); **float8** types travel as bytes and are never reduced. **f16 and bf16** travel as
 //! 16-bit words (half the bytes of an f32 staging copy) and reduce with a *user-defined MPI
 //! op* that runs oxcomm's own kernel ([`crate::reduce::reduce_into`]: widen each pair to f32,
 //! combine, round once), the same arithmetic as the native transports. Float `MIN`/`MAX` use a
@@ -300,7 +303,8 @@ fn in_place() -> *mut c_void {
     unsafe { oxcomm_mpi_in_place() }
 }
 
-/// The MPI datatype that carries `d` (f16 and bf16 as 16-bit words).
+/// The MPI datatype that carries `d` (f16 and bf16 as 16-bit words, float8 as bytes: they
+/// are only moved).
 fn datatype(d: DType) -> ffi::MPI_Datatype {
     // SAFETY: read-only constants set by rsmpi's C shim.
     unsafe {
@@ -312,6 +316,16 @@ fn datatype(d: DType) -> ffi::MPI_Datatype {
             DType::U8 => ffi::RSMPI_UINT8_T,
             DType::I32 => ffi::RSMPI_INT32_T,
             DType::I64 => ffi::RSMPI_INT64_T,
+            DType::Bool => ffi::RSMPI_C_BOOL,
+            DType::I16 => ffi::RSMPI_INT16_T,
+            DType::U16 => ffi::RSMPI_UINT16_T,
+            DType::U32 => ffi::RSMPI_UINT32_T,
+            DType::U64 => ffi::RSMPI_UINT64_T,
+            DType::C64 => ffi::RSMPI_FLOAT_COMPLEX,
+            DType::C128 => ffi::RSMPI_DOUBLE_COMPLEX,
+            DType::F8E4M3Fn | DType::F8E5M2 | DType::F8E4M3Fnuz | DType::F8E5M2Fnuz | DType::F8E8M0Fnu => {
+                ffi::RSMPI_UINT8_T
+            }
         }
     }
 }
@@ -433,8 +447,10 @@ impl MpiBackend {
     fn op<T: Element>(&self, op: ReduceOp) -> Result<ffi::MPI_Op> {
         let op = op.combiner();
         let d = T::DTYPE;
-        let user =
-            matches!(d, DType::F16 | DType::BF16) || (d.is_float() && matches!(op, ReduceOp::Min | ReduceOp::Max));
+        // Bool (torch's logical ops on any non-zero byte) and complex (oxcomm's product, bit for
+        // bit) reduce with oxcomm's kernels too.
+        let user = matches!(d, DType::F16 | DType::BF16 | DType::Bool | DType::C64 | DType::C128)
+            || (d.is_float() && matches!(op, ReduceOp::Min | ReduceOp::Max));
         if !user {
             // SAFETY: read-only constants set by rsmpi's C shim.
             return Ok(unsafe {
