@@ -32,7 +32,6 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use anyhow::Context;
 
 mod args;
 mod exit;
