@@ -1,108 +1,27 @@
 //! Faults of issue 16 that need real processes or real shared memory: two ranks calling
 //! different ops at one sequence number (item 2), a dead peer that left unread bytes in a
 //! shared-memory ring (item 3). The test binary re-runs itself as the ranks
-//! (`faults::child_entry`, selected by `OXCOMM_TEST_FAULT`), each rank printing what it saw;
+//! (`faults::child_entry`, started by `harness::Job` with the role), each rank printing what it saw;
 //! the parent checks the errors, how long they took, and that `/dev/shm` is clean.
 
-use std::io::Read;
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oxcomm::rendezvous::{self, Settings, StoreServer};
 use oxcomm::{Algorithm, ErrorKind, OpOptions, ReduceOp};
 
-const CHILD: &str = "OXCOMM_TEST_FAULT";
+use crate::harness::{self, Exit, Job};
 
 /// The op deadline the ranks run with: far above every bound checked here, so a fault that
 /// is only caught by the deadline fails the test.
 const OP_TIMEOUT_S: &str = "30";
 
-struct Job {
-    children: Vec<Child>,
-    job_id: String,
-    _server: StoreServer,
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
+/// `n` ranks of [`child_entry`] as `role`, with `env` over the job's environment.
 fn spawn(n: usize, role: &str, env: &[(&str, &str)]) -> Job {
-    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let token = rendezvous::generate_token();
-    let token_bytes = Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
-    let server = StoreServer::bind("127.0.0.1:0".parse::<SocketAddr>().unwrap(), &token_bytes).unwrap();
-    let port = server.local_addr().port();
-    let job_id = format!("f{}x{}", std::process::id(), COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
-    let exe = std::env::current_exe().unwrap();
-    let children = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args(["--exact", "faults::child_entry", "--nocapture", "--test-threads=1", "-q"])
-                .env(CHILD, role)
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("OXCOMM_TOKEN", &token)
-                .env("OXCOMM_STORE", "launcher")
-                .env("OXCOMM_JOB_ID", &job_id)
-                .env("OXCOMM_TIMEOUT", OP_TIMEOUT_S)
-                .envs(env.iter().copied())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    Job { children, job_id, _server: server }
+    Job::of("faults::child_entry", role, n, OP_TIMEOUT_S).envs(env).spawn()
 }
 
-/// Waits for every child (at most 20 s, well under [`OP_TIMEOUT_S`]); (exit code, output).
-fn wait_all(job: &mut Job) -> Vec<(Option<i32>, String)> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut out = vec![None; job.children.len()];
-    while out.iter().any(|o| o.is_none()) {
-        for (r, c) in job.children.iter_mut().enumerate() {
-            if out[r].is_none() {
-                if let Some(status) = c.try_wait().unwrap() {
-                    out[r] = Some(status.code());
-                }
-            }
-        }
-        assert!(Instant::now() < deadline, "ranks still running after 20 s: {out:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    job.children
-        .iter_mut()
-        .zip(out)
-        .map(|(c, code)| {
-            let mut s = String::new();
-            c.stdout.take().unwrap().read_to_string(&mut s).unwrap();
-            c.stderr.take().unwrap().read_to_string(&mut s).unwrap();
-            (code.unwrap(), s)
-        })
-        .collect()
-}
-
-fn leftovers(job: &str) -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.contains(job))
-                .collect()
-        })
-        .unwrap_or_default()
+/// Waits for every rank (at most 20 s, well under [`OP_TIMEOUT_S`]).
+fn wait_all(job: &mut Job) -> Vec<Exit> {
+    job.wait_all(Duration::from_secs(20))
 }
 
 /// Exit code of a rank whose op failed as expected (it printed `KIND <kind>` and
@@ -129,7 +48,7 @@ fn report(op: impl FnOnce() -> oxcomm::Result<()>) -> ! {
 /// Entry point of the child ranks. It does nothing in a normal test run (no role set).
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(CHILD) else { return };
+    let Some(role) = harness::role() else { return };
     let comm = oxcomm::init().unwrap_or_else(|e| {
         eprintln!("init failed: {e}");
         std::process::exit(3)
@@ -316,9 +235,9 @@ fn issue16_flight_record_file_shows_where_a_rank_stopped() {
     let results = wait_all(&mut job);
     let file = std::fs::read_to_string(format!("{prefix}0"));
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(results[1].0, Some(0), "rank 1:\n{}", results[1].1);
-    let out = &results[0].1;
-    let (kind, _) = failure(0, results[0].0, out);
+    assert_eq!(results[1].code, Some(0), "rank 1:\n{}", results[1].out);
+    let out = &results[0].out;
+    let (kind, _) = failure(0, results[0].code, out);
     assert_eq!(kind, format!("{:?}", ErrorKind::Timeout), "rank 0:\n{out}");
     let error = out.lines().find(|l| l.starts_with("ERROR ")).unwrap();
     // `init`'s barrier, the warm-up barrier, the all_reduce, the all_gather that hung.
@@ -332,7 +251,7 @@ fn issue16_flight_record_file_shows_where_a_rank_stopped() {
     assert!(lines[0].contains("\"seq\":0,\"op\":\"barrier\"") && lines[0].contains("\"state\":\"done\""), "{file}");
     assert!(lines[3].contains("\"seq\":3,\"op\":\"all_gather\"") && lines[3].contains("\"dtype\":\"u8\""), "{file}");
     assert!(lines[3].contains("\"state\":\"failed\",\"error\":\"timed out\",\"peer\":1"), "{file}");
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    job.assert_clean();
 }
 
 /// Issue 16, item 9, on threads: the error of an op that times out lists the rank's last
@@ -363,7 +282,7 @@ fn issue16_timeout_error_lists_the_last_ops() {
 fn mismatch_is_named_fast(n: usize, role: &str, env: &[(&str, &str)], ops: [&str; 2]) {
     let mut job = spawn(n, role, env);
     let results = wait_all(&mut job);
-    for (r, (code, out)) in results.iter().enumerate() {
+    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
         let (kind, ms) = failure(r, *code, out);
         assert_eq!(kind, format!("{:?}", ErrorKind::Mismatch), "rank {r}:\n{out}");
         let error = out.lines().find(|l| l.starts_with("ERROR ")).unwrap();
@@ -374,7 +293,7 @@ fn mismatch_is_named_fast(n: usize, role: &str, env: &[(&str, &str)], ops: [&str
         assert!(other, "rank {r} does not name another rank as the one that called the other op:\n{out}");
         assert!(ms < 1000, "rank {r} took {ms} ms:\n{out}");
     }
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    job.assert_clean();
 }
 
 #[test]
@@ -448,7 +367,7 @@ fn shm_direct_reduce_against_scatter_is_a_mismatch_at_once() {
 fn all_to_all_v_counts_disagree(role: &str, env: &[(&str, &str)]) {
     let mut job = spawn(3, role, env);
     let results = wait_all(&mut job);
-    for (r, (code, out)) in results.iter().enumerate() {
+    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
         let (kind, ms) = failure(r, *code, out);
         assert_eq!(kind, format!("{:?}", ErrorKind::Mismatch), "rank {r}:\n{out}");
         assert!(!out.contains("WRITTEN"), "rank {r} wrote into recv:\n{out}");
@@ -460,7 +379,7 @@ fn all_to_all_v_counts_disagree(role: &str, env: &[(&str, &str)]) {
         assert!(out.contains(named), "rank {r} does not say {named:?}:\n{out}");
         assert!(ms < 1000, "rank {r} took {ms} ms:\n{out}");
     }
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    job.assert_clean();
 }
 
 #[test]
@@ -478,13 +397,13 @@ fn shm_direct_all_to_all_v_counts_that_disagree_fail_on_every_rank_large() {
 fn dead_peer_with_unread_bytes(role: &str) {
     let mut job = spawn(2, role, &[]);
     let results = wait_all(&mut job);
-    assert_eq!(results[1].0, Some(0), "rank 1:\n{}", results[1].1);
-    let (kind, ms) = failure(0, results[0].0, &results[0].1);
-    assert_eq!(kind, format!("{:?}", ErrorKind::PeerGone), "rank 0:\n{}", results[0].1);
-    assert!(results[0].1.contains("rank 1"), "rank 0 does not name rank 1:\n{}", results[0].1);
+    assert_eq!(results[1].code, Some(0), "rank 1:\n{}", results[1].out);
+    let (kind, ms) = failure(0, results[0].code, &results[0].out);
+    assert_eq!(kind, format!("{:?}", ErrorKind::PeerGone), "rank 0:\n{}", results[0].out);
+    assert!(results[0].out.contains("rank 1"), "rank 0 does not name rank 1:\n{}", results[0].out);
     // The check runs every 50 ms; allow for a loaded machine.
-    assert!(ms < 1000, "rank 0 took {ms} ms:\n{}", results[0].1);
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    assert!(ms < 1000, "rank 0 took {ms} ms:\n{}", results[0].out);
+    job.assert_clean();
 }
 
 #[test]

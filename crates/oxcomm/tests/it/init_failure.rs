@@ -1,21 +1,17 @@
 //! A rank that fails during `init()` (issue 16, item 5): the others must fail at once naming
 //! it, not after the whole timeout; and a segment file left at a name an earlier run with the
 //! same token would have used must not stop a new run. Ranks are real processes (this test
-//! binary re-run as `init_failure::child_entry`) with a store served by the parent.
+//! binary re-run as `init_failure::child_entry` by `harness::Job`) with a store served by the
+//! parent.
 
-use std::io::Read;
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use oxcomm::rendezvous::{self, Settings, StoreServer};
-
-const CHILD: &str = "OXCOMM_TEST_INIT_CHILD";
+use crate::harness::{self, Exit, Job, JobSpec};
 
 /// Entry point of the child ranks; does nothing in a normal test run.
 #[test]
 fn child_entry() {
-    if std::env::var_os(CHILD).is_none() {
+    if harness::role().is_none() {
         return;
     }
     match oxcomm::init() {
@@ -30,123 +26,33 @@ fn child_entry() {
     }
 }
 
-struct Job {
-    children: Vec<Child>,
-    _server: StoreServer,
+/// `n` ranks of job `job_id` with `timeout_s`, not bound to cores.
+fn spec(n: usize, job_id: &str, timeout_s: &str) -> JobSpec {
+    Job::of("init_failure::child_entry", "init", n, timeout_s).job_id(job_id).env("OXCOMM_BIND", "none")
 }
 
-impl Drop for Job {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Starts `n` ranks of job `job_id` with `timeout_s`; rank `r` also gets `extra(r)`.
-fn spawn(n: usize, job_id: &str, timeout_s: &str, extra: impl Fn(usize) -> Vec<(&'static str, String)>) -> Job {
-    let token = rendezvous::generate_token();
-    let token_bytes = Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
-    let server = StoreServer::bind("127.0.0.1:0".parse::<SocketAddr>().unwrap(), &token_bytes).unwrap();
-    let port = server.local_addr().port();
-    let exe = std::env::current_exe().unwrap();
-    let children = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args(["--exact", "init_failure::child_entry", "--nocapture", "--test-threads=1", "-q"])
-                .env(CHILD, "1")
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("OXCOMM_TOKEN", &token)
-                .env("OXCOMM_STORE", "launcher")
-                .env("OXCOMM_JOB_ID", job_id)
-                .env("OXCOMM_TIMEOUT", timeout_s)
-                .env("OXCOMM_BIND", "none")
-                .envs(extra(r))
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    Job { children, _server: server }
-}
-
-/// (exit code, output, seconds from the start) per rank, or a panic at `deadline`.
-fn wait_all(job: &mut Job, start: Instant, deadline: Instant) -> Vec<(Option<i32>, String, f64)> {
-    let mut done: Vec<Option<(Option<i32>, f64)>> = vec![None; job.children.len()];
-    while done.iter().any(Option::is_none) {
-        for (r, c) in job.children.iter_mut().enumerate() {
-            if done[r].is_none() {
-                if let Some(status) = c.try_wait().unwrap() {
-                    done[r] = Some((status.code(), start.elapsed().as_secs_f64()));
-                }
-            }
-        }
-        assert!(Instant::now() < deadline, "ranks still running at the deadline: {done:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    job.children
-        .iter_mut()
-        .zip(done)
-        .map(|(c, d)| {
-            let (code, secs) = d.unwrap();
-            let mut s = String::new();
-            c.stdout.take().unwrap().read_to_string(&mut s).unwrap();
-            c.stderr.take().unwrap().read_to_string(&mut s).unwrap();
-            (code, s, secs)
-        })
-        .collect()
-}
-
-fn leftovers(job: &str) -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.contains(job))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn job_id(tag: &str) -> String {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    format!("i{}{tag}{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
-}
+/// The longest a job of these tests may run.
+const LIMIT: Duration = Duration::from_secs(60);
 
 /// Rank 1 of 3 gets `bad` (a setting that makes its init fail after the host exchange) and
 /// everyone `common`; ranks 0 and 2 must fail naming rank 1 and its cause, long before the
 /// 120 s timeout.
 fn rank_1_fails(tag: &str, common: &[(&'static str, &str)], bad: (&'static str, &str)) {
-    let job = job_id(tag);
-    let start = Instant::now();
-    let mut j = spawn(3, &job, "120", |r| {
-        let mut env: Vec<(&'static str, String)> = common.iter().map(|(k, v)| (*k, v.to_string())).collect();
-        if r == 1 {
-            env.push((bad.0, bad.1.to_string()));
-        }
-        env
-    });
-    let out = wait_all(&mut j, start, start + Duration::from_secs(60));
-    let (code, text, _) = &out[1];
+    let job = harness::job_id(&format!("i{tag}"));
+    let mut j = spec(3, &job, "120").envs(common).rank_env(1, bad.0, bad.1).spawn();
+    let out = j.wait_all(LIMIT);
+    let Exit { code, out: text, .. } = &out[1];
     assert_eq!(*code, Some(3), "rank 1 should fail: {text}");
     assert!(text.contains(bad.0), "{text}");
     for r in [0, 2] {
-        let (code, text, secs) = &out[r];
+        let Exit { code, out: text, secs } = &out[r];
         assert_eq!(*code, Some(3), "rank {r} should fail: {text}");
         assert!(text.contains("rank 1 failed during init"), "rank {r}: {text}");
         assert!(text.contains(bad.0), "rank {r} should carry rank 1's cause: {text}");
         // Process start-up included; far below the 120 s timeout.
         assert!(*secs < 15.0, "rank {r} took {secs:.1} s");
     }
-    assert!(leftovers(&job).is_empty(), "left in /dev/shm: {:?}", leftovers(&job));
+    assert!(j.leftovers().is_empty(), "left in /dev/shm: {:?}", j.leftovers());
 }
 
 #[test]
@@ -163,7 +69,7 @@ fn a_rank_that_fails_during_tcp_init_is_named_by_the_others_at_once() {
 
 #[test]
 fn a_segment_left_at_a_reused_tokens_old_name_does_not_stop_the_next_run() {
-    let job = job_id("reuse");
+    let job = harness::job_id("ireuse");
     // The name rank 1's segment had when it was derived from the job (token) alone: a stale
     // file there (another user's, or a crashed run's) used to make rank 1 fail on every run.
     struct Removed(String);
@@ -177,13 +83,12 @@ fn a_segment_left_at_a_reused_tokens_old_name_does_not_stop_the_next_run() {
         use std::os::unix::fs::OpenOptionsExt;
         std::fs::OpenOptions::new().write(true).create_new(true).mode(0o000).open(&stale.0).unwrap();
     }
-    let start = Instant::now();
-    let mut j = spawn(2, &job, "60", |_| vec![]);
-    let out = wait_all(&mut j, start, start + Duration::from_secs(60));
+    let mut j = spec(2, &job, "60").spawn();
+    let out = j.wait_all(LIMIT);
     drop(stale);
-    for (r, (code, text, _)) in out.iter().enumerate() {
+    for (r, Exit { code, out: text, .. }) in out.iter().enumerate() {
         assert_eq!(*code, Some(0), "rank {r}: {text}");
         assert!(text.contains("ok over shm"), "rank {r}: {text}");
     }
-    assert!(leftovers(&job).is_empty(), "left in /dev/shm: {:?}", leftovers(&job));
+    assert!(j.leftovers().is_empty(), "left in /dev/shm: {:?}", j.leftovers());
 }

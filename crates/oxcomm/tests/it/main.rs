@@ -6,6 +6,7 @@ mod compression_kernels;
 mod failures;
 mod faults;
 mod fuzz;
+mod harness;
 #[cfg(unix)]
 mod hostile;
 #[cfg(target_os = "linux")]
