@@ -1,6 +1,7 @@
 //! Faults of issue 16 that need real processes or real shared memory: two ranks calling
 //! different ops at one sequence number (item 2), a dead peer that left unread bytes in a
-//! shared-memory ring (item 3). The test binary re-runs itself as the ranks
+//! shared-memory ring (item 3), and (issue 28, item 8) a p2p `recv` that reads what a killed
+//! rank left in its link, over shared memory and TCP. The test binary re-runs itself as the ranks
 //! (`faults::child_entry`, started by `harness::Job` with the role), each rank printing what it saw;
 //! the parent checks the errors, how long they took, and that `/dev/shm` is clean.
 
@@ -193,6 +194,28 @@ fn child_entry() {
             }
             report(|| comm.barrier())
         }
+        "p2p_leftover" | "p2p_dies_mid_message" => {
+            // Rank 1 leaves a p2p message (whole, or cut off mid-payload) in rank 0's link and
+            // is killed; rank 0 then receives with another tag (the leftover header does not
+            // match) or the same one (the payload never ends).
+            let whole = role == "p2p_leftover";
+            let len = if whole { 64 } else { 64 << 20 };
+            if me == 1 {
+                if !whole {
+                    // Killed while the send waits for room: the header and part of the
+                    // payload are in the link.
+                    std::thread::spawn(|| {
+                        std::thread::sleep(Duration::from_millis(300));
+                        die();
+                    });
+                }
+                let _ = comm.send(&vec![7u8; len], 0, 5);
+                die();
+            }
+            std::thread::sleep(Duration::from_millis(600));
+            let mut buf = vec![0u8; len];
+            report(|| comm.recv(&mut buf, 1, if whole { 6 } else { 5 }))
+        }
         "flight" => {
             // One more op together, then one rank 1 never joins (it sleeps past the
             // deadline, alive): rank 0 times out naming it and writes its flight record.
@@ -208,6 +231,13 @@ fn child_entry() {
         }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// Ends this process as SIGKILL would (no destructor, no link closed).
+fn die() -> ! {
+    // SAFETY: kill(2) on this process; it does not return.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL returned")
 }
 
 /// The `(kind, ms, output)` a failed rank printed.
@@ -395,9 +425,15 @@ fn shm_direct_all_to_all_v_counts_that_disagree_fail_on_every_rank_large() {
 /// Rank 1 leaves 64 unread bytes in rank 0's ring and exits; rank 0's barrier must report it
 /// gone (not wait out the deadline).
 fn dead_peer_with_unread_bytes(role: &str) {
-    let mut job = spawn(2, role, &[]);
+    rank_1_is_gone(role, &[], Some(0));
+}
+
+/// Rank 1 leaves bytes in rank 0's link and exits with `rank_1_exit` (`None`: killed); rank 0
+/// must fail naming it gone, promptly.
+fn rank_1_is_gone(role: &str, env: &[(&str, &str)], rank_1_exit: Option<i32>) {
+    let mut job = spawn(2, role, env);
     let results = wait_all(&mut job);
-    assert_eq!(results[1].code, Some(0), "rank 1:\n{}", results[1].out);
+    assert_eq!(results[1].code, rank_1_exit, "rank 1:\n{}", results[1].out);
     let (kind, ms) = failure(0, results[0].code, &results[0].out);
     assert_eq!(kind, format!("{:?}", ErrorKind::PeerGone), "rank 0:\n{}", results[0].out);
     assert!(results[0].out.contains("rank 1"), "rank 0 does not name rank 1:\n{}", results[0].out);
@@ -419,4 +455,30 @@ fn issue16_shm_dead_peer_that_vanished_with_unread_bytes_is_gone() {
 #[test]
 fn issue16_shm_dead_peer_with_unread_bytes_is_gone_to_an_op_reading_its_link() {
     dead_peer_with_unread_bytes("leftover_bytes_then_all_gather");
+}
+
+/// Issue 28, item 8: rank 1 leaves a p2p message in rank 0's link and is killed; rank 0's
+/// `recv` reads what it left and must report rank 1 gone (not a mismatch, not at the deadline).
+fn p2p_from_a_dead_rank_is_gone(role: &str, env: &[(&str, &str)]) {
+    rank_1_is_gone(role, env, None);
+}
+
+#[test]
+fn issue28_shm_recv_of_a_dead_ranks_leftover_header_is_gone() {
+    p2p_from_a_dead_rank_is_gone("p2p_leftover", &[]);
+}
+
+#[test]
+fn issue28_tcp_recv_of_a_dead_ranks_leftover_header_is_gone() {
+    p2p_from_a_dead_rank_is_gone("p2p_leftover", &[("OXCOMM_TRANSPORT", "tcp")]);
+}
+
+#[test]
+fn issue28_shm_recv_of_a_dead_ranks_cut_off_message_is_gone() {
+    p2p_from_a_dead_rank_is_gone("p2p_dies_mid_message", &[]);
+}
+
+#[test]
+fn issue28_tcp_recv_of_a_dead_ranks_cut_off_message_is_gone() {
+    p2p_from_a_dead_rank_is_gone("p2p_dies_mid_message", &[("OXCOMM_TRANSPORT", "tcp")]);
 }

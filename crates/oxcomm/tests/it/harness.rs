@@ -366,6 +366,8 @@ pub struct Exit {
     pub out: String,
     /// From its start to when its exit was seen.
     pub secs: f64,
+    /// When its exit was seen.
+    pub at: Instant,
 }
 
 /// Ranks of one job as processes, with the store they meet at; dropping it kills every rank
@@ -430,7 +432,7 @@ impl Job {
             .map(|r| {
                 let p = &mut self.ranks[*r];
                 let (code, at) = p.exit.expect("reaped above");
-                Exit { code, out: p.stdout_then_stderr(), secs: (at - p.started).as_secs_f64() }
+                Exit { code, out: p.stdout_then_stderr(), secs: (at - p.started).as_secs_f64(), at }
             })
             .collect()
     }
