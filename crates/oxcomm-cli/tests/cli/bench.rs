@@ -2,9 +2,10 @@
 //! shared-memory processes, the JSON and CSV files, and one-line errors for bad flags. Every
 //! run has a deadline and is killed when it overruns.
 
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
+
+use crate::harness::{Proc, Run};
 
 const OXCOMM: &str = env!("CARGO_BIN_EXE_oxcomm");
 
@@ -25,12 +26,6 @@ const OPS: [&str; 10] = [
     "quant_reduce_scatter",
 ];
 
-pub(crate) struct Run {
-    pub(crate) code: Option<i32>,
-    pub(crate) stdout: String,
-    pub(crate) stderr: String,
-}
-
 /// Runs `oxcomm ARGS`; kills it and fails the test after [`LIMIT`].
 fn oxcomm(args: &[&str]) -> Run {
     oxcomm_within(args, LIMIT)
@@ -38,33 +33,9 @@ fn oxcomm(args: &[&str]) -> Run {
 
 /// Runs `oxcomm ARGS`; kills it and fails the test after `limit`.
 pub(crate) fn oxcomm_within(args: &[&str], limit: Duration) -> Run {
-    let child = Command::new(OXCOMM)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cannot start oxcomm");
-    let pid = child.id() as libc::pid_t;
-    let (tx, rx) = mpsc::channel::<std::io::Result<Output>>();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => {
-            let out = out.expect("waiting for oxcomm");
-            Run {
-                code: out.status.code(),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            }
-        }
-        Err(_) => {
-            // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            panic!("oxcomm {args:?} did not finish within {limit:?}");
-        }
-    }
+    let mut command = Command::new(OXCOMM);
+    command.args(args);
+    Proc::spawn(command).finish(limit)
 }
 
 /// One data row of the table.

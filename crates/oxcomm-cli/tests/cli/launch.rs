@@ -4,80 +4,28 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+use crate::harness::{Proc, Run};
 
 const OXCOMM: &str = env!("CARGO_BIN_EXE_oxcomm");
 
 /// Longest any launcher run in these tests may take.
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// What a finished launcher left.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    elapsed: Duration,
-}
-
-/// A launcher started in the background.
-struct Launcher {
-    pid: libc::pid_t,
-    started: Instant,
-    done: mpsc::Receiver<std::io::Result<Output>>,
-}
-
-fn start_with(args: &[&str], envs: &[(&str, &str)]) -> Launcher {
+fn start_with(args: &[&str], envs: &[(&str, &str)]) -> Proc {
     let mut command = Command::new(OXCOMM);
-    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for (name, value) in envs {
-        command.env(name, value);
-    }
-    let child: Child = command.spawn().expect("cannot start oxcomm");
-    let pid = child.id() as libc::pid_t;
-    let (tx, done) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    Launcher { pid, started: Instant::now(), done }
+    command.args(args).envs(envs.iter().copied());
+    Proc::spawn(command)
 }
 
-fn start(args: &[&str]) -> Launcher {
+fn start(args: &[&str]) -> Proc {
     start_with(args, &[])
 }
 
-impl Launcher {
-    /// Waits for the launcher to exit; kills it and fails the test after `limit`.
-    fn finish_within(self, limit: Duration) -> Run {
-        match self.done.recv_timeout(limit.saturating_sub(self.started.elapsed())) {
-            Ok(output) => {
-                let output = output.expect("waiting for oxcomm");
-                Run {
-                    code: output.status.code(),
-                    stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-                    stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-                    elapsed: self.started.elapsed(),
-                }
-            }
-            Err(_) => {
-                signal(self.pid, libc::SIGKILL);
-                let stderr = match self.done.recv_timeout(Duration::from_secs(5)) {
-                    Ok(Ok(output)) => String::from_utf8_lossy(&output.stderr).into_owned(),
-                    _ => "<not collected>".to_owned(),
-                };
-                panic!("oxcomm launch overran {limit:?} and was killed; stderr:\n{stderr}");
-            }
-        }
-    }
-
-    fn finish(self) -> Run {
-        self.finish_within(LIMIT)
-    }
-}
-
 fn launch(args: &[&str]) -> Run {
-    start(args).finish()
+    start(args).finish(LIMIT)
 }
 
 fn signal(pid: libc::pid_t, signal: libc::c_int) {
@@ -118,8 +66,8 @@ fn free_port() -> u16 {
 fn every_rank_gets_its_environment() {
     let script = r#"echo "$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $OXCOMM_RANK $OXCOMM_WORLD_SIZE $OXCOMM_LOCAL_RANK $OXCOMM_LOCAL_WORLD_SIZE $OXCOMM_TOKEN $OXCOMM_JOB_ID $OXCOMM_STORE $MASTER_ADDR $MASTER_PORT""#;
     // The launcher's own OXCOMM_TOKEN is not passed on: a single-node job gets a fresh one.
-    let run =
-        start_with(&["launch", "-n", "3", "--no-prefix", "sh", "-c", script], &[("OXCOMM_TOKEN", "mine")]).finish();
+    let run = start_with(&["launch", "-n", "3", "--no-prefix", "sh", "-c", script], &[("OXCOMM_TOKEN", "mine")])
+        .finish(LIMIT);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let lines = sorted_lines(&run.stdout);
     assert_eq!(lines.len(), 3, "{}", run.stdout);
@@ -242,8 +190,8 @@ fn signals_to_the_launcher_are_forwarded_to_every_rank() {
         );
         let launcher = start(&["launch", "-n", "2", "sh", "-c", &script]);
         wait_for_files(&[&dir.path().join("ready.0"), &dir.path().join("ready.1")]);
-        signal(launcher.pid, signal_no);
-        let run = launcher.finish();
+        launcher.signal(signal_no);
+        let run = launcher.finish(LIMIT);
         assert_eq!(run.code, Some(128 + signal_no), "SIG{name}: {}", run.stderr);
         assert!(run.elapsed < Duration::from_secs(15), "took {:?}", run.elapsed);
         for rank in 0..2 {
@@ -304,7 +252,7 @@ fn two_nodes_on_one_host_share_one_store_and_job_id() {
     // Node 1 first: its ranks retry until node 0's store is up.
     let node1 = node("1");
     let node0 = node("0");
-    let (run0, run1) = (node0.finish(), node1.finish());
+    let (run0, run1) = (node0.finish(LIMIT), node1.finish(LIMIT));
     assert_eq!(run0.code, Some(0), "node 0: {}", run0.stderr);
     assert_eq!(run1.code, Some(0), "node 1: {}", run1.stderr);
     let lines0 = sorted_lines(&run0.stdout);
@@ -323,7 +271,7 @@ fn multi_node_needs_a_shared_token() {
         &["launch", "-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", &port, "true"],
         &[("OXCOMM_TOKEN", "")],
     )
-    .finish();
+    .finish(LIMIT);
     assert_eq!(run.code, Some(1));
     assert!(run.stderr.contains("OXCOMM_TOKEN") && run.stderr.contains("every node"), "{}", run.stderr);
     assert_eq!(run.stderr.lines().count(), 1, "{}", run.stderr);

@@ -6,3 +6,8 @@ mod check;
 mod launch;
 mod mpi;
 mod netns;
+
+/// The process harness of the library's integration tests: the `oxcomm` binary started with a
+/// deadline, its output read as it comes, and its whole process tree killed on drop.
+#[path = "../../../oxcomm/tests/it/harness.rs"]
+mod harness;

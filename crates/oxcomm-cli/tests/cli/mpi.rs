@@ -3,54 +3,19 @@
 //! `.ci/mpi.sh`), a 2-rank job under `mpirun` whose rank 0 prints one full table. Every run has
 //! a deadline and is killed when it overruns.
 
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
+
+use crate::harness::{Proc, Run};
 
 const OXCOMM: &str = env!("CARGO_BIN_EXE_oxcomm");
 
 /// Longest any run in these tests may take (an MPI job on a loaded 2-core machine included).
 const LIMIT: Duration = Duration::from_secs(120);
 
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `command`; kills it (SIGTERM, which mpirun passes on to its ranks, then SIGKILL) and
-/// fails the test after [`LIMIT`].
-fn run(mut command: Command) -> Run {
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {command:?}: {e}"));
-    let pid = child.id() as libc::pid_t;
-    let (tx, rx) = mpsc::channel::<std::io::Result<Output>>();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(LIMIT) {
-        Ok(out) => {
-            let out = out.expect("waiting for the command");
-            Run {
-                code: out.status.code(),
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            }
-        }
-        Err(_) => {
-            // SAFETY: kill(2) on the pid of a child this test started and has not reaped.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            if rx.recv_timeout(Duration::from_secs(10)).is_err() {
-                // SAFETY: as above; the child has still not been reaped.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            panic!("{command:?} did not finish within {LIMIT:?}");
-        }
-    }
+/// Runs `command`; kills it (and the ranks below it) and fails the test after [`LIMIT`].
+fn run(command: Command) -> Run {
+    Proc::spawn(command).finish(LIMIT)
 }
 
 fn bench_with_backend(backend: &str, args: &[&str]) -> Run {

@@ -18,13 +18,14 @@
 //! (CI sets it), which turns the skip into a failure.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener};
 use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use crate::harness::{Line, Proc};
 
 const OXCOMM: &str = env!("CARGO_BIN_EXE_oxcomm");
 
@@ -245,156 +246,40 @@ fn token() -> String {
 // Jobs: one launcher per host
 // ---------------------------------------------------------------------------------------------
 
-/// One output line of a launcher, with when it arrived.
-#[derive(Debug, Clone)]
-struct Line {
-    at: Instant,
-    text: String,
-}
-
-/// A launcher running in a host's namespace (`ip netns exec` execs it, so the child is the
+/// A launcher running in a host's namespace (`ip netns exec` execs it, so the process is the
 /// launcher itself). Dropping it kills the launcher and every process below it.
 struct Job {
     host: usize,
-    child: Child,
-    lines: mpsc::Receiver<Line>,
-    seen: Vec<Line>,
-    status: Option<Option<i32>>,
+    proc: Proc,
 }
 
 impl Job {
     fn start(host: usize, args: &[&str], envs: &[(&str, &str)]) -> Job {
         let mut command = Command::new("ip");
-        command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        command.envs(envs.iter().copied());
-        // SAFETY: the closure runs in the child between fork and exec and only calls prctl,
-        // which is async-signal-safe. The launcher (which `ip` execs into) then gets SIGKILL
-        // if this test's thread dies without dropping the job, and its ranks get SIGTERM.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().expect("cannot start `ip netns exec`");
-        let (tx, lines) = mpsc::channel();
-        let out: Box<dyn Read + Send> = Box::new(child.stdout.take().unwrap());
-        let err: Box<dyn Read + Send> = Box::new(child.stderr.take().unwrap());
-        for pipe in [out, err] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for text in BufReader::new(pipe).lines() {
-                    let Ok(text) = text else { break };
-                    if tx.send(Line { at: Instant::now(), text }).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        Job { host, child, lines, seen: Vec::new(), status: None }
+        command.args(args).envs(envs.iter().copied());
+        Job { host, proc: Proc::spawn(command) }
     }
 
     /// Waits until a line satisfies `pred`; returns it. Fails the test after `limit`.
     fn wait_line(&mut self, limit: Duration, pred: impl Fn(&str) -> bool) -> Line {
-        if let Some(line) = self.seen.iter().find(|l| pred(&l.text)) {
-            return line.clone();
-        }
-        let deadline = Instant::now() + limit;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.seen.push(line.clone());
-                    if pred(&line.text) {
-                        return line;
-                    }
-                }
-                Err(_) => {
-                    let host = self.host;
-                    panic!("host {host}: no such line within {limit:?}; output:\n{}", self.output())
-                }
-            }
-        }
+        self.proc.wait_line(limit, pred)
     }
 
     /// Waits for the launcher to exit (its exit code, `None` when killed by a signal) and
     /// collects its output. Fails the test after `limit`.
     fn wait(&mut self, limit: Duration) -> Option<i32> {
-        if let Some(status) = self.status {
-            return status;
-        }
-        let deadline = Instant::now() + limit;
-        let status = loop {
-            match self.child.try_wait().expect("waiting for the launcher") {
-                Some(status) => break status.code(),
-                None if Instant::now() >= deadline => {
-                    let output = self.output();
-                    panic!("host {}: the launcher did not exit within {limit:?}; output:\n{output}", self.host)
-                }
-                None => std::thread::sleep(Duration::from_millis(20)),
-            }
-        };
-        // The readers end when the pipes close; the ranks' pipes end at the launcher.
-        let drain = Instant::now() + Duration::from_secs(5);
-        while let Ok(line) = self.lines.recv_timeout(drain.saturating_duration_since(Instant::now())) {
-            self.seen.push(line);
-        }
-        self.status = Some(status);
-        status
+        self.proc.wait(limit)
     }
 
     /// The output so far, one line each.
     fn output(&mut self) -> String {
-        while let Ok(line) = self.lines.try_recv() {
-            self.seen.push(line);
-        }
-        self.seen.iter().map(|l| format!("{}\n", l.text)).collect()
+        self.proc.output()
     }
 
     /// The pids of the ranks (the launcher's children).
     fn ranks(&self) -> Vec<libc::pid_t> {
-        children(self.child.id() as libc::pid_t)
+        self.proc.children()
     }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        if self.status.is_some() {
-            return;
-        }
-        let launcher = self.child.id() as libc::pid_t;
-        let mut all = vec![launcher];
-        let mut i = 0;
-        while i < all.len() {
-            let below = children(all[i]);
-            all.extend(below);
-            i += 1;
-        }
-        for pid in all {
-            // SAFETY: kill(2) has no memory-safety preconditions; the launcher is not reaped
-            // yet, so its descendants' pids cannot have been reused by unrelated processes.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-        let _ = self.child.wait();
-    }
-}
-
-/// The children of `parent`, from /proc.
-fn children(parent: libc::pid_t) -> Vec<libc::pid_t> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else { return out };
-    for entry in dir.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<libc::pid_t>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
-        if rest.split_whitespace().nth(1).and_then(|p| p.parse::<libc::pid_t>().ok()) == Some(parent) {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -526,7 +411,8 @@ fn cut_link_times_out_at_the_deadline_naming_a_rank_across_the_cut() {
     for (host, across) in [(0, [2, 3]), (1, [0, 1])] {
         let job = &mut jobs[host];
         assert_ne!(job.wait(timeout + Duration::from_secs(15)), Some(0), "{}", job.output());
-        let errors: Vec<&Line> = job.seen.iter().filter(|l| l.text.contains("oxcomm: error: ")).collect();
+        let errors: Vec<Line> =
+            job.proc.lines().iter().filter(|l| l.text.contains("oxcomm: error: ")).cloned().collect();
         let timed_out =
             errors.iter().find(|l| l.text.contains("timed out") && across.iter().any(|r| names_peer(&l.text, *r)));
         let Some(line) = timed_out else {

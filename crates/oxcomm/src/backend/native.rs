@@ -321,10 +321,17 @@ impl Backend for NativeBackend {
                 }
                 ctx.run(&mut xfers)?;
             }
-            // Check what arrived before reading any payload.
+            // Check what arrived before reading any payload. A header that does not match
+            // may be a dead rank's leftover (a message nobody received): then its death is the
+            // error, not a mismatch.
             for (msg, g) in msgs.iter().zip(got.iter()) {
                 if !msg.is_send {
-                    msg.check_header(g)?;
+                    if let Err(e) = msg.check_header(g) {
+                        return Err(ctx
+                            .peer_failure(msg.peer)
+                            .filter(|f| f.kind() == ErrorKind::PeerGone)
+                            .unwrap_or(e));
+                    }
                 }
             }
             // Phase 2: payloads both ways at once (headers are small enough to never block,

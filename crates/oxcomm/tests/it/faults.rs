@@ -1,108 +1,28 @@
 //! Faults of issue 16 that need real processes or real shared memory: two ranks calling
 //! different ops at one sequence number (item 2), a dead peer that left unread bytes in a
-//! shared-memory ring (item 3). The test binary re-runs itself as the ranks
-//! (`faults::child_entry`, selected by `OXCOMM_TEST_FAULT`), each rank printing what it saw;
+//! shared-memory ring (item 3), and (issue 28, item 8) a p2p `recv` that reads what a killed
+//! rank left in its link, over shared memory and TCP. The test binary re-runs itself as the ranks
+//! (`faults::child_entry`, started by `harness::Job` with the role), each rank printing what it saw;
 //! the parent checks the errors, how long they took, and that `/dev/shm` is clean.
 
-use std::io::Read;
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oxcomm::rendezvous::{self, Settings, StoreServer};
 use oxcomm::{Algorithm, ErrorKind, OpOptions, ReduceOp};
 
-const CHILD: &str = "OXCOMM_TEST_FAULT";
+use crate::harness::{self, Exit, Job};
 
 /// The op deadline the ranks run with: far above every bound checked here, so a fault that
 /// is only caught by the deadline fails the test.
 const OP_TIMEOUT_S: &str = "30";
 
-struct Job {
-    children: Vec<Child>,
-    job_id: String,
-    _server: StoreServer,
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
+/// `n` ranks of [`child_entry`] as `role`, with `env` over the job's environment.
 fn spawn(n: usize, role: &str, env: &[(&str, &str)]) -> Job {
-    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let token = rendezvous::generate_token();
-    let token_bytes = Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
-    let server = StoreServer::bind("127.0.0.1:0".parse::<SocketAddr>().unwrap(), &token_bytes).unwrap();
-    let port = server.local_addr().port();
-    let job_id = format!("f{}x{}", std::process::id(), COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
-    let exe = std::env::current_exe().unwrap();
-    let children = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args(["--exact", "faults::child_entry", "--nocapture", "--test-threads=1", "-q"])
-                .env(CHILD, role)
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("OXCOMM_TOKEN", &token)
-                .env("OXCOMM_STORE", "launcher")
-                .env("OXCOMM_JOB_ID", &job_id)
-                .env("OXCOMM_TIMEOUT", OP_TIMEOUT_S)
-                .envs(env.iter().copied())
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    Job { children, job_id, _server: server }
+    Job::of("faults::child_entry", role, n, OP_TIMEOUT_S).envs(env).spawn()
 }
 
-/// Waits for every child (at most 20 s, well under [`OP_TIMEOUT_S`]); (exit code, output).
-fn wait_all(job: &mut Job) -> Vec<(Option<i32>, String)> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut out = vec![None; job.children.len()];
-    while out.iter().any(|o| o.is_none()) {
-        for (r, c) in job.children.iter_mut().enumerate() {
-            if out[r].is_none() {
-                if let Some(status) = c.try_wait().unwrap() {
-                    out[r] = Some(status.code());
-                }
-            }
-        }
-        assert!(Instant::now() < deadline, "ranks still running after 20 s: {out:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    job.children
-        .iter_mut()
-        .zip(out)
-        .map(|(c, code)| {
-            let mut s = String::new();
-            c.stdout.take().unwrap().read_to_string(&mut s).unwrap();
-            c.stderr.take().unwrap().read_to_string(&mut s).unwrap();
-            (code.unwrap(), s)
-        })
-        .collect()
-}
-
-fn leftovers(job: &str) -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.contains(job))
-                .collect()
-        })
-        .unwrap_or_default()
+/// Waits for every rank (at most 20 s, well under [`OP_TIMEOUT_S`]).
+fn wait_all(job: &mut Job) -> Vec<Exit> {
+    job.wait_all(Duration::from_secs(20))
 }
 
 /// Exit code of a rank whose op failed as expected (it printed `KIND <kind>` and
@@ -129,7 +49,7 @@ fn report(op: impl FnOnce() -> oxcomm::Result<()>) -> ! {
 /// Entry point of the child ranks. It does nothing in a normal test run (no role set).
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(CHILD) else { return };
+    let Some(role) = harness::role() else { return };
     let comm = oxcomm::init().unwrap_or_else(|e| {
         eprintln!("init failed: {e}");
         std::process::exit(3)
@@ -274,6 +194,28 @@ fn child_entry() {
             }
             report(|| comm.barrier())
         }
+        "p2p_leftover" | "p2p_dies_mid_message" => {
+            // Rank 1 leaves a p2p message (whole, or cut off mid-payload) in rank 0's link and
+            // is killed; rank 0 then receives with another tag (the leftover header does not
+            // match) or the same one (the payload never ends).
+            let whole = role == "p2p_leftover";
+            let len = if whole { 64 } else { 64 << 20 };
+            if me == 1 {
+                if !whole {
+                    // Killed while the send waits for room: the header and part of the
+                    // payload are in the link.
+                    std::thread::spawn(|| {
+                        std::thread::sleep(Duration::from_millis(300));
+                        die();
+                    });
+                }
+                let _ = comm.send(&vec![7u8; len], 0, 5);
+                die();
+            }
+            std::thread::sleep(Duration::from_millis(600));
+            let mut buf = vec![0u8; len];
+            report(|| comm.recv(&mut buf, 1, if whole { 6 } else { 5 }))
+        }
         "flight" => {
             // One more op together, then one rank 1 never joins (it sleeps past the
             // deadline, alive): rank 0 times out naming it and writes its flight record.
@@ -289,6 +231,13 @@ fn child_entry() {
         }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// Ends this process as SIGKILL would (no destructor, no link closed).
+fn die() -> ! {
+    // SAFETY: kill(2) on this process; it does not return.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL returned")
 }
 
 /// The `(kind, ms, output)` a failed rank printed.
@@ -316,9 +265,9 @@ fn issue16_flight_record_file_shows_where_a_rank_stopped() {
     let results = wait_all(&mut job);
     let file = std::fs::read_to_string(format!("{prefix}0"));
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(results[1].0, Some(0), "rank 1:\n{}", results[1].1);
-    let out = &results[0].1;
-    let (kind, _) = failure(0, results[0].0, out);
+    assert_eq!(results[1].code, Some(0), "rank 1:\n{}", results[1].out);
+    let out = &results[0].out;
+    let (kind, _) = failure(0, results[0].code, out);
     assert_eq!(kind, format!("{:?}", ErrorKind::Timeout), "rank 0:\n{out}");
     let error = out.lines().find(|l| l.starts_with("ERROR ")).unwrap();
     // `init`'s barrier, the warm-up barrier, the all_reduce, the all_gather that hung.
@@ -332,7 +281,7 @@ fn issue16_flight_record_file_shows_where_a_rank_stopped() {
     assert!(lines[0].contains("\"seq\":0,\"op\":\"barrier\"") && lines[0].contains("\"state\":\"done\""), "{file}");
     assert!(lines[3].contains("\"seq\":3,\"op\":\"all_gather\"") && lines[3].contains("\"dtype\":\"u8\""), "{file}");
     assert!(lines[3].contains("\"state\":\"failed\",\"error\":\"timed out\",\"peer\":1"), "{file}");
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    job.assert_clean();
 }
 
 /// Issue 16, item 9, on threads: the error of an op that times out lists the rank's last
@@ -363,7 +312,7 @@ fn issue16_timeout_error_lists_the_last_ops() {
 fn mismatch_is_named_fast(n: usize, role: &str, env: &[(&str, &str)], ops: [&str; 2]) {
     let mut job = spawn(n, role, env);
     let results = wait_all(&mut job);
-    for (r, (code, out)) in results.iter().enumerate() {
+    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
         let (kind, ms) = failure(r, *code, out);
         assert_eq!(kind, format!("{:?}", ErrorKind::Mismatch), "rank {r}:\n{out}");
         let error = out.lines().find(|l| l.starts_with("ERROR ")).unwrap();
@@ -374,7 +323,7 @@ fn mismatch_is_named_fast(n: usize, role: &str, env: &[(&str, &str)], ops: [&str
         assert!(other, "rank {r} does not name another rank as the one that called the other op:\n{out}");
         assert!(ms < 1000, "rank {r} took {ms} ms:\n{out}");
     }
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    job.assert_clean();
 }
 
 #[test]
@@ -448,7 +397,7 @@ fn shm_direct_reduce_against_scatter_is_a_mismatch_at_once() {
 fn all_to_all_v_counts_disagree(role: &str, env: &[(&str, &str)]) {
     let mut job = spawn(3, role, env);
     let results = wait_all(&mut job);
-    for (r, (code, out)) in results.iter().enumerate() {
+    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
         let (kind, ms) = failure(r, *code, out);
         assert_eq!(kind, format!("{:?}", ErrorKind::Mismatch), "rank {r}:\n{out}");
         assert!(!out.contains("WRITTEN"), "rank {r} wrote into recv:\n{out}");
@@ -460,7 +409,7 @@ fn all_to_all_v_counts_disagree(role: &str, env: &[(&str, &str)]) {
         assert!(out.contains(named), "rank {r} does not say {named:?}:\n{out}");
         assert!(ms < 1000, "rank {r} took {ms} ms:\n{out}");
     }
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    job.assert_clean();
 }
 
 #[test]
@@ -476,15 +425,21 @@ fn shm_direct_all_to_all_v_counts_that_disagree_fail_on_every_rank_large() {
 /// Rank 1 leaves 64 unread bytes in rank 0's ring and exits; rank 0's barrier must report it
 /// gone (not wait out the deadline).
 fn dead_peer_with_unread_bytes(role: &str) {
-    let mut job = spawn(2, role, &[]);
+    rank_1_is_gone(role, &[], Some(0));
+}
+
+/// Rank 1 leaves bytes in rank 0's link and exits with `rank_1_exit` (`None`: killed); rank 0
+/// must fail naming it gone, promptly.
+fn rank_1_is_gone(role: &str, env: &[(&str, &str)], rank_1_exit: Option<i32>) {
+    let mut job = spawn(2, role, env);
     let results = wait_all(&mut job);
-    assert_eq!(results[1].0, Some(0), "rank 1:\n{}", results[1].1);
-    let (kind, ms) = failure(0, results[0].0, &results[0].1);
-    assert_eq!(kind, format!("{:?}", ErrorKind::PeerGone), "rank 0:\n{}", results[0].1);
-    assert!(results[0].1.contains("rank 1"), "rank 0 does not name rank 1:\n{}", results[0].1);
+    assert_eq!(results[1].code, rank_1_exit, "rank 1:\n{}", results[1].out);
+    let (kind, ms) = failure(0, results[0].code, &results[0].out);
+    assert_eq!(kind, format!("{:?}", ErrorKind::PeerGone), "rank 0:\n{}", results[0].out);
+    assert!(results[0].out.contains("rank 1"), "rank 0 does not name rank 1:\n{}", results[0].out);
     // The check runs every 50 ms; allow for a loaded machine.
-    assert!(ms < 1000, "rank 0 took {ms} ms:\n{}", results[0].1);
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    assert!(ms < 1000, "rank 0 took {ms} ms:\n{}", results[0].out);
+    job.assert_clean();
 }
 
 #[test]
@@ -500,4 +455,30 @@ fn issue16_shm_dead_peer_that_vanished_with_unread_bytes_is_gone() {
 #[test]
 fn issue16_shm_dead_peer_with_unread_bytes_is_gone_to_an_op_reading_its_link() {
     dead_peer_with_unread_bytes("leftover_bytes_then_all_gather");
+}
+
+/// Issue 28, item 8: rank 1 leaves a p2p message in rank 0's link and is killed; rank 0's
+/// `recv` reads what it left and must report rank 1 gone (not a mismatch, not at the deadline).
+fn p2p_from_a_dead_rank_is_gone(role: &str, env: &[(&str, &str)]) {
+    rank_1_is_gone(role, env, None);
+}
+
+#[test]
+fn issue28_shm_recv_of_a_dead_ranks_leftover_header_is_gone() {
+    p2p_from_a_dead_rank_is_gone("p2p_leftover", &[]);
+}
+
+#[test]
+fn issue28_tcp_recv_of_a_dead_ranks_leftover_header_is_gone() {
+    p2p_from_a_dead_rank_is_gone("p2p_leftover", &[("OXCOMM_TRANSPORT", "tcp")]);
+}
+
+#[test]
+fn issue28_shm_recv_of_a_dead_ranks_cut_off_message_is_gone() {
+    p2p_from_a_dead_rank_is_gone("p2p_dies_mid_message", &[]);
+}
+
+#[test]
+fn issue28_tcp_recv_of_a_dead_ranks_cut_off_message_is_gone() {
+    p2p_from_a_dead_rank_is_gone("p2p_dies_mid_message", &[("OXCOMM_TRANSPORT", "tcp")]);
 }

@@ -1,22 +1,24 @@
 //! A rank that fails during `init()` (issue 16, item 5): the others must fail at once naming
-//! it, not after the whole timeout; and a segment file left at a name an earlier run with the
-//! same token would have used must not stop a new run. Ranks are real processes (this test
-//! binary re-run as `init_failure::child_entry`) with a store served by the parent.
+//! it, not after the whole timeout; so must a rank killed right after it published its
+//! segment or listener address (issue 28, item 8; not yet over TCP); and a segment file left
+//! at a name an earlier run with the same token would have used must not stop a new run. Ranks
+//! are real processes (this test binary re-run as `init_failure::child_entry` by
+//! `harness::Job`) with a store served by the parent.
 
-use std::io::Read;
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxcomm::rendezvous::{self, Settings, StoreServer};
+use oxcomm::rendezvous::{Store, StoreClient};
+use oxcomm::Init;
 
-const CHILD: &str = "OXCOMM_TEST_INIT_CHILD";
+use crate::harness::{self, Exit, Job, JobSpec};
 
 /// Entry point of the child ranks; does nothing in a normal test run.
 #[test]
 fn child_entry() {
-    if std::env::var_os(CHILD).is_none() {
-        return;
+    let Some(role) = harness::role() else { return };
+    if role == "dies_after_publishing" && std::env::var("RANK").as_deref() == Ok("1") {
+        die_after_publishing();
     }
     match oxcomm::init() {
         Ok(comm) => {
@@ -30,123 +32,79 @@ fn child_entry() {
     }
 }
 
-struct Job {
-    children: Vec<Child>,
-    _server: StoreServer,
-}
+/// The store key (under the job's prefix) that, once rank 1 has set it, tells the others
+/// where to find its segment or listener.
+const PUBLISHED: &str = "OXCOMM_TEST_PUBLISHED";
 
-impl Drop for Job {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Starts `n` ranks of job `job_id` with `timeout_s`; rank `r` also gets `extra(r)`.
-fn spawn(n: usize, job_id: &str, timeout_s: &str, extra: impl Fn(usize) -> Vec<(&'static str, String)>) -> Job {
-    let token = rendezvous::generate_token();
-    let token_bytes = Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
-    let server = StoreServer::bind("127.0.0.1:0".parse::<SocketAddr>().unwrap(), &token_bytes).unwrap();
-    let port = server.local_addr().port();
-    let exe = std::env::current_exe().unwrap();
-    let children = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args(["--exact", "init_failure::child_entry", "--nocapture", "--test-threads=1", "-q"])
-                .env(CHILD, "1")
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("OXCOMM_TOKEN", &token)
-                .env("OXCOMM_STORE", "launcher")
-                .env("OXCOMM_JOB_ID", job_id)
-                .env("OXCOMM_TIMEOUT", timeout_s)
-                .env("OXCOMM_BIND", "none")
-                .envs(extra(r))
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    Job { children, _server: server }
-}
-
-/// (exit code, output, seconds from the start) per rank, or a panic at `deadline`.
-fn wait_all(job: &mut Job, start: Instant, deadline: Instant) -> Vec<(Option<i32>, String, f64)> {
-    let mut done: Vec<Option<(Option<i32>, f64)>> = vec![None; job.children.len()];
-    while done.iter().any(Option::is_none) {
-        for (r, c) in job.children.iter_mut().enumerate() {
-            if done[r].is_none() {
-                if let Some(status) = c.try_wait().unwrap() {
-                    done[r] = Some((status.code(), start.elapsed().as_secs_f64()));
-                }
+/// Rank 1 of role `dies_after_publishing`: joins as `oxcomm::init` would (same job id), through
+/// a store that SIGKILLs this process right after it sets the key ending in [`PUBLISHED`].
+fn die_after_publishing() -> ! {
+    struct DieAfter(StoreClient, String);
+    impl Store for DieAfter {
+        fn set(&self, key: &str, value: &[u8]) -> oxcomm::Result<()> {
+            self.0.set(key, value)?;
+            if key.ends_with(&self.1) {
+                // SAFETY: kill(2) on this process; it does not return.
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
             }
+            Ok(())
         }
-        assert!(Instant::now() < deadline, "ranks still running at the deadline: {done:?}");
-        std::thread::sleep(Duration::from_millis(5));
+        fn get(&self, key: &str, deadline: Instant) -> oxcomm::Result<Vec<u8>> {
+            self.0.get(key, deadline)
+        }
+        fn try_get(&self, key: &str) -> oxcomm::Result<Option<Vec<u8>>> {
+            self.0.try_get(key)
+        }
+        fn wait(&self, keys: &[&str], deadline: Instant) -> oxcomm::Result<()> {
+            self.0.wait(keys, deadline)
+        }
+        fn add(&self, key: &str, delta: i64) -> oxcomm::Result<i64> {
+            self.0.add(key, delta)
+        }
+        fn delete(&self, key: &str) -> oxcomm::Result<bool> {
+            self.0.delete(key)
+        }
+        fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> oxcomm::Result<Vec<u8>> {
+            self.0.compare_set(key, expected, new)
+        }
     }
-    job.children
-        .iter_mut()
-        .zip(done)
-        .map(|(c, d)| {
-            let (code, secs) = d.unwrap();
-            let mut s = String::new();
-            c.stdout.take().unwrap().read_to_string(&mut s).unwrap();
-            c.stderr.take().unwrap().read_to_string(&mut s).unwrap();
-            (code, s, secs)
-        })
-        .collect()
+    let mut init = Init::from_env().unwrap();
+    // `oxcomm::init` joins as the process's first communicator, `<job>-0`.
+    init.job = format!("{}-0", init.job);
+    let client = StoreClient::connect(init.store_addr, &init.token, Instant::now() + init.config.timeout).unwrap();
+    let key = std::env::var(PUBLISHED).unwrap();
+    let r = init.connect_with_store(Arc::new(DieAfter(client, key)));
+    eprintln!("rank 1 was not killed after publishing: {:?}", r.err());
+    std::process::exit(4)
 }
 
-fn leftovers(job: &str) -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.contains(job))
-                .collect()
-        })
-        .unwrap_or_default()
+/// `n` ranks of job `job_id` with `timeout_s`, not bound to cores.
+fn spec(n: usize, job_id: &str, timeout_s: &str) -> JobSpec {
+    Job::of("init_failure::child_entry", "init", n, timeout_s).job_id(job_id).env("OXCOMM_BIND", "none")
 }
 
-fn job_id(tag: &str) -> String {
-    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    format!("i{}{tag}{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
-}
+/// The longest a job of these tests may run.
+const LIMIT: Duration = Duration::from_secs(60);
 
 /// Rank 1 of 3 gets `bad` (a setting that makes its init fail after the host exchange) and
 /// everyone `common`; ranks 0 and 2 must fail naming rank 1 and its cause, long before the
 /// 120 s timeout.
 fn rank_1_fails(tag: &str, common: &[(&'static str, &str)], bad: (&'static str, &str)) {
-    let job = job_id(tag);
-    let start = Instant::now();
-    let mut j = spawn(3, &job, "120", |r| {
-        let mut env: Vec<(&'static str, String)> = common.iter().map(|(k, v)| (*k, v.to_string())).collect();
-        if r == 1 {
-            env.push((bad.0, bad.1.to_string()));
-        }
-        env
-    });
-    let out = wait_all(&mut j, start, start + Duration::from_secs(60));
-    let (code, text, _) = &out[1];
+    let job = harness::job_id(&format!("i{tag}"));
+    let mut j = spec(3, &job, "120").envs(common).rank_env(1, bad.0, bad.1).spawn();
+    let out = j.wait_all(LIMIT);
+    let Exit { code, out: text, .. } = &out[1];
     assert_eq!(*code, Some(3), "rank 1 should fail: {text}");
     assert!(text.contains(bad.0), "{text}");
     for r in [0, 2] {
-        let (code, text, secs) = &out[r];
+        let Exit { code, out: text, secs, .. } = &out[r];
         assert_eq!(*code, Some(3), "rank {r} should fail: {text}");
         assert!(text.contains("rank 1 failed during init"), "rank {r}: {text}");
         assert!(text.contains(bad.0), "rank {r} should carry rank 1's cause: {text}");
         // Process start-up included; far below the 120 s timeout.
         assert!(*secs < 15.0, "rank {r} took {secs:.1} s");
     }
-    assert!(leftovers(&job).is_empty(), "left in /dev/shm: {:?}", leftovers(&job));
+    assert!(j.leftovers().is_empty(), "left in /dev/shm: {:?}", j.leftovers());
 }
 
 #[test]
@@ -163,7 +121,7 @@ fn a_rank_that_fails_during_tcp_init_is_named_by_the_others_at_once() {
 
 #[test]
 fn a_segment_left_at_a_reused_tokens_old_name_does_not_stop_the_next_run() {
-    let job = job_id("reuse");
+    let job = harness::job_id("ireuse");
     // The name rank 1's segment had when it was derived from the job (token) alone: a stale
     // file there (another user's, or a crashed run's) used to make rank 1 fail on every run.
     struct Removed(String);
@@ -177,13 +135,53 @@ fn a_segment_left_at_a_reused_tokens_old_name_does_not_stop_the_next_run() {
         use std::os::unix::fs::OpenOptionsExt;
         std::fs::OpenOptions::new().write(true).create_new(true).mode(0o000).open(&stale.0).unwrap();
     }
-    let start = Instant::now();
-    let mut j = spawn(2, &job, "60", |_| vec![]);
-    let out = wait_all(&mut j, start, start + Duration::from_secs(60));
+    let mut j = spec(2, &job, "60").spawn();
+    let out = j.wait_all(LIMIT);
     drop(stale);
-    for (r, (code, text, _)) in out.iter().enumerate() {
+    for (r, Exit { code, out: text, .. }) in out.iter().enumerate() {
         assert_eq!(*code, Some(0), "rank {r}: {text}");
         assert!(text.contains("ok over shm"), "rank {r}: {text}");
     }
-    assert!(leftovers(&job).is_empty(), "left in /dev/shm: {:?}", leftovers(&job));
+    assert!(j.leftovers().is_empty(), "left in /dev/shm: {:?}", j.leftovers());
+}
+
+/// Issue 28, item 8: rank 1 of 3 publishes where to reach it (the store key ending in
+/// `published`) and is killed; ranks 0 and 2, attaching to its segment or connecting to its
+/// listener, must fail naming it within 2 s of its death, not at the 120 s deadline.
+fn rank_1_dies_after_publishing(tag: &str, published: &str, env: &[(&str, &str)]) {
+    let job = harness::job_id(&format!("i{tag}"));
+    let mut j = Job::of("init_failure::child_entry", "dies_after_publishing", 3, "120")
+        .job_id(&job)
+        .env("OXCOMM_BIND", "none")
+        .env(PUBLISHED, published)
+        .envs(env)
+        .spawn();
+    let out = j.wait_all(LIMIT);
+    assert_eq!(out[1].code, None, "rank 1 was not killed: {}", out[1].out);
+    for r in [0, 2] {
+        let Exit { code, out: text, at, .. } = &out[r];
+        assert_eq!(*code, Some(3), "rank {r} should fail: {text}");
+        assert!(text.contains("rank 1"), "rank {r} does not name rank 1: {text}");
+        let after = at.saturating_duration_since(out[1].at);
+        assert!(after < Duration::from_secs(2), "rank {r} failed {after:?} after rank 1 died: {text}");
+    }
+    // Rank 1's segment stays only if nobody had attached it when it died (its name is then
+    // a stale one, rejected by a later attach); the survivors' are gone.
+    let stale = "-1";
+    let left = j.leftovers();
+    for name in &left {
+        let _ = std::fs::remove_file(format!("/dev/shm/{name}"));
+    }
+    assert!(left.iter().all(|n| n.ends_with(stale)), "left in /dev/shm: {left:?}");
+}
+
+#[test]
+fn a_rank_that_dies_after_publishing_its_segment_is_named_within_2s() {
+    rank_1_dies_after_publishing("shmdead", "shm/1", &[]);
+}
+
+#[test]
+#[ignore = "issue 28, item 8: not watched yet over TCP (peers wait for the deadline)"]
+fn a_rank_that_dies_after_publishing_its_tcp_address_is_named_within_2s() {
+    rank_1_dies_after_publishing("tcpdead", "addr/1", &[("OXCOMM_TRANSPORT", "tcp")]);
 }

@@ -7,6 +7,7 @@ mod dtypes;
 mod failures;
 mod faults;
 mod fuzz;
+mod harness;
 #[cfg(unix)]
 mod hostile;
 #[cfg(target_os = "linux")]

@@ -1,125 +1,32 @@
 //! Ranks as real processes over shared memory: the test binary re-runs itself as the ranks
-//! (`child_entry`, selected by `OXCOMM_TEST_CHILD`), with the environment `oxcomm launch` would
+//! (`child_entry`, started by `harness::Job` with its role), with the environment `oxcomm launch` would
 //! set and a store served by the parent test. Covers the CollectiveTester over shm for world
 //! sizes 2, 3, 4 and 8 (and over TCP on loopback), buffers of one and several direct chunks,
 //! and SIGKILL / SIGSTOP of one rank mid-collective (all-reduce; a direct all_to_all and all_gather).
 
-use std::io::Read;
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oxcomm::rendezvous::{self, Settings, StoreServer};
 use oxcomm::transport::shm::workspace::CHUNK_BYTES;
 use oxcomm::{Communicator, DType, ReduceOp};
 
 use crate::collectives::CollectiveTester;
+use crate::harness::{self, Exit, Job};
 
-const CHILD: &str = "OXCOMM_TEST_CHILD";
-
-struct Job {
-    children: Vec<Child>,
-    job_id: String,
-    _server: StoreServer,
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+/// The longest a job of these tests may run.
+const LIMIT: Duration = Duration::from_secs(240);
 
 fn spawn_job(n: usize, role: &str, timeout_s: &str) -> Job {
     spawn_job_with(n, role, timeout_s, &[])
 }
 
 fn spawn_job_with(n: usize, role: &str, timeout_s: &str, env: &[(&str, &str)]) -> Job {
-    spawn_job_on_hosts(n, role, timeout_s, env, &[])
-}
-
-/// [`spawn_job_with`], with rank `r` claiming host identity `host_ids[r]` (`OXCOMM_HOST_ID`)
-/// when given: ranks with different ids talk over TCP on loopback, as if on other hosts.
-fn spawn_job_on_hosts(n: usize, role: &str, timeout_s: &str, env: &[(&str, &str)], host_ids: &[&str]) -> Job {
-    static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let token = rendezvous::generate_token();
-    let token_bytes = Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
-    let server = StoreServer::bind("127.0.0.1:0".parse::<SocketAddr>().unwrap(), &token_bytes).unwrap();
-    let port = server.local_addr().port();
-    let job_id = format!("t{}x{}", std::process::id(), COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
-    let exe = std::env::current_exe().unwrap();
-    let children = (0..n)
-        .map(|r| {
-            Command::new(&exe)
-                .args(["--exact", "multiproc::child_entry", "--nocapture", "--test-threads=1", "-q"])
-                .env(CHILD, role)
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("LOCAL_WORLD_SIZE", n.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("OXCOMM_TOKEN", &token)
-                .env("OXCOMM_STORE", "launcher")
-                .env("OXCOMM_JOB_ID", &job_id)
-                .env("OXCOMM_TIMEOUT", timeout_s)
-                .envs(env.iter().copied())
-                .envs(host_ids.get(r).map(|h| ("OXCOMM_HOST_ID", *h)))
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    Job { children, job_id, _server: server }
-}
-
-/// Waits for every child until `deadline`; returns (exit code, output) per rank.
-fn wait_all(job: &mut Job, deadline: Instant) -> Vec<(Option<i32>, String)> {
-    let mut out = vec![None; job.children.len()];
-    while out.iter().any(|o| o.is_none()) {
-        for (r, c) in job.children.iter_mut().enumerate() {
-            if out[r].is_none() {
-                if let Some(status) = c.try_wait().unwrap() {
-                    out[r] = Some(status.code());
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            panic!("ranks still running at the deadline: {:?}", out);
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    job.children
-        .iter_mut()
-        .zip(out)
-        .map(|(c, code)| {
-            let mut s = String::new();
-            c.stdout.take().unwrap().read_to_string(&mut s).unwrap();
-            c.stderr.take().unwrap().read_to_string(&mut s).unwrap();
-            (code.unwrap(), s)
-        })
-        .collect()
-}
-
-fn leftovers(job: &str) -> Vec<String> {
-    std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.contains(job))
-                .collect()
-        })
-        .unwrap_or_default()
+    Job::of("multiproc::child_entry", role, n, timeout_s).envs(env).spawn()
 }
 
 /// Entry point of the child ranks. It does nothing in a normal test run (no role set).
 #[test]
 fn child_entry() {
-    let Ok(role) = std::env::var(CHILD) else { return };
+    let Some(role) = harness::role() else { return };
     let comm = oxcomm::init().unwrap_or_else(|e| {
         eprintln!("init failed: {e}");
         std::process::exit(3)
@@ -278,8 +185,8 @@ fn run_chunks(n: usize, single_copy: bool) {
         env.push(("OXCOMM_SHM_SINGLE_COPY", "0"));
     }
     let mut job = spawn_job_with(n, "chunks", "60", &env);
-    let results = wait_all(&mut job, Instant::now() + Duration::from_secs(240));
-    for (r, (code, out)) in results.iter().enumerate() {
+    let results = job.wait_all(LIMIT);
+    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
         assert_eq!(*code, Some(0), "rank {r} of {n} failed:\n{out}");
         let line = out.lines().find_map(|l| l.strip_prefix("read directly ")).expect("a 'read directly' line");
         let (bytes, can) = line.split_once(" can read parent ").expect("two fields");
@@ -290,7 +197,7 @@ fn run_chunks(n: usize, single_copy: bool) {
             assert_eq!(bytes, 0, "rank {r} of {n} read directly with single copy off or impossible");
         }
     }
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    job.assert_clean();
 }
 
 /// Prints the failures and exits 1, or prints "rank N ok".
@@ -364,11 +271,11 @@ fn run_tester(n: usize, role: &str) {
 
 fn run_tester_with(n: usize, role: &str, env: &[(&str, &str)]) {
     let mut job = spawn_job_with(n, role, "60", env);
-    let results = wait_all(&mut job, Instant::now() + Duration::from_secs(240));
-    for (r, (code, out)) in results.iter().enumerate() {
+    let results = job.wait_all(LIMIT);
+    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
         assert_eq!(*code, Some(0), "rank {r} of {n} failed:\n{out}");
     }
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    job.assert_clean();
 }
 
 #[test]
@@ -448,12 +355,16 @@ fn new_dtypes_over_shm() {
 
 #[test]
 fn mixed_shm_and_tcp_2_simulated_hosts_of_2_ranks() {
-    let mut job = spawn_job_on_hosts(4, "hosts", "60", &[], &["host-a", "host-a", "host-b", "host-b"]);
-    let results = wait_all(&mut job, Instant::now() + Duration::from_secs(240));
-    for (r, (code, out)) in results.iter().enumerate() {
+    // Rank r claims host identity `OXCOMM_HOST_ID`: ranks with different ids talk over TCP on
+    // loopback, as if on other hosts.
+    let hosts = ["host-a", "host-a", "host-b", "host-b"];
+    let spec = Job::of("multiproc::child_entry", "hosts", 4, "60");
+    let mut job = hosts.iter().enumerate().fold(spec, |spec, (r, h)| spec.rank_env(r, "OXCOMM_HOST_ID", h)).spawn();
+    let results = job.wait_all(LIMIT);
+    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
         assert_eq!(*code, Some(0), "rank {r} of 4 failed:\n{out}");
     }
-    assert!(leftovers(&job.job_id).is_empty(), "segments left in /dev/shm: {:?}", leftovers(&job.job_id));
+    job.assert_clean();
 }
 
 #[test]
@@ -461,13 +372,11 @@ fn tcp_collectives_3_processes_on_loopback() {
     run_tester_with(3, "quick", &[("OXCOMM_TRANSPORT", "tcp")]);
 }
 
-/// Waits until `n` children printed "ready" (they are inside the all-reduce loop).
+/// Waits until the ranks are inside their op loop.
 fn wait_ready(job: &mut Job, settle: Duration) {
     // The loop prints "ready" before its first op; give the ops time to get going.
     std::thread::sleep(settle);
-    for (r, c) in job.children.iter_mut().enumerate() {
-        assert!(c.try_wait().unwrap().is_none(), "rank {r} exited early");
-    }
+    job.assert_running();
 }
 
 #[test]
@@ -485,15 +394,11 @@ fn killed_rank_mid_direct_all_to_all_is_named_by_every_survivor() {
 fn killed_rank_is_named(n: usize, role: &str, victim: usize) {
     let mut job = spawn_job(n, role, "60");
     wait_ready(&mut job, Duration::from_millis(1500));
-    let pid = job.children[victim].id() as i32;
     let killed_at = Instant::now();
-    // SAFETY: plain syscall on a child we own.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
-    let results = wait_all(&mut job, Instant::now() + Duration::from_secs(20));
+    job.signal(victim, libc::SIGKILL);
+    let results = job.wait_all(Duration::from_secs(20));
     let took = killed_at.elapsed();
-    for (r, (code, out)) in results.iter().enumerate() {
+    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
         if r == victim {
             continue;
         }
@@ -501,7 +406,7 @@ fn killed_rank_is_named(n: usize, role: &str, victim: usize) {
         assert!(out.contains(&format!("rank {victim}")), "rank {r} does not name rank {victim}:\n{out}");
     }
     assert!(took < Duration::from_secs(2), "survivors took {took:?}");
-    assert!(leftovers(&job.job_id).is_empty(), "segments left: {:?}", leftovers(&job.job_id));
+    assert!(job.leftovers().is_empty(), "segments left: {:?}", job.leftovers());
 }
 
 #[test]
@@ -514,36 +419,14 @@ fn stopped_rank_times_out_at_the_deadline_naming_it() {
     let mut job = spawn_job(3, "loop", "2");
     wait_ready(&mut job, Duration::from_millis(1500));
     let victim = 1;
-    let pid = job.children[victim].id() as i32;
     let stopped_at = Instant::now();
-    // SAFETY: plain syscall on a child we own.
-    unsafe {
-        libc::kill(pid, libc::SIGSTOP);
-    }
-    // Survivors exit by themselves; the stopped one is killed by Job's drop.
-    let mut survivors: Vec<(usize, Child)> = job.children.drain(..).enumerate().filter(|(r, _)| *r != victim).collect();
-    for (r, c) in survivors.iter_mut() {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        let status = loop {
-            if let Some(s) = c.try_wait().unwrap() {
-                break s;
-            }
-            assert!(Instant::now() < deadline, "rank {r} still running");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let mut out = String::new();
-        c.stderr.take().unwrap().read_to_string(&mut out).unwrap();
-        assert_eq!(status.code(), Some(7), "rank {r}: {out}");
+    job.signal(victim, libc::SIGSTOP);
+    // Survivors exit by themselves; the stopped one is killed when the job is dropped.
+    let survivors = job.wait_ranks(&[0, 2], Duration::from_secs(15));
+    for (r, Exit { code, out, .. }) in [0, 2].into_iter().zip(&survivors) {
+        assert_eq!(*code, Some(7), "rank {r}: {out}");
         assert!(out.contains("timed out") && out.contains("rank 1"), "rank {r}: {out}");
     }
     let took = stopped_at.elapsed();
     assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(6), "took {took:?}");
-    // SAFETY: plain syscalls on a child we own.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
-    let _ = std::process::Command::new("true").status();
-    for (_, mut c) in survivors {
-        let _ = c.wait();
-    }
 }

@@ -436,12 +436,9 @@ fn bytes_cross_a_real_process_boundary() {
         return;
     }
     let job = job("proc");
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "shm::child_process_role", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, &job)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut command = crate::harness::child_command("shm::child_process_role");
+    command.env(CHILD_ENV, &job);
+    let mut child = crate::harness::Proc::spawn(command);
     let (mut links, bell) = process_rank(&job, 0);
     exchange(0, &mut links, &*bell, CROSS_PROCESS_BYTES, 1 << 16, 3).unwrap();
     assert!(leftovers(&job).is_empty());
@@ -456,8 +453,8 @@ fn bytes_cross_a_real_process_boundary() {
             Ok(()) => panic!("child's exit not noticed"),
         }
     };
-    let status = child.wait().unwrap();
-    assert!(status.success(), "child failed: {status}");
+    let code = child.wait(Duration::from_secs(20));
+    assert_eq!(code, Some(0), "child failed:\n{}", child.output());
     assert_eq!(err.kind(), ErrorKind::PeerGone);
     assert_eq!(err.peer(), Some(1));
     assert!(err.to_string().contains("process exited"), "{err}");

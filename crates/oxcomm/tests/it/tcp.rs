@@ -582,20 +582,12 @@ fn a_killed_peer_process_is_reported_promptly() {
     }
     let job = job("kill");
     let mut e = TcpEndpoint::listen(LOOPBACK, 1, 2, TOKEN, &job).unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "tcp::child_process_role", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, format!("{job} {}", e.local_addr()))
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut command = crate::harness::child_command("tcp::child_process_role");
+    command.env(CHILD_ENV, format!("{job} {}", e.local_addr()));
+    let mut child = crate::harness::Proc::spawn(command);
     // Lower ranks' addresses are not used: the child connects to us.
     let unused: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    let formed = e.connect(&[(0, unused)], deadline(30));
-    if formed.is_err() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    formed.unwrap();
+    e.connect(&[(0, unused)], deadline(30)).unwrap();
     let (mut links, bell) = e.into_parts();
     let link = links[0].as_mut().unwrap();
     let mut buf = vec![0u8; CHILD_BYTES];
@@ -612,10 +604,10 @@ fn a_killed_peer_process_is_reported_promptly() {
     }
     assert!(buf == pattern(0, 1, CHILD_BYTES));
     assert!(t0.elapsed() < Duration::from_secs(10), "a wake-up was lost: took {:?}", t0.elapsed());
-    child.kill().unwrap(); // SIGKILL
+    child.signal(libc::SIGKILL);
     let t0 = Instant::now();
     let err = recv_until_error(link.as_mut(), bell.as_ref(), deadline(10));
-    child.wait().unwrap();
+    child.wait(Duration::from_secs(10));
     assert_eq!(err.kind(), ErrorKind::PeerGone, "{err}");
     assert_eq!(err.peer(), Some(0));
     assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());

@@ -273,8 +273,9 @@ impl ShmEndpoint {
                 self.rank
             ))
         })?;
-        let process = PeerProcess::open(seg.owner_pid())
-            .map_err(|why| Error::protocol(format!("shared-memory segment /dev/shm{} is stale: {why}", seg.name())))?;
+        let process = PeerProcess::open(seg.owner_pid()).map_err(|why| {
+            Error::protocol(format!("rank {p}'s shared-memory segment /dev/shm{} is stale: {why}", seg.name()))
+        })?;
         let seg = Arc::new(seg);
         let tx = seg.producer(their_slot);
         // Tell the owner we have mapped its segment (see `wait_attached`).
@@ -294,10 +295,14 @@ impl ShmEndpoint {
         Ok(())
     }
 
+    /// How often [`ShmEndpoint::wait_attached`] looks whether the peers it waits for are alive.
+    const ATTACH_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
     /// Waits until each of `peers` has attached to this rank's segment (each attach sets a
     /// flag in its ring here and rings this rank's doorbell), so that [`unlink_own`] is safe
     /// without another round through the caller's store. [`ErrorKind::Timeout`] naming the
-    /// first missing peer at `deadline`.
+    /// first missing peer at `deadline`; [`ErrorKind::PeerGone`] naming it at once when this
+    /// rank attached to its segment and its process has exited since.
     ///
     /// [`unlink_own`]: ShmEndpoint::unlink_own
     pub fn wait_attached(&self, peers: &[usize], deadline: Instant) -> Result<()> {
@@ -316,7 +321,19 @@ impl ShmEndpoint {
                 }
             }
             let Some(p) = missing else { return Ok(()) };
-            if Instant::now() >= deadline {
+            // A peer that died after publishing its segment never attaches: name it now, and
+            // take its name out of /dev/shm (nobody else will).
+            if self.links[p].as_ref().is_some_and(|l| l.process.gone()) {
+                let _ = rustix::shm::unlink(segment_name(&self.job, p).as_str());
+                return Err(Error::new(
+                    ErrorKind::PeerGone,
+                    format!("rank {p} is gone (its process exited before it attached to this rank's segment)"),
+                )
+                .with_peer(p)
+                .with_rank(self.rank));
+            }
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(Error::new(
                     ErrorKind::Timeout,
                     format!("timed out waiting for rank {p} to attach to this rank's segment"),
@@ -324,7 +341,7 @@ impl ShmEndpoint {
                 .with_peer(p)
                 .with_rank(self.rank));
             }
-            bell.wait(epoch, deadline, self.config.spin, self.config.yield_for);
+            bell.wait(epoch, deadline.min(now + Self::ATTACH_CHECK_INTERVAL), self.config.spin, self.config.yield_for);
         }
     }
 

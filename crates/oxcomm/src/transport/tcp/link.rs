@@ -369,6 +369,24 @@ impl TcpLink {
     }
 
     /// Whether the peer has closed or reset the connection with nothing left to read.
+    /// Whether the unread end of the stream of a peer that closed is an abort frame: then it
+    /// was alive when it failed, and the reader is to find its cause there. Only called once
+    /// the peer has closed, so everything it sent is here.
+    fn ends_with_abort(&self) -> bool {
+        let pending = rustix::io::ioctl_fionread(&self.shared.sock).unwrap_or(0) as usize;
+        let mut unread = self.stage[self.stage_at..self.stage_end].to_vec();
+        let at = unread.len();
+        unread.resize(at + pending, 0);
+        match rustix::net::recv(&self.shared.sock, &mut unread[at..], RecvFlags::DONTWAIT | RecvFlags::PEEK) {
+            Ok((n, _)) => unread.truncate(at + n),
+            Err(_) => unread.truncate(at),
+        }
+        let Some(tail) = unread.len().checked_sub(HEADER_BYTES).map(|from| &unread[from..]) else { return false };
+        let seq = u64::from_le_bytes(tail[8..16].try_into().expect("8 bytes"));
+        let word = u32::from_le_bytes(tail[16..20].try_into().expect("4 bytes"));
+        tail == frame::encode_raw(frame::TAG_ABORT, seq, word)
+    }
+
     fn peer_closed(&self) -> Result<()> {
         if self.staged() > 0 {
             return Ok(());
@@ -445,6 +463,23 @@ impl Link for TcpLink {
     fn check_peer(&mut self) -> Result<()> {
         self.check_failed()?;
         self.peer_closed().map_err(|e| self.fail(e))
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        self.check_failed()?;
+        // Bytes the peer sent before it went may still be unread (the peek of `check_peer`
+        // sees those); the end of its side of the stream shows as RDHUP all the same.
+        let mut fds = [PollFd::from_borrowed_fd(self.shared.sock.as_fd(), PollFlags::RDHUP)];
+        let now = Timespec { tv_sec: 0, tv_nsec: 0 };
+        let ended = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+        if matches!(poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+            && fds[0].revents().intersects(ended)
+            && !self.ends_with_abort()
+        {
+            let e = self.gone("it closed the connection");
+            return Err(self.fail(e));
+        }
+        self.check_peer()
     }
 
     fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
