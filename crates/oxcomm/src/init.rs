@@ -388,6 +388,12 @@ impl Store for Watching<'_> {
     fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<Vec<u8>> {
         self.0.compare_set(key, expected, new)
     }
+    fn check_job(&self) -> Result<()> {
+        match self.0.try_get(FAILED_KEY)? {
+            Some(failed) => Err(init_failure(&failed)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The error of a rank that read another rank's published init failure (the value of

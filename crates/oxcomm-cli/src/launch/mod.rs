@@ -32,7 +32,6 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-
 mod args;
 mod exit;
 mod output;

@@ -88,6 +88,14 @@ pub trait Store: Send + Sync {
     /// otherwise the current value, or an empty vector when the key is not set (and `expected`
     /// was `Some`). To know whether you won, compare the result with `new`.
     fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<Vec<u8>>;
+
+    /// Fails when this store knows that the job it serves has failed (a rank published its
+    /// failure); never waits. Set-up steps that wait outside the store (a TCP accept) call it
+    /// between waits, so they end with the failure instead of at their deadline. A plain store
+    /// knows of no such thing and returns `Ok`.
+    fn check_job(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -111,6 +119,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<Vec<u8>> {
         (**self).compare_set(key, expected, new)
+    }
+    fn check_job(&self) -> Result<()> {
+        (**self).check_job()
     }
 }
 

@@ -181,7 +181,6 @@ fn a_rank_that_dies_after_publishing_its_segment_is_named_within_2s() {
 }
 
 #[test]
-#[ignore = "issue 28, item 8: not watched yet over TCP (peers wait for the deadline)"]
 fn a_rank_that_dies_after_publishing_its_tcp_address_is_named_within_2s() {
     rank_1_dies_after_publishing("tcpdead", "addr/1", &[("OXCOMM_TRANSPORT", "tcp")]);
 }

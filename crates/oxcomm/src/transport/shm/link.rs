@@ -50,7 +50,7 @@ impl PeerProcess {
     }
 
     /// `true` once the process is known to have exited. One non-blocking syscall.
-    fn gone(&self) -> bool {
+    pub(super) fn gone(&self) -> bool {
         match self {
             PeerProcess::SameProcess => false,
             PeerProcess::Pidfd(fd) => {

@@ -85,7 +85,9 @@ pub fn connect_peers_with(
             })?;
         addrs.push((p, addr));
     }
-    ep.connect(&addrs, deadline)?;
+    // Every address was published after its listener was up, so a refused connection means
+    // that rank has exited; and a rank whose peer failed elsewhere hears of it from the store.
+    ep.connect_published(&addrs, deadline, &|| store.check_job())?;
     Ok(ep.into_tcp_parts())
 }
 

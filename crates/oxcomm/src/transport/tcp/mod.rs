@@ -108,6 +108,10 @@ const MAX_PENDING_HANDSHAKES: usize = 64;
 /// How long the listener polls before looking at finished handshakes again.
 const ACCEPT_POLL: Duration = Duration::from_millis(2);
 
+/// How often a set-up wait outside the store (accepting, retrying a connect) asks the store
+/// whether the job has failed ([`TcpEndpoint::connect_published`]): one store round trip.
+const SETUP_WATCH_INTERVAL: Duration = Duration::from_millis(50);
+
 /// Settings of the TCP transport.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpConfig {
@@ -292,6 +296,30 @@ impl TcpEndpoint {
     /// Connections that fail their handshake on the accepting side are dropped and logged,
     /// not returned. May be called more than once, with different peers.
     pub fn connect(&mut self, peers: &[(usize, SocketAddr)], deadline: Instant) -> Result<()> {
+        self.connect_with(peers, deadline, None)
+    }
+
+    /// [`TcpEndpoint::connect`] to peers whose listeners were up when their addresses were
+    /// published (the store's set-up: [`connect_peers_with`]): a refused connection then means
+    /// the peer has exited, and fails at once with [`ErrorKind::PeerGone`] naming it instead of
+    /// being retried until `deadline`. `watch` runs between waits (every
+    /// [`SETUP_WATCH_INTERVAL`]); its error (another rank's published failure) ends the
+    /// connect.
+    pub fn connect_published(
+        &mut self,
+        peers: &[(usize, SocketAddr)],
+        deadline: Instant,
+        watch: &(dyn Fn() -> Result<()> + Sync),
+    ) -> Result<()> {
+        self.connect_with(peers, deadline, Some(watch))
+    }
+
+    fn connect_with(
+        &mut self,
+        peers: &[(usize, SocketAddr)],
+        deadline: Instant,
+        watch: Option<&(dyn Fn() -> Result<()> + Sync)>,
+    ) -> Result<()> {
         let mut seen = vec![false; self.world];
         for &(p, _) in peers {
             if p >= self.world || p == self.rank {
@@ -310,12 +338,12 @@ impl TcpEndpoint {
             let acceptor = (!lower.is_empty()).then(|| {
                 std::thread::Builder::new()
                     .name(format!("oxcomm-tcp-accept-{}", self.rank))
-                    .spawn_scoped(s, || self.accept_lower(&lower, deadline, &stop))
+                    .spawn_scoped(s, || self.accept_lower(&lower, deadline, &stop, watch))
             });
             let mut connected = Vec::with_capacity(higher.len());
             let mut result = Ok(());
             for &(p, addr) in &higher {
-                match self.connect_one(p, addr, deadline) {
+                match self.connect_one(p, addr, deadline, watch) {
                     Ok(stream) => connected.push((p, stream)),
                     Err(e) => {
                         result = Err(e.with_peer(p).with_rank(self.rank));
@@ -350,7 +378,16 @@ impl TcpEndpoint {
     /// that the peer drops before the handshake ends (its listener cut it off under a flood of
     /// strangers, or it reset) is retried with backoff until `deadline`; a refusal, a bad
     /// proof or a protocol error is not.
-    fn connect_one(&self, peer: usize, addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
+    ///
+    /// With a `watch` (the peer's listener is known to have been up), a refusal means the peer
+    /// has exited: [`ErrorKind::PeerGone`] at once; `watch` runs before every retry.
+    fn connect_one(
+        &self,
+        peer: usize,
+        addr: SocketAddr,
+        deadline: Instant,
+        watch: Option<&(dyn Fn() -> Result<()> + Sync)>,
+    ) -> Result<TcpStream> {
         let mut backoff = Duration::from_millis(5);
         let mut tries = 0u32;
         loop {
@@ -367,8 +404,17 @@ impl TcpEndpoint {
                 std::thread::sleep((*backoff).min(deadline.saturating_duration_since(Instant::now())));
                 *backoff = (*backoff * 2).min(Duration::from_millis(200));
             };
+            if let Some(watch) = watch {
+                watch()?;
+            }
             let mut stream = match TcpStream::connect_timeout(&addr, (deadline - now).min(Duration::from_secs(5))) {
                 Ok(s) => s,
+                Err(e) if watch.is_some() && e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    return Err(Error::new(
+                        ErrorKind::PeerGone,
+                        format!("rank {peer} refused a connection at {addr}, where it had published its listener: it has exited"),
+                    ));
+                }
                 Err(e) if retry_connect(&e) => {
                     retry(&e, &mut backoff);
                     continue;
@@ -396,7 +442,9 @@ impl TcpEndpoint {
         expected: &[usize],
         deadline: Instant,
         stop: &AtomicBool,
+        watch: Option<&(dyn Fn() -> Result<()> + Sync)>,
     ) -> Result<Vec<(usize, TcpStream)>> {
+        let mut watched = Instant::now();
         let rank = self.rank;
         self.listener.set_nonblocking(true).map_err(|e| Error::io("setting the listener non-blocking", e))?;
         let mut got: HashMap<usize, TcpStream> = HashMap::new();
@@ -430,6 +478,12 @@ impl TcpEndpoint {
                     break Err(Error::new(ErrorKind::Aborted, "stopped accepting: connecting to a higher rank failed"));
                 }
                 let now = Instant::now();
+                if let Some(watch) = watch.filter(|_| now >= watched + SETUP_WATCH_INTERVAL) {
+                    watched = now;
+                    if let Err(e) = watch() {
+                        break Err(e);
+                    }
+                }
                 if now >= deadline {
                     let missing: Vec<usize> = expected.iter().copied().filter(|p| !got.contains_key(p)).collect();
                     let first = missing.first().copied().unwrap_or(0);
