@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Every test of the workspace, from a fresh clone, with nothing run before it (the README's test
+# command; CI runs it too, after fmt, clippy and doc):
+#   1. installs what the Python tests use (the pins CI uses) and the package from this checkout;
+#   2. cargo test --workspace (Rust: library, CLI, multi-host tests in network namespaces when root);
+#   3. the Python tests (numpy, torch.distributed, DeepSpeed, PyTorch's own distributed suite
+#      on gloo and oxcomm, the `oxcomm` command the wheel installs, the type stubs; the
+#      CUDA-only tests live apart in crates/oxcomm-py/tests_cuda);
+#   4. the numpy-only install: `import oxcomm` and every numpy op in a venv without torch.
+# The pytest log goes to $OXCOMM_PYTEST_LOG (default target/pytest.log), so CI can refuse skips.
+set -euo pipefail
+cd "$(dirname "$0")"
+PIP=(python3 -m pip install -q --disable-pip-version-check)
+
+echo "== Python: what the tests use, and the package built from this checkout"
+# torch's Linux wheel from PyPI is the CUDA build (~5 GB with its libraries); it runs on CPU.
+"${PIP[@]}" "torch==2.15.0" numpy "deepspeed==0.19.8" pytest expecttest mypy "maturin>=1.5,<2"
+"${PIP[@]}" ./crates/oxcomm-py
+
+echo "== cargo test --workspace"
+cargo test --workspace
+
+echo "== Python tests"
+LOG=${OXCOMM_PYTEST_LOG:-target/pytest.log}
+mkdir -p "$(dirname "$LOG")"
+DS_ACCELERATOR=cpu python3 -m pytest -q -rs -p no:cacheprovider crates/oxcomm-py/tests 2>&1 | tee "$LOG"
+
+echo "== numpy only (no torch in the environment)"
+bash .ci/numpy_only.sh
