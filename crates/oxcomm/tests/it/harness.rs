@@ -424,7 +424,9 @@ impl Job {
             if running.is_empty() {
                 break;
             }
-            assert!(Instant::now() < deadline, "ranks {running:?} still running after {limit:?}");
+            if Instant::now() >= deadline {
+                panic!("ranks {running:?} still running after {limit:?}\n{}", self.outputs(ranks));
+            }
             std::thread::sleep(POLL);
         }
         ranks
@@ -435,6 +437,22 @@ impl Job {
                 Exit { code, out: p.stdout_then_stderr(), secs: (at - p.started).as_secs_f64(), at }
             })
             .collect()
+    }
+
+    /// Each of `ranks`' output so far, under a line saying whether it is still running or
+    /// how it ended (for failure messages).
+    fn outputs(&mut self, ranks: &[usize]) -> String {
+        let mut text = String::new();
+        for &r in ranks {
+            let p = &mut self.ranks[r];
+            let state = match p.try_exit() {
+                None => "still running".to_string(),
+                Some(Some(code)) => format!("exited with code {code}"),
+                Some(None) => "killed by a signal".to_string(),
+            };
+            text += &format!("--- rank {r} ({state}):\n{}", p.output());
+        }
+        text
     }
 
     /// The files of this job in `/dev/shm`.
