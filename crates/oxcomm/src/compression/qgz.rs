@@ -77,6 +77,10 @@
 //! collective. A different total is caught by the collectives' fingerprint check
 //! ([`ErrorKind::Mismatch`](crate::ErrorKind::Mismatch)); a different split of the same total
 //! is not.
+//!
+//! Over 600 lines because qgZ is one algorithm whose steps (quantize, exchange within a host,
+//! dequantize-reduce-requantize, exchange across hosts) share one layout; the int4 kernels are in
+//! `quant.rs`, the host groups in `host_groups.rs`.
 
 use std::ops::Range;
 

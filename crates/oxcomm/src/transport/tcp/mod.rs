@@ -70,6 +70,10 @@
 //! Data frames are not encrypted or authenticated: the handshake keeps strangers out, but an
 //! attacker on the path can read or alter bytes. IPv6 works where the OS supports it; interface
 //! lookup by name prefers IPv4.
+//!
+//! Over 600 lines because the endpoint is one protocol: listening, connecting with retries,
+//! accepting under a flood and the set-up watch share the handshake's state and its limits; the
+//! link is in `link.rs`, frames in `frame.rs`, the handshake in `handshake.rs`.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
