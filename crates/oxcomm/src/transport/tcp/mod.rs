@@ -307,7 +307,7 @@ impl TcpEndpoint {
     /// published (the store's set-up: [`connect_peers_with`]): a refused connection then means
     /// the peer has exited, and fails at once with [`ErrorKind::PeerGone`] naming it instead of
     /// being retried until `deadline`. `watch` runs between waits (every
-    /// [`SETUP_WATCH_INTERVAL`]); its error (another rank's published failure) ends the
+    /// 50 ms); its error (another rank's published failure) ends the
     /// connect.
     pub fn connect_published(
         &mut self,
