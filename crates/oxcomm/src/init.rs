@@ -290,8 +290,11 @@ impl Init {
         let keys: Vec<String> = local.iter().map(|r| format!("shm/{r}")).collect();
         let keys: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
         wait_watching(store, &keys, deadline).map_err(fail)?;
-        ep.attach(&local, deadline).map_err(fail)?;
-        ep.wait_attached(&local, deadline).map_err(fail)?;
+        // Attaching and waiting for attaches also end when another rank publishes its failure
+        // (one that found a dead rank's segment unlinks it, and never attaches here).
+        let watch = || Watching(store).check_job();
+        ep.attach_watching(&local, deadline, &watch).map_err(fail)?;
+        ep.wait_attached_watching(&local, deadline, &watch).map_err(fail)?;
         ep.unlink_own().map_err(fail)?;
         let comm = match tcp {
             None => {

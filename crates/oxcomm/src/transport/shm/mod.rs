@@ -252,20 +252,36 @@ impl ShmEndpoint {
     /// Each peer must have been listed in `local_peers` at [`ShmEndpoint::create`], and must
     /// list this rank likewise. May be called more than once, with different peers.
     pub fn attach(&mut self, peers: &[usize], deadline: Instant) -> Result<()> {
+        self.attach_watching(peers, deadline, &|| Ok(()))
+    }
+
+    /// [`ShmEndpoint::attach`] for a caller that can tell whether the job has failed meanwhile
+    /// (through its store: [`crate::rendezvous::Store::check_job`]): `watch` runs while a
+    /// peer's segment is not there yet (every [`ShmEndpoint::SETUP_WATCH_INTERVAL`]), and its
+    /// error ends the attach. A segment that was published and is not there has been unlinked
+    /// by its owner, which failed, or by a rank that found its owner dead; either publishes
+    /// why, and without the watch this rank would wait for the segment until `deadline`.
+    pub fn attach_watching(
+        &mut self,
+        peers: &[usize],
+        deadline: Instant,
+        watch: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
         for &p in peers {
-            self.attach_one(p, deadline).map_err(|e| e.with_peer(p).with_rank(self.rank))?;
+            self.attach_one(p, deadline, watch).map_err(|e| e.with_peer(p).with_rank(self.rank))?;
         }
         Ok(())
     }
 
-    fn attach_one(&mut self, p: usize, deadline: Instant) -> Result<()> {
+    fn attach_one(&mut self, p: usize, deadline: Instant, watch: &dyn Fn() -> Result<()>) -> Result<()> {
         let my_slot = self.own.slot_of(p).ok_or_else(|| {
             Error::invalid(format!("rank {p} was not among the local peers given when creating the segment"))
         })?;
         if self.links[p].is_some() {
             return Err(Error::invalid(format!("rank {p} is already attached")));
         }
-        let seg = Segment::attach(&segment_name(&self.job, p), p, self.world, deadline)?;
+        let seg =
+            Segment::attach(&segment_name(&self.job, p), p, self.world, deadline, watch, Self::SETUP_WATCH_INTERVAL)?;
         let their_slot = seg.slot_of(self.rank).ok_or_else(|| {
             Error::protocol(format!(
                 "rank {p}'s segment has no ring for rank {}: it was created without this \
@@ -295,35 +311,62 @@ impl ShmEndpoint {
         Ok(())
     }
 
-    /// How often [`ShmEndpoint::wait_attached`] looks whether the peers it waits for are alive.
-    const ATTACH_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+    /// How often the set-up waits ([`ShmEndpoint::attach_watching`],
+    /// [`ShmEndpoint::wait_attached_watching`]) look whether the peers they wait for are alive
+    /// and run the caller's watch (one store round trip in `init`).
+    pub const SETUP_WATCH_INTERVAL: Duration = Duration::from_millis(50);
 
     /// Waits until each of `peers` has attached to this rank's segment (each attach sets a
     /// flag in its ring here and rings this rank's doorbell), so that [`unlink_own`] is safe
     /// without another round through the caller's store. [`ErrorKind::Timeout`] naming the
-    /// first missing peer at `deadline`; [`ErrorKind::PeerGone`] naming it at once when this
-    /// rank attached to its segment and its process has exited since.
+    /// first missing peer at `deadline`; [`ErrorKind::PeerGone`] naming a missing peer as soon
+    /// as this rank attached to its segment and its process has exited since (every missing
+    /// peer is looked at, not only the first).
     ///
     /// [`unlink_own`]: ShmEndpoint::unlink_own
     pub fn wait_attached(&self, peers: &[usize], deadline: Instant) -> Result<()> {
+        self.wait_attached_watching(peers, deadline, &|| Ok(()))
+    }
+
+    /// [`ShmEndpoint::wait_attached`] for a caller that can tell whether the job has failed
+    /// meanwhile (see [`ShmEndpoint::attach_watching`]): `watch` runs every
+    /// [`ShmEndpoint::SETUP_WATCH_INTERVAL`], and its error ends the wait. A live peer that
+    /// failed to attach to a third rank's segment never attaches here either; only its
+    /// published failure tells. The watch also runs before a dead peer is reported, so a
+    /// peer that exited after publishing why it failed (an error whose peer is that rank) is
+    /// reported with its reason.
+    pub fn wait_attached_watching(
+        &self,
+        peers: &[usize],
+        deadline: Instant,
+        watch: &dyn Fn() -> Result<()>,
+    ) -> Result<()> {
         let bell = self.own.bell();
+        let mut watched = Instant::now();
         loop {
             let epoch = bell.epoch.load(Ordering::SeqCst);
-            let mut missing = None;
+            let mut missing = Vec::new();
             for &p in peers {
                 let slot = self.own.slot_of(p).ok_or_else(|| {
                     Error::invalid(format!("rank {p} is not a local peer of this segment")).with_rank(self.rank)
                 })?;
                 let flags = &self.own.ring_ctrl(slot).flags.0;
                 if flags.writer_attached.load(Ordering::Acquire) == 0 {
-                    missing = Some(p);
-                    break;
+                    missing.push(p);
                 }
             }
-            let Some(p) = missing else { return Ok(()) };
-            // A peer that died after publishing its segment never attaches: name it now, and
+            let Some(&first) = missing.first() else { return Ok(()) };
+            // A peer that died after publishing its segment never attaches: name it now (with
+            // the failure it published before it exited, if the watch has one from it), and
             // take its name out of /dev/shm (nobody else will).
-            if self.links[p].as_ref().is_some_and(|l| l.process.gone()) {
+            if let Some(p) = missing.iter().copied().find(|&p| self.links[p].as_ref().is_some_and(|l| l.process.gone()))
+            {
+                if let Err(e) = watch() {
+                    if e.peer() == Some(p) {
+                        let _ = rustix::shm::unlink(segment_name(&self.job, p).as_str());
+                        return Err(e.with_rank(self.rank));
+                    }
+                }
                 let _ = rustix::shm::unlink(segment_name(&self.job, p).as_str());
                 return Err(Error::new(
                     ErrorKind::PeerGone,
@@ -333,15 +376,19 @@ impl ShmEndpoint {
                 .with_rank(self.rank));
             }
             let now = Instant::now();
+            if now >= watched + Self::SETUP_WATCH_INTERVAL {
+                watched = now;
+                watch().map_err(|e| e.with_rank(self.rank))?;
+            }
             if now >= deadline {
                 return Err(Error::new(
                     ErrorKind::Timeout,
-                    format!("timed out waiting for rank {p} to attach to this rank's segment"),
+                    format!("timed out waiting for rank(s) {missing:?} to attach to this rank's segment"),
                 )
-                .with_peer(p)
+                .with_peer(first)
                 .with_rank(self.rank));
             }
-            bell.wait(epoch, deadline.min(now + Self::ATTACH_CHECK_INTERVAL), self.config.spin, self.config.yield_for);
+            bell.wait(epoch, deadline.min(now + Self::SETUP_WATCH_INTERVAL), self.config.spin, self.config.yield_for);
         }
     }
 

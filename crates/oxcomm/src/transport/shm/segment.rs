@@ -290,15 +290,28 @@ impl Segment {
 
     /// Opens and maps the segment `name` of rank `owner` and validates its header against
     /// `world`. Retries while it does not exist yet or is still being created, until
-    /// `deadline`.
-    pub(crate) fn attach(name: &str, owner: usize, world: usize, deadline: Instant) -> Result<Segment> {
+    /// `deadline`; `watch` runs between retries, at most every `watch_every`, and its error
+    /// ends the wait.
+    pub(crate) fn attach(
+        name: &str,
+        owner: usize,
+        world: usize,
+        deadline: Instant,
+        watch: &dyn Fn() -> Result<()>,
+        watch_every: Duration,
+    ) -> Result<Segment> {
         let mut pause = Duration::from_micros(200);
+        let mut watched = Instant::now();
         loop {
             let why_not = match Self::try_attach(name, owner, world)? {
                 Ok(seg) => return Ok(seg),
                 Err(why) => why,
             };
             let now = Instant::now();
+            if now >= watched + watch_every {
+                watched = now;
+                watch()?;
+            }
             if now >= deadline {
                 return Err(Error::new(
                     ErrorKind::Timeout,
