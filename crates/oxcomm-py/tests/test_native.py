@@ -445,8 +445,8 @@ def case_bad_input():
     c = _join()
     errors = []
     for bad, kind in (
-        (np.zeros(3, dtype=np.bool_), TypeError),
-        (torch.zeros(3, dtype=torch.int16), TypeError),
+        (np.zeros(3, dtype=np.longdouble), TypeError),
+        (torch.zeros(3, dtype=torch.complex32), TypeError),
         (torch.zeros(3, device="meta"), ValueError),
         (np.zeros((4, 4), dtype=np.float32)[:, 1], ValueError),
         ("not a buffer", TypeError),
