@@ -206,6 +206,9 @@ macro_rules! each_dtype {
                 DType::U8 => $f::<u8>($($arg),*)?,
                 DType::I32 => $f::<i32>($($arg),*)?,
                 DType::I64 => $f::<i64>($($arg),*)?,
+                // The dtypes after the first eight (bool, i16, u16-u64, complex, float8) are
+                // tested on the native backend (tests/it/dtypes.rs); not yet under MPI.
+                _ => continue,
             }
         }
     }};
