@@ -49,7 +49,7 @@ fn child_entry() {
             // bool, the 16-bit and unsigned integers, complex and float8 over shared memory
             // (the direct algorithms included).
             let t =
-                CollectiveTester::new().dtypes(&crate::dtypes::NEW_DTYPES).counts(&[0, 7, 1000]).segments(&[1 << 20]);
+                CollectiveTester::new().dtypes(crate::dtypes::NEW_DTYPES).counts(&[0, 7, 1000]).segments(&[1 << 20]);
             let mut bad = t.rank_all_reduce(&comm);
             bad.extend(t.rank_rooted(&comm));
             bad.extend(t.rank_gather_scatter(&comm));
