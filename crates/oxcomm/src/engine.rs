@@ -305,6 +305,58 @@ impl<'c> Ctx<'c> {
         }
     }
 
+    /// Waits until the stream from one of `peers` (group ranks) starts with `head.len()`
+    /// bytes that `pick` takes, and returns that peer; the bytes stay unread, for the caller
+    /// to receive next. `pick` sees a peer and the first bytes of its stream: `Ok(true)` takes
+    /// it, `Ok(false)` leaves them for another receive, `Err` fails the wait. Peers are looked
+    /// at in the order given (the first wins a tie). Fails on the deadline (the error says it
+    /// waited for `what`), on abort, and when a peer whose stream was not taken is gone, since
+    /// it may have been the one to send.
+    ///
+    /// Cost: one peek of `head.len()` bytes per peer each time any peer rings this rank.
+    pub fn wait_for_head(
+        &mut self,
+        peers: &[usize],
+        head: &mut [u8],
+        what: &dyn Fn() -> String,
+        mut pick: impl FnMut(usize, &[u8]) -> Result<bool>,
+    ) -> Result<usize> {
+        let mut last_check = None;
+        loop {
+            let epoch = self.bell.epoch();
+            for &p in peers {
+                let world = self.members[p];
+                let n = self.link(world)?.peek(head).map_err(|e| e.with_peer(world))?;
+                if n == head.len() && pick(p, head)? {
+                    return Ok(p);
+                }
+            }
+            let now = Instant::now();
+            let deadline = self.deadline_at(now);
+            if now >= deadline {
+                let msg = format!("timed out after {:?} waiting for {}", self.timeout, what());
+                return Err(Error::new(ErrorKind::Timeout, msg));
+            }
+            if now.duration_since(*last_check.get_or_insert(now)) >= PEER_CHECK_INTERVAL {
+                last_check = Some(now);
+                self.bell.heartbeat();
+                self.check_cancel()?;
+                for &p in peers {
+                    let world = self.members[p];
+                    if let Err(e) = self.link(world)?.check_alive() {
+                        // It may have sent what this wait takes, then exited, since the peek.
+                        let n = self.link(world)?.peek(head).map_err(|e| e.with_peer(world))?;
+                        if n == head.len() && pick(p, head)? {
+                            return Ok(p);
+                        }
+                        return Err(e.with_peer(world));
+                    }
+                }
+            }
+            self.bell.wait(epoch, deadline.min(now + PEER_CHECK_INTERVAL));
+        }
+    }
+
     /// Waits until `lagging` returns `None`; it returns the group rank still being waited for
     /// (checked for liveness, and named on timeout). Peers ring this rank's doorbell when they
     /// publish progress.

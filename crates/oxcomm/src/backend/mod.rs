@@ -100,9 +100,56 @@ pub(crate) struct P2pMsg {
     pub fp: Fingerprint,
     /// `fp` encoded, as sent.
     pub header: [u8; FP_BYTES],
+    /// For a receive from any source: each world rank it may come from, with the per-pair
+    /// sequence number that rank's next message carries. The backend takes the first of them
+    /// whose next message carries this receive's tag and group, and sets `peer` and `fp.seq`
+    /// to it ([`P2pMsg::take_sender`]); the other candidates' messages stay unread. Empty for
+    /// every other message. A batch holding such a receive holds nothing else.
+    pub any_of: Vec<(usize, u64)>,
 }
 
 impl P2pMsg {
+    /// Whether this is a receive from any source (see [`P2pMsg::any_of`]).
+    pub fn is_any_source(&self) -> bool {
+        !self.any_of.is_empty()
+    }
+
+    /// For a receive from any source: whether the message whose header `got` is at the head
+    /// of candidate `i`'s stream is this receive's. `Ok(false)` leaves it for another receive:
+    /// another group's or another tag's message, or not a point-to-point header at all (bytes
+    /// of an op that rank has already started). A message with this receive's group, tag and
+    /// sequence number but another dtype or count is meant for it and does not fit: a mismatch
+    /// naming the sender.
+    pub fn fits_any(&self, i: usize, got: &[u8]) -> Result<bool> {
+        let (peer, seq) = self.any_of[i];
+        let Ok(theirs) = Fingerprint::decode_from(got, peer) else { return Ok(false) };
+        if theirs.kind != self.fp.kind || theirs.group != self.fp.group || theirs.extra != self.fp.extra {
+            return Ok(false);
+        }
+        if theirs.seq != seq {
+            return Ok(false);
+        }
+        let mut want = self.fp;
+        want.seq = seq;
+        if theirs != want {
+            return Err(Error::new(
+                ErrorKind::Mismatch,
+                format!("rank {peer} sent {theirs}, this rank expected {want} (a receive from any source)"),
+            )
+            .with_op(want.to_string())
+            .with_peer(peer));
+        }
+        Ok(true)
+    }
+
+    /// Makes a receive from any source a receive from candidate `i` (its sender).
+    pub fn take_sender(&mut self, i: usize) {
+        let (peer, seq) = self.any_of[i];
+        self.peer = peer;
+        self.fp.seq = seq;
+        self.header = self.fp.encode();
+    }
+
     /// Checks the header that arrived for this receive against what it expects (dtype,
     /// count, tag, per-pair sequence number), before any payload is read.
     pub fn check_header(&self, got: &[u8]) -> Result<()> {

@@ -9,6 +9,7 @@
 //! the link algorithms meet ranks on the direct path without knowing of it. It knows nothing
 //! about turns, sequence numbers, logging or finishing `Avg` (the communicator's).
 
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use crate::engine::{Ctx, Xfer};
 use crate::error::{ErrorKind, Result};
 use crate::reduce::ReduceOp;
 use crate::transport::{Doorbell, Link, Transport};
-use crate::wire::{OpKind, FP_BYTES};
+use crate::wire::{Fingerprint, OpKind, FP_BYTES};
 
 /// What one op locks while it runs.
 struct State {
@@ -307,6 +308,12 @@ impl Backend for NativeBackend {
 
     fn p2p(&self, env: &mut OpEnv<'_>, msgs: &mut [P2pMsg]) -> Result<()> {
         let route = Route { algorithm: None, name: "p2p", agree: false };
+        if let [msg] = msgs {
+            if msg.is_any_source() {
+                return self.run(env, route, |ctx| recv_any(ctx, msg));
+            }
+        }
+        debug_assert!(!msgs.iter().any(P2pMsg::is_any_source), "a receive from any source runs alone");
         self.run(env, route, |ctx| {
             // Phase 1: headers out, headers in.
             let mut got = vec![[0u8; FP_BYTES]; msgs.len()];
@@ -343,4 +350,32 @@ impl Backend for NativeBackend {
             ctx.run(&mut xfers)
         })
     }
+}
+
+/// A receive from any source: waits until one candidate's stream starts with this receive's
+/// header (the others' messages stay unread: another tag's, another group's, or an op they
+/// started already), then reads that header and the payload from it.
+fn recv_any(ctx: &mut Ctx<'_>, msg: &mut P2pMsg) -> Result<()> {
+    // The ranks in `any_of` are world ranks, and so are this op's group ranks (the world).
+    let peers: Vec<usize> = msg.any_of.iter().map(|&(peer, _)| peer).collect();
+    let seen: RefCell<Vec<Option<Fingerprint>>> = RefCell::new(vec![None; peers.len()]);
+    let describe = || {
+        let mut text = format!("a message with tag {} from any of ranks {peers:?}", msg.fp.extra);
+        for (p, fp) in peers.iter().zip(seen.borrow().iter()) {
+            if let Some(fp) = fp {
+                text.push_str(&format!("; rank {p}'s next message is {fp}"));
+            }
+        }
+        text
+    };
+    let mut head = [0u8; FP_BYTES];
+    let src = ctx.wait_for_head(&peers, &mut head, &describe, |p, got| {
+        let i = peers.iter().position(|&q| q == p).expect("a candidate");
+        seen.borrow_mut()[i] = Fingerprint::decode(got).ok();
+        msg.fits_any(i, got)
+    })?;
+    let i = peers.iter().position(|&q| q == src).expect("a candidate");
+    msg.take_sender(i);
+    let mut got = [0u8; FP_BYTES];
+    ctx.run(&mut [Xfer::recv(src, &mut got), Xfer::recv(src, &mut msg.bytes)])
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::work::{Progress, Slot, Work};
+use super::work::{P2pDone, Progress, Slot, Work};
 use super::{CommConfig, Communicator, OpOptions};
 use crate::backend::{AnyBackend, Backend, GroupView, OpEnv, P2pMsg, Route};
 use crate::dtype::DType;
@@ -424,7 +424,7 @@ impl Core {
             for (msg, slot) in msgs.into_iter().zip(slots) {
                 if let Some(slot) = slot {
                     slot.complete(match &result {
-                        Ok(()) => Ok(msg.bytes),
+                        Ok(()) => Ok((msg.bytes, msg.peer)),
                         Err(e) => Err(e.clone()),
                     });
                 }
@@ -433,21 +433,76 @@ impl Core {
     }
 
     /// Runs point-to-point messages together under `ticket`, on the backend.
+    ///
+    /// A receive from any source runs alone, after every send and every receive issued
+    /// before it (sends may start early: that changes no match, and a peer that waits for one
+    /// of them before it sends what this rank waits for cannot deadlock the batch); the
+    /// receives issued after it run after it, since it may take the message they would.
     pub(super) fn run_p2p(&self, ticket: u64, msgs: &mut [P2pMsg]) -> Result<()> {
         let timeout = self.config.timeout;
         let first = msgs.first().map(|m| m.fp.to_string()).unwrap_or_default();
         let _turn = self.await_turn(ticket, timeout, || first.clone())?;
         self.check_alive(|| first.clone())?;
+        if !msgs.iter().any(P2pMsg::is_any_source) {
+            return self.run_p2p_batch(msgs, &first);
+        }
+        // Order: sends and the receives before the first any-source receive, that receive,
+        // the receives before the next one, and so on.
+        let mut any_before = 0u64;
+        let keys: Vec<u64> = msgs
+            .iter()
+            .map(|m| match (m.is_send, m.is_any_source()) {
+                (true, _) => 0,
+                (false, false) => 2 * any_before,
+                (false, true) => {
+                    any_before += 1;
+                    2 * any_before - 1
+                }
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..msgs.len()).collect();
+        order.sort_by_key(|&i| keys[i]);
+        permute(msgs, &order);
+        let mut result = Ok(());
+        let mut at = 0;
+        while at < msgs.len() && result.is_ok() {
+            let key = keys[order[at]];
+            let len = order[at..].iter().take_while(|&&i| keys[i] == key).count();
+            result = self.run_p2p_batch(&mut msgs[at..at + len], &first);
+            at += len;
+        }
+        let mut back = vec![0; msgs.len()];
+        for (pos, &i) in order.iter().enumerate() {
+            back[i] = pos;
+        }
+        // `msgs[pos]` holds message `order[pos]`: move each back to its index.
+        permute(msgs, &back);
+        result
+    }
+
+    /// Runs one batch of point-to-point messages on the backend (inside the caller's turn):
+    /// stamps the per-pair sequence numbers in issue order, and counts the message a receive
+    /// from any source took.
+    fn run_p2p_batch(&self, msgs: &mut [P2pMsg], first: &str) -> Result<()> {
+        let timeout = self.config.timeout;
         let mut state = self.lock_state();
-        // Stamp per-pair sequence numbers in issue order.
         for msg in msgs.iter_mut() {
+            if msg.is_any_source() {
+                for (peer, seq) in msg.any_of.iter_mut() {
+                    *seq = state.p2p_received[*peer];
+                }
+                continue;
+            }
             let counter = if msg.is_send { &mut state.p2p_sent[msg.peer] } else { &mut state.p2p_received[msg.peer] };
             msg.fp.seq = *counter;
             *counter += 1;
             msg.header = msg.fp.encode();
         }
         let members: Vec<usize> = (0..self.world_size).collect();
-        let flight = msgs.first().map(|m| self.flight.start(&m.fp, "p2p", Some(m.peer)));
+        let flight = msgs.first().map(|m| {
+            let peer = (!m.is_any_source()).then_some(m.peer);
+            self.flight.start(&m.fp, "p2p", peer)
+        });
         let fp = msgs.first().map_or_else(|| Fingerprint::new(OpKind::P2p, 0, 0), |m| m.fp);
         let mut env = OpEnv {
             fp: &fp,
@@ -458,12 +513,17 @@ impl Core {
             cancel: &self.aborted,
         };
         let result = crate::unwind::catch(self.world_rank, || self.backend.p2p(&mut env, msgs));
+        if result.is_ok() {
+            for msg in msgs.iter().filter(|m| m.is_any_source()) {
+                state.p2p_received[msg.peer] += 1;
+            }
+        }
         drop(state);
         if let (Some(id), Ok(())) = (flight, &result) {
             self.flight.finish(id, Ok(()));
         }
         result.map_err(|e| {
-            let e = e.with_op(first.clone()).with_rank(self.world_rank);
+            let e = e.with_op(first.to_string()).with_rank(self.world_rank);
             let e = match flight {
                 Some(id) => self.flight.annotate(id, e, self.world_rank),
                 None => e,
@@ -474,19 +534,53 @@ impl Core {
     }
 }
 
-/// A pending point-to-point op: its message and the slot of its [`Work`] handle.
+/// Reorders `items` so that position `k` holds what was at `order[k]` (`order` is a
+/// permutation), by following its cycles.
+fn permute<T>(items: &mut [T], order: &[usize]) {
+    let mut done = vec![false; items.len()];
+    for start in 0..items.len() {
+        if done[start] {
+            continue;
+        }
+        // Walk the cycle: position `k` takes the item at `order[k]`.
+        let mut k = start;
+        loop {
+            done[k] = true;
+            let from = order[k];
+            if from == start {
+                break;
+            }
+            items.swap(k, from);
+            k = from;
+        }
+    }
+}
+
+/// A pending point-to-point op: its message and the slot of its [`Work`] handle (which gets
+/// the payload and the sender's world rank).
 pub(super) struct P2pJob {
     pub(super) msg: P2pMsg,
-    slot: Option<Arc<Slot<Vec<u8>>>>,
+    slot: Option<Arc<Slot<P2pDone>>>,
 }
 
 impl P2pJob {
-    pub(super) fn send(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
-        P2pJob { msg: P2pMsg { peer, is_send: true, bytes, fp, header: [0; FP_BYTES] }, slot }
+    pub(super) fn send(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<P2pDone>>>) -> P2pJob {
+        P2pJob { msg: P2pMsg { peer, is_send: true, bytes, fp, header: [0; FP_BYTES], any_of: Vec::new() }, slot }
     }
 
-    pub(super) fn recv(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<Vec<u8>>>>) -> P2pJob {
-        P2pJob { msg: P2pMsg { peer, is_send: false, bytes, fp, header: [0; FP_BYTES] }, slot }
+    pub(super) fn recv(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<P2pDone>>>) -> P2pJob {
+        P2pJob { msg: P2pMsg { peer, is_send: false, bytes, fp, header: [0; FP_BYTES], any_of: Vec::new() }, slot }
+    }
+
+    /// A receive from whichever of `peers` (world ranks) sends first a message `fp` describes.
+    pub(super) fn recv_any(
+        peers: Vec<usize>,
+        bytes: Vec<u8>,
+        fp: Fingerprint,
+        slot: Option<Arc<Slot<P2pDone>>>,
+    ) -> P2pJob {
+        let any_of = peers.into_iter().map(|p| (p, 0)).collect();
+        P2pJob { msg: P2pMsg { peer: usize::MAX, is_send: false, bytes, fp, header: [0; FP_BYTES], any_of }, slot }
     }
 }
 

@@ -34,7 +34,11 @@ impl<R> Slot<R> {
     }
 }
 
-pub(super) type Mapper<R> = Box<dyn FnOnce(Vec<u8>) -> R + Send>;
+/// What a point-to-point op's slot gets: the payload (what was received, or what was sent)
+/// and the peer's world rank (the sender, for a receive from any source).
+pub(super) type P2pDone = (Vec<u8>, usize);
+
+pub(super) type Mapper<R> = Box<dyn FnOnce(P2pDone) -> R + Send>;
 
 /// The handle of an async op. Dropping it does not cancel the op.
 pub struct Work<R> {
@@ -51,7 +55,7 @@ impl<R> std::fmt::Debug for Work<R> {
 
 pub(super) enum WorkInner<R> {
     Direct(Arc<Slot<R>>),
-    Mapped(Arc<Slot<Vec<u8>>>, Option<Mapper<R>>),
+    Mapped(Arc<Slot<P2pDone>>, Option<Mapper<R>>),
 }
 
 impl<R: Send + 'static> Work<R> {
@@ -67,8 +71,8 @@ impl<R: Send + 'static> Work<R> {
     }
 }
 
-impl Work<Vec<u8>> {
-    pub(super) fn map<S>(self, f: impl FnOnce(Vec<u8>) -> S + Send + 'static) -> Work<S> {
+impl Work<P2pDone> {
+    pub(super) fn map<S>(self, f: impl FnOnce(P2pDone) -> S + Send + 'static) -> Work<S> {
         let WorkInner::Direct(slot) = self.inner else { unreachable!("map is applied once, to a fresh handle") };
         Work { inner: WorkInner::Mapped(slot, Some(Box::new(f))), core: self.core, taken: false }
     }

@@ -184,6 +184,15 @@ impl Link for ThreadLink {
         Ok(n)
     }
 
+    fn peek(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let q = self.inbox.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        let n = q.len().min(buf.len());
+        for (dst, src) in buf[..n].iter_mut().zip(q.iter()) {
+            *dst = *src;
+        }
+        Ok(n)
+    }
+
     fn check_peer(&mut self) -> Result<()> {
         if self.inbox.writer_gone.load(Ordering::SeqCst) {
             // Bytes already queued may still be read; try_recv reports the loss once drained.

@@ -84,6 +84,14 @@ impl<L: Link> Link for Watched<L> {
         Ok(n)
     }
 
+    fn peek(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let n = self.inner.peek(buf)?;
+        if n < buf.len() {
+            self.interest.store(true, Ordering::SeqCst);
+        }
+        Ok(n)
+    }
+
     fn check_peer(&mut self) -> Result<()> {
         self.inner.check_peer()
     }

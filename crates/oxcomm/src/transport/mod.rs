@@ -55,6 +55,13 @@ pub trait Link: Send {
         Ok(got)
     }
 
+    /// Copies up to `buf.len()` bytes that have arrived into `buf` **without consuming them**
+    /// (the next receive returns them again); returns how many (0 when none). A receive from
+    /// any source looks at the head of every candidate's stream this way and takes only the
+    /// message meant for it. Like a receive that finds nothing, a short peek makes the next
+    /// doorbell wait wake when more bytes arrive.
+    fn peek(&mut self, buf: &mut [u8]) -> Result<usize>;
+
     /// Returns an error of kind [`crate::ErrorKind::PeerGone`] if the peer is known to be
     /// gone. Cheap enough to call every few milliseconds while waiting.
     fn check_peer(&mut self) -> Result<()>;

@@ -1,5 +1,6 @@
 //! The one integration-test binary of the oxcomm crate; modules mirror the source tree.
 
+mod any_source;
 mod collectives;
 mod comm_logging;
 mod compression_kernels;

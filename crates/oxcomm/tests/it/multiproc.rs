@@ -134,6 +134,7 @@ fn child_entry() {
             }
         }
         "eager" => report(&comm, eager_rooted_ops(&comm)),
+        "any_source" => report(&comm, crate::any_source::scenario(&comm)),
         other => panic!("unknown role {other}"),
     }
     drop(comm);
@@ -359,6 +360,28 @@ fn mixed_shm_and_tcp_2_simulated_hosts_of_2_ranks() {
     // loopback, as if on other hosts.
     let hosts = ["host-a", "host-a", "host-b", "host-b"];
     let spec = Job::of("multiproc::child_entry", "hosts", 4, "60");
+    let mut job = hosts.iter().enumerate().fold(spec, |spec, (r, h)| spec.rank_env(r, "OXCOMM_HOST_ID", h)).spawn();
+    let results = job.wait_all(LIMIT);
+    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
+        assert_eq!(*code, Some(0), "rank {r} of 4 failed:\n{out}");
+    }
+    job.assert_clean();
+}
+
+#[test]
+fn recv_from_any_source_over_shm_3_ranks() {
+    run_tester(3, "any_source");
+}
+
+#[test]
+fn recv_from_any_source_over_tcp_4_ranks() {
+    run_tester_with(4, "any_source", &[("OXCOMM_TRANSPORT", "tcp")]);
+}
+
+#[test]
+fn recv_from_any_source_over_shm_and_tcp_2_hosts_of_2_ranks() {
+    let hosts = ["host-a", "host-a", "host-b", "host-b"];
+    let spec = Job::of("multiproc::child_entry", "any_source", 4, "60");
     let mut job = hosts.iter().enumerate().fold(spec, |spec, (r, h)| spec.rank_env(r, "OXCOMM_HOST_ID", h)).spawn();
     let results = job.wait_all(LIMIT);
     for (r, Exit { code, out, .. }) in results.iter().enumerate() {

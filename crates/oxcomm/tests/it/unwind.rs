@@ -31,6 +31,9 @@ impl Link for PanickingLink {
     fn try_recv(&mut self, buf: &mut [u8]) -> Result<usize> {
         self.inner.try_recv(buf)
     }
+    fn peek(&mut self, buf: &mut [u8]) -> Result<usize> {
+        self.inner.peek(buf)
+    }
     fn check_peer(&mut self) -> Result<()> {
         self.inner.check_peer()
     }

@@ -23,6 +23,11 @@ use oxcomm::compression::qgz::{all_to_all_quant_reduce, TensorView};
 use oxcomm::reduce::{scalar, ReduceOp};
 use oxcomm::{threads, Communicator, DType, Element, ErrorKind};
 
+// The any-source scenario the native transports run (its #[test]s are not built here).
+#[path = "../it/any_source.rs"]
+#[allow(dead_code, unused_imports)]
+mod any_source;
+
 /// World sizes the launcher runs.
 const WORLDS: [usize; 2] = [2, 4];
 /// How long one mpirun job may take before it is killed and counted as failed.
@@ -150,6 +155,7 @@ fn rank_main() -> i32 {
         ("gather_scatter_every_root", gather_scatter_every_root),
         ("send_recv_ring_with_tags", send_recv_ring_with_tags),
         ("isend_irecv_exchange", isend_irecv_exchange),
+        ("recv_from_any_source", recv_from_any_source),
         ("barriers", barriers),
         ("async_ops_in_order", async_ops_in_order),
         ("coalesced_ops", coalesced_ops),
@@ -457,6 +463,16 @@ fn gather_scatter_every_root(comm: &Communicator) -> CaseResult {
     }
     each_dtype!(one(comm));
     Ok(())
+}
+
+/// `recv_any`/`irecv_any` (MPI_Iprobe over the candidates): the native transports' scenario.
+fn recv_from_any_source(comm: &Communicator) -> CaseResult {
+    let bad = any_source::scenario(comm);
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{bad:?}"))
+    }
 }
 
 fn send_recv_ring_with_tags(comm: &Communicator) -> CaseResult {

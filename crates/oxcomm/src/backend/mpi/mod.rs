@@ -148,6 +148,10 @@ pub(crate) struct MpiBackend {
     comms: Mutex<HashMap<u64, Comm>>,
     /// A duplicate of the world for point-to-point messages.
     p2p: Comm,
+    /// Headers a receive from any source took off a peer's stream and left for another
+    /// receive (another tag's or group's), by world rank: at most one per peer, always older
+    /// than any header still in MPI, so the next receive from that peer takes it first.
+    p2p_held: Mutex<HashMap<usize, [u8; FP_BYTES]>>,
     /// User-defined reduce ops, created on first use.
     ops: Mutex<HashMap<(DType, ReduceOp), Handle<ffi::MPI_Op>>>,
     /// Whether ranks compare fingerprints before each collective.
@@ -206,6 +210,7 @@ pub(crate) fn start() -> Result<(usize, usize, MpiBackend)> {
     let backend = MpiBackend {
         comms: Mutex::new(HashMap::from([(0, world)])),
         p2p,
+        p2p_held: Mutex::new(HashMap::new()),
         ops: Mutex::new(HashMap::new()),
         check,
         threading,

@@ -457,14 +457,34 @@ impl Backend for MpiBackend {
     /// Runs a batch of sends and receives (world ranks) on the point-to-point communicator:
     /// every header both ways at once, a check of the received ones, then every payload.
     fn p2p(&self, env: &mut OpEnv<'_>, jobs: &mut [P2pMsg]) -> Result<()> {
+        if let [job] = jobs {
+            if job.is_any_source() {
+                return self.recv_any(env, job);
+            }
+        }
         let (c, stats) = (self.p2p.0, &mut *env.stats);
         // Headers live on the heap, and are leaked (with the payloads) if a call fails while
-        // requests are posted: MPI may still touch them.
-        let mut headers: Vec<[u8; FP_BYTES]> =
-            jobs.iter().map(|j| if j.is_send { j.header } else { [0u8; FP_BYTES] }).collect();
-        let posted =
-            post(c, jobs.iter().zip(headers.iter_mut()).map(|(j, h)| (j.peer, j.is_send, &mut h[..])), TAG_HEADER)
-                .and_then(|mut reqs| wait_all(&mut reqs, "MPI_Waitall (p2p headers)"));
+        // requests are posted: MPI may still touch them. A header an any-source receive held
+        // back for a peer is the first receive's from that peer.
+        let mut held = self.p2p_held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut headers: Vec<[u8; FP_BYTES]> = Vec::with_capacity(jobs.len());
+        let mut from_held = Vec::with_capacity(jobs.len());
+        for j in jobs.iter() {
+            let h = if j.is_send { None } else { held.remove(&j.peer) };
+            from_held.push(h.is_some());
+            headers.push(h.unwrap_or(if j.is_send { j.header } else { [0u8; FP_BYTES] }));
+        }
+        drop(held);
+        let posted = post(
+            c,
+            jobs.iter()
+                .zip(headers.iter_mut())
+                .zip(&from_held)
+                .filter(|(_, &held)| !held)
+                .map(|((j, h), _)| (j.peer, j.is_send, &mut h[..])),
+            TAG_HEADER,
+        )
+        .and_then(|mut reqs| wait_all(&mut reqs, "MPI_Waitall (p2p headers)"));
         if let Err(e) = posted {
             std::mem::forget(headers);
             leak_payloads(jobs);
@@ -494,6 +514,94 @@ impl Backend for MpiBackend {
 }
 
 impl MpiBackend {
+    /// A receive from any source (see [`P2pMsg::any_of`]): polls the candidates in order for
+    /// a header (`MPI_Iprobe`, then `MPI_Recv` of it); one that is not this receive's is held
+    /// for the receive it is meant for, and that peer is not looked at again until then.
+    /// Gives up at the deadline, naming what each candidate sent next.
+    fn recv_any(&self, env: &mut OpEnv<'_>, job: &mut P2pMsg) -> Result<()> {
+        let c = self.p2p.0;
+        let deadline = Instant::now() + env.timeout;
+        let mut spins = 0u32;
+        let found = loop {
+            let mut held = self.p2p_held.lock().unwrap_or_else(|e| e.into_inner());
+            let mut found = None;
+            for i in 0..job.any_of.len() {
+                let peer = job.any_of[i].0;
+                if let std::collections::hash_map::Entry::Vacant(slot) = held.entry(peer) {
+                    let mut flag: c_int = 0;
+                    // SAFETY: `c` is valid; `flag` is a place for MPI to write; the status
+                    // is ignored.
+                    mpi_call("MPI_Iprobe", unsafe {
+                        ffi::MPI_Iprobe(peer as c_int, TAG_HEADER, c, &mut flag, ffi::RSMPI_STATUS_IGNORE)
+                    })?;
+                    if flag == 0 {
+                        continue;
+                    }
+                    let mut h = [0u8; FP_BYTES];
+                    // SAFETY: `h` holds FP_BYTES bytes; the probe found a header from `peer`,
+                    // so this returns at once.
+                    mpi_call("MPI_Recv (p2p header)", unsafe {
+                        ffi::MPI_Recv(
+                            rp(&mut h[..]),
+                            FP_BYTES as c_int,
+                            bytes_type(),
+                            peer as c_int,
+                            TAG_HEADER,
+                            c,
+                            ffi::RSMPI_STATUS_IGNORE,
+                        )
+                    })?;
+                    slot.insert(h);
+                }
+                if job.fits_any(i, &held[&peer])? {
+                    held.remove(&peer);
+                    found = Some(i);
+                    break;
+                }
+            }
+            if let Some(i) = found {
+                break i;
+            }
+            if Instant::now() >= deadline {
+                let peers: Vec<usize> = job.any_of.iter().map(|&(p, _)| p).collect();
+                let mut msg = format!(
+                    "timed out after {:?} waiting for a message with tag {} from any of ranks {peers:?}",
+                    env.timeout, job.fp.extra
+                );
+                for (peer, h) in held.iter() {
+                    if let Ok(fp) = crate::wire::Fingerprint::decode(h) {
+                        msg.push_str(&format!("; rank {peer}'s next message is {fp}"));
+                    }
+                }
+                return Err(Error::new(ErrorKind::Timeout, msg));
+            }
+            drop(held);
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        };
+        job.take_sender(found);
+        let len = count(job.bytes.len())?;
+        // SAFETY: `job.bytes` holds `len` bytes; the sender posts this payload right after
+        // the header this receive took.
+        mpi_call("MPI_Recv (p2p payload)", unsafe {
+            ffi::MPI_Recv(
+                rp(&mut job.bytes[..]),
+                len,
+                bytes_type(),
+                job.peer as c_int,
+                TAG_PAYLOAD,
+                c,
+                ffi::RSMPI_STATUS_IGNORE,
+            )
+        })?;
+        add(env.stats, 0, FP_BYTES + job.bytes.len());
+        Ok(())
+    }
+
     /// `MPI_Allreduce` in place (`op` is a combiner; the communicator finishes `Avg`).
     fn all_reduce_in<T: Element>(
         &self,

@@ -181,6 +181,10 @@ impl Link for ShmLink {
         self.after_recv(n, max == 0)
     }
 
+    fn peek(&mut self, buf: &mut [u8]) -> Result<usize> {
+        self.rx.peek(buf).map_err(|c| self.corrupt(c, "from"))
+    }
+
     fn check_peer(&mut self) -> Result<()> {
         if !self.process_gone && self.process.gone() {
             self.process_gone = true;

@@ -234,6 +234,28 @@ impl Consumer {
     /// Offers up to `max` readable bytes in place to `f` (at most two calls, split at the wrap
     /// point), then frees them; returns how many. `f` must take every byte it is offered.
     pub(crate) fn read_with(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> Result<usize, Corrupt> {
+        let n = self.offer(max, f)?;
+        if n > 0 {
+            self.head += n as u64;
+            // Release: our reads in `offer` happen before the producer may reuse this space.
+            self.raw.ctrl().head.0.store(self.head, Ordering::Release);
+        }
+        Ok(n)
+    }
+
+    /// Copies up to `buf.len()` readable bytes into `buf` without freeing them (the next read
+    /// returns them again); returns how many.
+    pub(crate) fn peek(&mut self, buf: &mut [u8]) -> Result<usize, Corrupt> {
+        let mut at = 0;
+        self.offer(buf.len(), &mut |chunk| {
+            crate::copy::copy(&mut buf[at..at + chunk.len()], chunk);
+            at += chunk.len();
+        })
+    }
+
+    /// Offers up to `max` readable bytes in place to `f` (at most two calls, split at the wrap
+    /// point) without freeing them; returns how many.
+    fn offer(&mut self, max: usize, f: &mut dyn FnMut(&[u8])) -> Result<usize, Corrupt> {
         let cap = self.raw.cap;
         let mut avail = self.raw.check(self.head, self.tail_cache)?;
         if avail < max as u64 {
@@ -250,16 +272,14 @@ impl Consumer {
         let base = self.raw.data.as_ptr();
         // SAFETY: `pos + first <= cap`: inside the data area. These bytes lie in
         // `[head, tail)`, published by the producer (Acquire above) and not writable by it
-        // until we store `head` below, so nobody writes them while the slice lives.
+        // until `head` moves past them (only `read_with` moves it, after `f` returned), so
+        // nobody writes them while the slice lives.
         f(unsafe { std::slice::from_raw_parts(base.add(pos), first) });
         if n > first {
             // SAFETY: `n - first <= pos <= cap` bytes from the start of the data area, the
             // wrapped rest of the same readable range.
             f(unsafe { std::slice::from_raw_parts(base, n - first) });
         }
-        self.head += n as u64;
-        // Release: our reads above happen before the producer may reuse this space.
-        self.raw.ctrl().head.0.store(self.head, Ordering::Release);
         Ok(n)
     }
 
@@ -324,6 +344,22 @@ mod tests {
     fn layout_is_three_lines() {
         assert_eq!(CTRL_BYTES, 384);
         assert_eq!(std::mem::align_of::<RingCtrl>(), 128);
+    }
+
+    #[test]
+    fn a_peek_leaves_the_bytes_for_the_next_read() {
+        let (mut tx, mut rx) = heap_pair(16);
+        assert_eq!(tx.try_write(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]).unwrap(), 12);
+        let mut buf = [0u8; 12];
+        assert_eq!(rx.try_read(&mut buf[..8]).unwrap(), 8);
+        assert_eq!(tx.try_write(&[13, 14, 15, 16, 17, 18]).unwrap(), 6); // wraps
+        let mut head = [0u8; 8];
+        assert_eq!(rx.peek(&mut head).unwrap(), 8);
+        assert_eq!(head, [9, 10, 11, 12, 13, 14, 15, 16]);
+        let mut all = [0u8; 10];
+        assert_eq!(rx.try_read(&mut all).unwrap(), 10);
+        assert_eq!(all, [9, 10, 11, 12, 13, 14, 15, 16, 17, 18]);
+        assert_eq!(rx.peek(&mut head).unwrap(), 0);
     }
 
     #[test]

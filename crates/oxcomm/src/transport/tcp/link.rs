@@ -84,6 +84,8 @@ pub struct TcpLink {
     stage: Box<[u8]>,
     stage_at: usize,
     stage_end: usize,
+    /// Payload bytes a [`Link::peek`] took off the stream, handed out before any other.
+    peeked: Vec<u8>,
     /// The first error; the link is unusable after it.
     failed: Option<Error>,
 }
@@ -124,6 +126,7 @@ impl TcpLink {
             stage: vec![0u8; STAGE_BYTES].into_boxed_slice(),
             stage_at: 0,
             stage_end: 0,
+            peeked: Vec::new(),
             failed: None,
         }
     }
@@ -201,6 +204,17 @@ impl TcpLink {
         } else {
             self.gone("it closed the connection")
         }
+    }
+
+    /// Moves bytes an earlier peek took off the stream into a prefix of `buf`; returns how many.
+    fn take_peeked(&mut self, buf: &mut [u8]) -> usize {
+        if self.peeked.is_empty() {
+            return 0;
+        }
+        let n = buf.len().min(self.peeked.len());
+        buf[..n].copy_from_slice(&self.peeked[..n]);
+        self.peeked.drain(..n);
+        n
     }
 
     fn staged(&self) -> usize {
@@ -388,7 +402,7 @@ impl TcpLink {
     }
 
     fn peer_closed(&self) -> Result<()> {
-        if self.staged() > 0 {
+        if self.staged() > 0 || !self.peeked.is_empty() {
             return Ok(());
         }
         let mut probe = [0u8; 1];
@@ -429,7 +443,28 @@ impl Link for TcpLink {
         // Whatever this call finds, the next wait watches this socket: a caller may wait for
         // more after a partial (or even a full) read, and the next bytes must wake it.
         self.shared.want(WANT_READ);
-        self.recv_inner(buf).map_err(|e| self.fail(e))
+        let early = self.take_peeked(buf);
+        if early == buf.len() {
+            return Ok(early);
+        }
+        self.recv_inner(&mut buf[early..]).map(|n| early + n).map_err(|e| self.fail(e))
+    }
+
+    fn peek(&mut self, buf: &mut [u8]) -> Result<usize> {
+        self.check_failed()?;
+        self.shared.want(WANT_READ); // as in try_recv: a short peek waits for more
+        if self.peeked.len() < buf.len() {
+            let mut peeked = std::mem::take(&mut self.peeked);
+            let at = peeked.len();
+            peeked.resize(buf.len(), 0);
+            let got = self.recv_inner(&mut peeked[at..]);
+            peeked.truncate(at + *got.as_ref().unwrap_or(&0));
+            self.peeked = peeked;
+            got.map_err(|e| self.fail(e))?;
+        }
+        let n = self.peeked.len().min(buf.len());
+        buf[..n].copy_from_slice(&self.peeked[..n]);
+        Ok(n)
     }
 
     fn recv_with(&mut self, max: usize, consume: &mut dyn FnMut(&[u8])) -> Result<usize> {
@@ -438,6 +473,12 @@ impl Link for TcpLink {
             self.shared.want(WANT_READ); // as in try_recv
         }
         let mut got = 0;
+        if !self.peeked.is_empty() && max > 0 {
+            let n = max.min(self.peeked.len());
+            consume(&self.peeked[..n]);
+            self.peeked.drain(..n);
+            got = n;
+        }
         while got < max {
             match self.open_frame() {
                 Ok(true) => {}
