@@ -212,6 +212,68 @@ fn small_frames_and_recv_with_deliver_every_byte() {
 }
 
 #[test]
+fn a_peek_across_frames_returns_the_bytes_the_next_reads_take() {
+    // 7-byte frames: a 48-byte peek spans seven of them. The receiver peeks, then takes the
+    // bytes by try_recv and recv_with in turn; every peek must equal what is read next.
+    let config = TcpConfig { frame_bytes: 7, ..TcpConfig::default() };
+    let ((mut l0, b0), (mut l1, b1)) = pair(&job("peek"), &config);
+    let total = 10_000;
+    let data = pattern(0, 1, total);
+    let until = deadline(30);
+    let sender = std::thread::spawn(move || {
+        let link = l0[1].as_mut().unwrap();
+        let mut at = 0;
+        while at < total {
+            let epoch = b0.epoch();
+            let n = link.try_send(&data[at..(at + 333).min(total)]).unwrap();
+            at += n;
+            if n == 0 {
+                b0.wait(epoch, until);
+            }
+        }
+        (l0, b0)
+    });
+    let link = l1[0].as_mut().unwrap();
+    let mut got = Vec::new();
+    let mut turn = 0;
+    while got.len() < total {
+        let epoch = b1.epoch();
+        let want = 48.min(total - got.len());
+        let mut head = [0u8; 48];
+        let n = link.peek(&mut head[..want]).unwrap();
+        if n < want {
+            assert!(Instant::now() < until, "peek stalled at {} bytes", got.len());
+            b1.wait(epoch, until.min(Instant::now() + Duration::from_millis(50)));
+            continue;
+        }
+        // Take a part of what was peeked, or more than it, by either call.
+        let take = [5, 48, 100][turn % 3].min(total - got.len());
+        let before = got.len();
+        let mut read = 0;
+        while read < take {
+            let m = if turn % 2 == 0 {
+                let mut buf = vec![0u8; take - read];
+                let m = link.try_recv(&mut buf).unwrap();
+                got.extend_from_slice(&buf[..m]);
+                m
+            } else {
+                link.recv_with(take - read, &mut |c| got.extend_from_slice(c)).unwrap()
+            };
+            read += m;
+            if m == 0 {
+                assert!(Instant::now() < until, "read stalled at {} bytes", got.len());
+                std::thread::yield_now();
+            }
+        }
+        let seen = want.min(take);
+        assert_eq!(&got[before..before + seen], &head[..seen], "peek at byte {before} differs from the read");
+        turn += 1;
+    }
+    assert!(got == pattern(0, 1, total));
+    drop(sender.join().unwrap());
+}
+
+#[test]
 fn reads_that_end_a_frame_take_the_next_header_and_lose_no_byte() {
     // Messages of sizes around the direct-read threshold (16 KiB) and the stage (64 KiB), one
     // frame each: received once in pieces of exactly the message sizes (every read ends a
