@@ -24,7 +24,7 @@ use crate::buffer::Buf;
 use crate::errors::IntoPy;
 use crate::store::PyStore;
 use crate::with_elem;
-use crate::work::{PyWork, RecvInto};
+use crate::work::{PyWork, RecvAnyInto, RecvInto};
 
 /// A reduce op by name (`"sum"`, `"avg"`, … as `oxcomm.ReduceOp` passes them; the library's
 /// parser).
@@ -421,16 +421,22 @@ impl PyComm {
         crate::interrupt::run(py, comm, || with_elem!(buf.dtype, T => comm.send(unsafe { buf.slice::<T>() }, dst, tag)))
     }
 
+    /// Receives into `buf` from `src`, or from whichever rank sends first a message with
+    /// `tag` when `src` is `None`; returns the sender's rank.
     #[pyo3(signature = (buf, src, tag = 0))]
-    fn recv(&self, py: Python<'_>, buf: Buf, src: usize, tag: u32) -> PyResult<()> {
+    fn recv(&self, py: Python<'_>, buf: Buf, src: Option<usize>, tag: u32) -> PyResult<usize> {
         let comm = &self.comm;
-        crate::interrupt::run(
-            py,
-            comm,
-            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
-            // lives as long as the slice (see `Buf::slice`).
-            || with_elem!(buf.dtype, T => comm.recv(unsafe { buf.slice_mut::<T>() }, src, tag)),
-        )
+        crate::interrupt::run(py, comm, || {
+            with_elem!(buf.dtype, T => {
+                // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!` or checked above) and its owner
+                // lives as long as the slice (see `Buf::slice`).
+                let dst = unsafe { buf.slice_mut::<T>() };
+                match src {
+                    Some(src) => comm.recv(dst, src, tag).map(|()| src),
+                    None => comm.recv_any(dst, tag),
+                }
+            })
+        })
     }
 
     /// Starts sending a copy of `buf` (pending sends and receives start together).
@@ -444,12 +450,19 @@ impl PyComm {
         })
     }
 
-    /// Starts receiving into `buf` (filled when the handle completes).
+    /// Starts receiving into `buf` (filled when the handle completes) from `src`, or from any
+    /// rank when `src` is `None` (the handle's `source_rank()` then names the sender).
     #[pyo3(signature = (buf, src, tag = 0))]
-    fn irecv(&self, buf: Buf, src: usize, tag: u32) -> PyWork {
-        with_elem!(buf.dtype, T => {
-            let work = self.comm.irecv(vec![T::default(); buf.len()], src, tag);
-            PyWork::new(Box::new(RecvInto::<T> { work, dst: buf }), self.comm.clone())
+    fn irecv(&self, buf: Buf, src: Option<usize>, tag: u32) -> PyWork {
+        with_elem!(buf.dtype, T => match src {
+            Some(src) => {
+                let work = self.comm.irecv(vec![T::default(); buf.len()], src, tag);
+                PyWork::new(Box::new(RecvInto::<T> { work, dst: buf }), self.comm.clone())
+            }
+            None => {
+                let work = self.comm.irecv_any(vec![T::default(); buf.len()], tag);
+                PyWork::new(Box::new(RecvAnyInto::<T> { work, dst: buf, source: None }), self.comm.clone())
+            }
         })
     }
 

@@ -20,6 +20,10 @@ pub trait Pending: Send {
     fn is_completed(&self) -> bool;
     /// Waits at most `timeout`: `Ok(true)` once done, `Ok(false)` if still running.
     fn wait_timeout(&mut self, timeout: Duration) -> oxcomm::Result<bool>;
+    /// For a receive from any source that completed: the sender's group rank.
+    fn source(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl<R: Send> Pending for Work<R> {
@@ -57,6 +61,37 @@ impl<T: Element> Pending for RecvInto<T> {
     }
 }
 
+/// An `irecv` from any source into a caller's buffer ([`RecvInto`] that also keeps the
+/// sender's rank).
+pub struct RecvAnyInto<T: Element> {
+    pub work: Work<(Vec<T>, usize)>,
+    pub dst: Buf,
+    pub source: Option<usize>,
+}
+
+impl<T: Element> Pending for RecvAnyInto<T> {
+    fn is_completed(&self) -> bool {
+        self.work.is_completed()
+    }
+
+    fn wait_timeout(&mut self, timeout: Duration) -> oxcomm::Result<bool> {
+        match self.work.wait_timeout(timeout)? {
+            None => Ok(false),
+            Some((v, src)) => {
+                // SAFETY: as in `RecvInto`: `dst` holds `v.len()` elements of `T`, and its
+                // owner is held by `self`.
+                unsafe { self.dst.slice_mut::<T>() }.copy_from_slice(&v);
+                self.source = Some(src);
+                Ok(true)
+            }
+        }
+    }
+
+    fn source(&self) -> Option<usize> {
+        self.source
+    }
+}
+
 enum State {
     Running(Box<dyn Pending>),
     Done(Option<Error>),
@@ -67,6 +102,8 @@ enum State {
 pub struct PyWork {
     state: Mutex<State>,
     comm: Communicator,
+    /// The sender's group rank, once a receive from any source completed.
+    source: std::sync::OnceLock<usize>,
 }
 
 impl std::fmt::Debug for PyWork {
@@ -78,12 +115,22 @@ impl std::fmt::Debug for PyWork {
 impl PyWork {
     /// A handle on `pending`, an op of `comm`.
     pub fn new(pending: Box<dyn Pending>, comm: Communicator) -> PyWork {
-        PyWork { state: Mutex::new(State::Running(pending)), comm }
+        PyWork { state: Mutex::new(State::Running(pending)), comm, source: std::sync::OnceLock::new() }
     }
 
     /// An op that finished (or failed) when it was issued.
     pub fn done(result: oxcomm::Result<()>, comm: Communicator) -> PyWork {
-        PyWork { state: Mutex::new(State::Done(result.err())), comm }
+        PyWork { state: Mutex::new(State::Done(result.err())), comm, source: std::sync::OnceLock::new() }
+    }
+
+    /// Marks the op done, keeping what the pending op knows of its sender.
+    fn finish(&self, state: &mut State) {
+        if let State::Running(p) = state {
+            if let Some(src) = p.source() {
+                let _ = self.source.set(src);
+            }
+        }
+        *state = State::Done(None);
     }
 }
 
@@ -99,7 +146,7 @@ impl PyWork {
             let r = py.detach(|| p.wait_timeout(Duration::ZERO));
             match r {
                 Ok(false) => return Ok(false),
-                Ok(true) => *state = State::Done(None),
+                Ok(true) => self.finish(&mut state),
                 Err(e) => *state = State::Done(Some(e)),
             }
         }
@@ -123,7 +170,7 @@ impl PyWork {
                 }
             };
             match r {
-                Ok(true) => *state = State::Done(None),
+                Ok(true) => self.finish(&mut state),
                 Err(e) => *state = State::Done(Some(e)),
                 Ok(false) => {
                     if let Err(interrupt) = py.check_signals() {
@@ -138,6 +185,12 @@ impl PyWork {
                 }
             }
         }
+    }
+
+    /// For an `irecv` from any source (`src=None`) that completed: the sender's rank in the
+    /// communicator's group; `None` before it completes, and for every other op.
+    fn source_rank(&self) -> Option<usize> {
+        self.source.get().copied()
     }
 
     /// A `concurrent.futures.Future` that completes with `None` (or the op's exception).

@@ -481,6 +481,57 @@ def test_bad_input_is_refused_before_anything_is_sent():
     assert res[0] == res[1]
 
 
+def case_recv_from_any_source():
+    """``recv``/``irecv`` with ``src=None``: rank 0 takes every other rank's messages as they
+    come (each sender's in order), a message with another tag waits for its own receive, and
+    the Work of an ``irecv`` names its sender; a same-tag message of another size is refused
+    naming the sender."""
+    import numpy as np
+
+    import oxcomm
+
+    c = _join(timeout=60)
+    r, n = c.rank, c.size
+    senders = []
+    if r == 0:
+        nxt = [0] * n
+        for _ in range(3 * (n - 1)):
+            buf = np.zeros(2, dtype=np.int64)
+            src = c.recv(buf, None, tag=4)
+            assert list(buf) == [src, nxt[src]], (buf, src, nxt)
+            nxt[src] += 1
+            senders.append(src)
+        # rank 1 sent tag 9 first, then tag 8: the tag-8 receive from any source takes rank 2's
+        # (rank 1's tag-8 message is behind its tag-9 one).
+        got = np.zeros(3, dtype=np.float32)
+        w = c.irecv(got, None, tag=8)
+        assert w.wait(timeout=60)
+        assert w.source_rank() == 2 and list(got) == [2.0] * 3, (w.source_rank(), got)
+        late = np.zeros(3, dtype=np.float32)
+        assert c.recv(late, 1, tag=9) == 1 and list(late) == [1.0] * 3
+        assert c.recv(late, 1, tag=8) == 1
+        with pytest.raises(oxcomm.OxcommError) as e:
+            c.recv(np.zeros(5, dtype=np.float32), None, tag=6)
+        assert e.value.peer == 1 and "any source" in str(e.value), e.value
+    else:
+        for i in range(3):
+            c.send(np.array([r, i], dtype=np.int64), 0, tag=4)
+        if r == 1:
+            c.send(np.full(3, 1.0, dtype=np.float32), 0, tag=9)
+            c.send(np.zeros(1, dtype=np.uint8), 2, tag=1)  # now rank 2 may send
+            c.send(np.full(3, 1.0, dtype=np.float32), 0, tag=8)
+            c.send(np.zeros(4, dtype=np.float32), 0, tag=6)
+        elif r == 2:
+            c.recv(np.zeros(1, dtype=np.uint8), 1, tag=1)
+            c.send(np.full(3, 2.0, dtype=np.float32), 0, tag=8)
+    return sorted(senders)
+
+
+def test_recv_from_any_source():
+    res = _torch_ranks.run(3, "test_native:case_recv_from_any_source", timeout=120)
+    assert res[0] == [1, 1, 1, 2, 2, 2]
+
+
 def case_killed_rank():
     import signal
     import time

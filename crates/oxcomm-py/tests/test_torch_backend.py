@@ -366,6 +366,52 @@ def case_groups():
     return out
 
 
+def case_recv_any_source():
+    """``dist.recv``/``dist.irecv`` without ``src`` on oxcomm and on gloo in one job: rank 0
+    takes every message as it comes; ``recv`` returns the sender's global rank, an ``irecv``'s
+    Work names it; on a group, only its members' messages are candidates."""
+    import torch
+    import torch.distributed as dist
+
+    _init()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    assert n == 3
+    sub = {"oxcomm": dist.new_group([0, 2], backend="oxcomm"), "gloo": dist.new_group([0, 2], backend="gloo")}
+    out = {}
+    for name in ("oxcomm", "gloo"):
+        g = None if dist.get_backend() == name else dist.new_group(backend=name)
+        if rank == 0:
+            got = []
+            for _ in range(2 * (n - 1)):
+                t = torch.zeros(4)
+                src = dist.recv(t, group=g)
+                assert torch.equal(t, torch.full((4,), float(src))), (name, src, t)
+                got.append(src)
+            t = torch.zeros(4)
+            w = dist.irecv(t, group=g)
+            w.wait()
+            src = w._source_rank()
+            assert torch.equal(t, torch.full((4,), float(src))), (name, src, t)
+            got.append(src)
+            # On the group [0, 2]: global rank 2's message (rank 1 sends on the world).
+            t = torch.zeros(2)
+            src = dist.recv(t, group=sub[name])
+            assert src == 2 and torch.equal(t, torch.full((2,), 2.0)), (name, src, t)
+            late = torch.zeros(2)
+            assert dist.recv(late, src=1, group=g, tag=1) == 1
+            out[name] = sorted(got)
+        else:
+            for _ in range(2 + (rank == 1)):
+                dist.send(torch.full((4,), float(rank)), 0, group=g)
+            if rank == 1:
+                # another tag: a receive from any source of tag 0 must not take it
+                dist.send(torch.full((2,), 1.0), 0, group=g, tag=1)
+            else:
+                dist.send(torch.full((2,), 2.0), 0, group=sub[name])
+        dist.barrier()
+    return out
+
+
 def case_gloo_default():
     """init_process_group("gloo"), then an oxcomm group of the whole world beside it."""
     import torch
@@ -510,6 +556,11 @@ def test_new_group_excluding_a_rank():
     res = _torch_ranks.run(3, "test_torch_backend:case_groups", timeout=120)
     assert res[1] == {"excluded": True}
     assert res[0]["sum"] == res[2]["sum"] == [2.0 + 2 * k for k in range(10)]
+
+
+def test_recv_from_any_source_as_gloo():
+    res = _torch_ranks.run(3, "test_torch_backend:case_recv_any_source", timeout=120)
+    assert res[0]["oxcomm"] == res[0]["gloo"] == [1, 1, 1, 2, 2], res[0]
 
 
 def test_oxcomm_group_beside_gloo_default():

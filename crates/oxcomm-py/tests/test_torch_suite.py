@@ -24,9 +24,6 @@ RUNNER = os.path.join(HERE, "torch_suite", "run.py")
 
 #: gloo passes that oxcomm does not pass yet, and why.
 KNOWN = {
-    "test_send_recv_any_source": "waiting for recv_any (receive from any source, issue 29 item 2)",
-    "test_send_recv_any_source_autograd_profiler": "waiting for recv_any (issue 29 item 2)",
-    "test_send_recv_any_source_torch_profiler": "waiting for recv_any (issue 29 item 2)",
     "test_sparse_all_reduce_sum": "name-gated (gloo only): oxcomm has no sparse all-reduce",
     "test_barrier_timeout_full_group": (
         "name-gated (gloo only): new_group(timeout=1s) on an oxcomm world keeps the world's timeout "

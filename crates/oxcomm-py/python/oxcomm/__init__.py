@@ -322,12 +322,12 @@ class Communicator:
             return _staged.send(self._stager(), buf, dst, tag)
         self._c.send(_buf(buf, "buf", write=False), dst, tag)
 
-    def recv(self, buf, src, tag=0):
-        if src is None:
-            raise UnsupportedError("recv from any source is not supported: name the sender")
+    def recv(self, buf, src=None, tag=0):
+        """Receives into ``buf`` from ``src``, or from whichever rank first sends a message
+        with ``tag`` when ``src`` is ``None``; returns the sender's rank."""
         if self._st is not None or _dev.owns(buf):
             return _staged.recv(self._stager(), buf, src, tag)
-        self._c.recv(_buf(buf, "buf"), src, tag)
+        return self._c.recv(_buf(buf, "buf"), src, tag)
 
     def isend(self, buf, dst, tag=0):
         """Starts sending a copy of ``buf``; pending isend/irecv start together."""
@@ -335,10 +335,10 @@ class Communicator:
             return _staged.isend(self._stager(), buf, dst, tag)
         return self._c.isend(_buf(buf, "buf", write=False), dst, tag)
 
-    def irecv(self, buf, src, tag=0):
-        """Starts receiving into ``buf`` (written when the returned Work completes)."""
-        if src is None:
-            raise UnsupportedError("irecv from any source is not supported: name the sender")
+    def irecv(self, buf, src=None, tag=0):
+        """Starts receiving into ``buf`` (written when the returned Work completes) from
+        ``src``, or from any rank when ``src`` is ``None``: the Work's ``source_rank()`` then
+        names the sender once it completed."""
         if self._st is not None or _dev.owns(buf):
             return _staged.irecv(self._stager(), buf, src, tag)
         return self._c.irecv(_buf(buf, "buf"), src, tag)

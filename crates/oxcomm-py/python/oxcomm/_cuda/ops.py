@@ -163,7 +163,10 @@ def send(st, buf, dst, tag):
 
 
 def recv(st, buf, src, tag):
-    st.run("recv", False, [W(buf)], lambda b, _a: st.host.recv(b[0], src, tag))
+    """Returns the sender's rank (``src``, or the sender when ``src`` is ``None``)."""
+    sender = []
+    st.run("recv", False, [W(buf)], lambda b, _a: sender.append(st.host.recv(b[0], src, tag)))
+    return sender[0]
 
 
 def isend(st, buf, dst, tag):

@@ -181,7 +181,8 @@ class Stager:
         ready = dev.record(dev.current_stream(key))
         op = _Op(self, what, key, ready, plan(staged, chunked and not p2p), start, epilogue, p2p)
         deferred = op.host_done if p2p else None
-        job = DeviceJob(dev, key, what, op.issue, op.finish, deferred)
+        source = op.source_rank if p2p else None
+        job = DeviceJob(dev, key, what, op.issue, op.finish, deferred, source)
         if not async_op and self.lane.idle():
             job.run()
             job.wait()
@@ -280,6 +281,10 @@ class _Op:
 
     def host_done(self):
         return self.native is None or self.native.is_completed()
+
+    def source_rank(self):
+        """A receive from any source: its sender's rank once done (``None`` before)."""
+        return None if self.native is None else self.native.source_rank()
 
     def finish(self):
         st, dev = self.st, self.st.device

@@ -139,6 +139,10 @@ class HostJob(_Job):
             return False
         return self._error is not None or self._native is None or self._native.is_completed()
 
+    def source_rank(self):
+        """The sender's rank, once a receive from any source completed (else ``None``)."""
+        return None if self._native is None else self._native.source_rank()
+
 
 class DeviceJob(_Job):
     """A staged op. ``issue()`` runs on the lane (or the calling thread): it copies the inputs out
@@ -148,11 +152,12 @@ class DeviceJob(_Job):
     ``wait``/``synchronize`` runs it, or ``is_completed`` once ``deferred()`` says that the host
     op is done (so ``finish`` will not block)."""
 
-    def __init__(self, device, key, what, issue, finish, deferred=None):
+    def __init__(self, device, key, what, issue, finish, deferred=None, source=None):
         super().__init__(what)
         self._device, self._key = device, key
         self._issue, self._finish = issue, finish
         self._deferred = deferred
+        self._source = source
         self._final = None
         self._lock = threading.Lock()
 
@@ -209,3 +214,7 @@ class DeviceJob(_Job):
             except BaseException:  # noqa: BLE001 - completed, with an error
                 return True
         return self._device.query(self._final)
+
+    def source_rank(self):
+        """The sender's rank, once a receive from any source completed (else ``None``)."""
+        return None if self._source is None else self._source()

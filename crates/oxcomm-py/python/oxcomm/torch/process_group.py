@@ -11,7 +11,7 @@ its exceptions (:class:`oxcomm.OxcommError` and subclasses) reach the caller unc
 Completion (``Work``, futures, the waiter thread) is :mod:`oxcomm.torch.work`'s.
 
 What torch can ask for and oxcomm cannot do raises ``NotImplementedError`` naming the call:
-``PREMUL_SUM`` on the coalesced calls, receiving from any source, sparse all-reduce, all-gather/gather/scatter
+``PREMUL_SUM`` on the coalesced calls, sparse all-reduce, all-gather/gather/scatter
 lists whose tensors differ in shape, and multi-tensor (multi-device) variants of the
 single-tensor collectives.
 
@@ -745,7 +745,7 @@ class _Calls:
         buf, finish = _contiguous_out(t, None)
         return self._p2p("recv", lambda: self.comm.irecv(buf, src, tag), tensors, finish, dev)
 
-    def _p2p(self, name, start, result, finish, device):
+    def _p2p(self, name, start, result, finish, device, any_source=False):
         if device:
             # the copy out of a scratch tensor goes on the device behind the op's own copies
             with _staging.then(finish):
@@ -755,14 +755,16 @@ class _Calls:
             native = start()
         fut = torch.futures.Future()
         self._submit(_Op(native, result, finish, fut, name), batch=True)
-        return _Work(result, fut, native if device else None)
+        return _Work(result, fut, native if device else None, native.source_rank if any_source else None)
 
     def recv_anysource(self, tensors, tag=0):
-        # (waits for the communicator's receive from any source, another issue's)
-        raise NotImplementedError(
-            "oxcomm: recv_anysource (recv/irecv with src=None) is unsupported: oxcomm cannot yet "
-            "receive from any source; name the source rank"
-        )
+        """``recv``/``irecv`` without ``src``: the first message with ``tag`` from any rank
+        of the group; the Work's ``_source_rank()`` names its sender (torch's ``recv``
+        returns it)."""
+        t = _single(tensors, "recv")
+        dev = _on_device("recv", t)
+        buf, finish = _contiguous_out(t, None)
+        return self._p2p("recv", lambda: self.comm.irecv(buf, None, tag), tensors, finish, dev, any_source=True)
 
     # ------------------------------------------------------------------ coalescing
 

@@ -91,11 +91,12 @@ class _Work(dist.Work):
     staged Work of an op on device tensors, whose ``wait`` makes the caller's current stream
     wait for the result (NCCL's ``Work.wait()``), where the future would block the host."""
 
-    def __init__(self, result, future=None, device_work=None):
+    def __init__(self, result, future=None, device_work=None, source=None):
         super().__init__()
         self._result = result
         self._future = future
         self._device_work = device_work
+        self._source = source
 
     def wait(self, timeout=None):
         if self._device_work is not None:
@@ -127,6 +128,18 @@ class _Work(dist.Work):
     def result(self):
         self.wait()
         return self._result
+
+    def _source_rank(self):
+        """A receive from any source: the sender's rank in the group, after waiting for it
+        (torch's ``recv`` calls this); any other op raises, as torch's works do."""
+        if self._source is None:
+            raise RuntimeError("oxcomm: _source_rank: this Work is not a receive from any source")
+        self.wait()
+        if self._future is not None:
+            self._future.wait()  # the op's own completion (the device wait only queues it)
+        return self._source()
+
+    source_rank = _source_rank
 
     def get_future(self):
         if self._future is None:
