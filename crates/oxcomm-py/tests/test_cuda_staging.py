@@ -484,6 +484,25 @@ def _op_cases(comm, dtype):
                 comm.send(x, right)
             return [y]
 
+        @case("send/recv from any source")
+        def _(s, a):
+            # A ring again, every receive from any source: the sender is the left neighbour.
+            right, left = (rank + 1) % n, (rank - 1) % n
+            x, y = s.t(D(L)), s.t(torch.zeros(L, dtype=dtype))
+            if a:
+                recv = comm.irecv(y, None)
+                s.done(comm.isend(x, right))
+                s.done(recv)
+                src = recv.source_rank()
+            elif rank % 2 == 0:
+                comm.send(x, right)
+                src = comm.recv(y, None)
+            else:
+                src = comm.recv(y, None)
+                comm.send(x, right)
+            assert src == left, (src, left)
+            return [y]
+
     @case("barrier")
     def _(s, a):
         s.done(comm.barrier(async_op=a))
