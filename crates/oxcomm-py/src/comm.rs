@@ -559,6 +559,22 @@ impl PyComm {
         Ok(self.comm.members_group(&ranks).py()?.map(|comm| PyComm { comm }))
     }
 
+    /// The deadline of this group's ops, in seconds.
+    #[getter]
+    fn timeout(&self) -> f64 {
+        self.comm.timeout().as_secs_f64()
+    }
+
+    /// Sets the deadline of this group's ops (the world and other groups keep theirs).
+    #[setter]
+    fn set_timeout(&self, seconds: f64) -> PyResult<()> {
+        if !(seconds.is_finite() && seconds > 0.0) {
+            return Err(PyValueError::new_err(format!("timeout: {seconds} is not a positive number of seconds")));
+        }
+        self.comm.set_timeout(Duration::from_secs_f64(seconds));
+        Ok(())
+    }
+
     /// Splits by `color` (`None` joins no group), ordered by `key` then rank. Collective.
     fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<PyComm>> {
         let comm = &self.comm;

@@ -25,10 +25,6 @@ RUNNER = os.path.join(HERE, "torch_suite", "run.py")
 #: gloo passes that oxcomm does not pass yet, and why.
 KNOWN = {
     "test_sparse_all_reduce_sum": "name-gated (gloo only): oxcomm has no sparse all-reduce",
-    "test_barrier_timeout_full_group": (
-        "name-gated (gloo only): new_group(timeout=1s) on an oxcomm world keeps the world's timeout "
-        "(the group is carved from the world's communicator), so the barrier does not time out after 1 s"
-    ),
 }
 
 

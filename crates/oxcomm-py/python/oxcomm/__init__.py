@@ -357,6 +357,17 @@ class Communicator:
         c = self._c.group([int(r) for r in ranks])
         return None if c is None else Communicator(c)
 
+    @property
+    def timeout(self):
+        """The deadline of this group's ops, in seconds."""
+        return self._c.timeout
+
+    @timeout.setter
+    def timeout(self, seconds):
+        """Sets it for this group's ops (torch's ``new_group(timeout=...)``); the world and
+        other groups keep theirs."""
+        self._c.timeout = seconds
+
     def split(self, color, key=0):
         """Splits by ``color`` (``None`` joins no group), ordered by ``key`` then rank."""
         self._drain("split")

@@ -189,7 +189,12 @@ fn agree_over_links(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
         let world: Vec<usize> = missing.iter().map(|m| ctx.world(*m)).collect();
         return Err(Error::new(
             ErrorKind::Timeout,
-            format!("timed out after {:?}: rank(s) {} did not join {mine}", ctx.timeout(), list(&world)),
+            format!(
+                "timed out after {:?}: rank(s) {} did not join {mine} within the timeout (OXCOMM_TIMEOUT, or \
+                 the group's own)",
+                ctx.timeout(),
+                list(&world)
+            ),
         )
         .with_peer(world[0]));
     }

@@ -118,7 +118,7 @@ impl Communicator {
         let caller = std::panic::Location::caller();
         let fp = &mut fp;
         let core = &*self.core;
-        let timeout = opts.timeout.unwrap_or(core.config.timeout);
+        let timeout = opts.timeout.unwrap_or_else(|| self.timeout());
         let _turn = core.await_turn(ticket, timeout, || self.describe(fp))?;
         // Only the turn's holder moves a group's sequence number (every op of the group takes
         // this core's turn), so a load and a store do, without a read-modify-write.
@@ -420,7 +420,7 @@ impl Core {
         let core = self.clone();
         self.submit(Box::new(move || {
             let (mut msgs, slots): (Vec<P2pMsg>, Vec<_>) = jobs.into_iter().map(|j| (j.msg, j.slot)).unzip();
-            let result = core.run_p2p(ticket, &mut msgs);
+            let result = core.run_p2p(ticket, &mut msgs, core.config.timeout);
             for (msg, slot) in msgs.into_iter().zip(slots) {
                 if let Some(slot) = slot {
                     slot.complete(match &result {
@@ -438,13 +438,12 @@ impl Core {
     /// before it (sends may start early: that changes no match, and a peer that waits for one
     /// of them before it sends what this rank waits for cannot deadlock the batch); the
     /// receives issued after it run after it, since it may take the message they would.
-    pub(super) fn run_p2p(&self, ticket: u64, msgs: &mut [P2pMsg]) -> Result<()> {
-        let timeout = self.config.timeout;
+    pub(super) fn run_p2p(&self, ticket: u64, msgs: &mut [P2pMsg], timeout: Duration) -> Result<()> {
         let first = msgs.first().map(|m| m.fp.to_string()).unwrap_or_default();
         let _turn = self.await_turn(ticket, timeout, || first.clone())?;
         self.check_alive(|| first.clone())?;
         if !msgs.iter().any(P2pMsg::is_any_source) {
-            return self.run_p2p_batch(msgs, &first);
+            return self.run_p2p_batch(msgs, &first, timeout);
         }
         // Order: sends and the receives before the first any-source receive, that receive,
         // the receives before the next one, and so on.
@@ -468,7 +467,7 @@ impl Core {
         while at < msgs.len() && result.is_ok() {
             let key = keys[order[at]];
             let len = order[at..].iter().take_while(|&&i| keys[i] == key).count();
-            result = self.run_p2p_batch(&mut msgs[at..at + len], &first);
+            result = self.run_p2p_batch(&mut msgs[at..at + len], &first, timeout);
             at += len;
         }
         let mut back = vec![0; msgs.len()];
@@ -483,8 +482,7 @@ impl Core {
     /// Runs one batch of point-to-point messages on the backend (inside the caller's turn):
     /// stamps the per-pair sequence numbers in issue order, and counts the message a receive
     /// from any source took.
-    fn run_p2p_batch(&self, msgs: &mut [P2pMsg], first: &str) -> Result<()> {
-        let timeout = self.config.timeout;
+    fn run_p2p_batch(&self, msgs: &mut [P2pMsg], first: &str, timeout: Duration) -> Result<()> {
         let mut state = self.lock_state();
         for msg in msgs.iter_mut() {
             if msg.is_any_source() {

@@ -24,6 +24,7 @@ mod work;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use self::core::Core;
 use crate::algorithms::hierarchical::HostLayout;
@@ -54,13 +55,16 @@ struct Group {
     seq: AtomicU64,
     /// How the group spans hosts, when hierarchical algorithms apply.
     layout: Option<HostLayout>,
+    /// Deadline of this group's ops in nanoseconds; 0: the communicator's
+    /// ([`CommConfig::timeout`]). Set by [`Communicator::set_timeout`].
+    timeout_ns: AtomicU64,
 }
 
 impl Group {
     fn new(id: u64, members: Vec<usize>, rank: usize, hosts: &[usize]) -> Group {
         let host_of: Vec<usize> = members.iter().map(|w| hosts[*w]).collect();
         let layout = HostLayout::new(&host_of, rank);
-        Group { id, members, rank, seq: AtomicU64::new(0), layout }
+        Group { id, members, rank, seq: AtomicU64::new(0), layout, timeout_ns: AtomicU64::new(0) }
     }
 }
 
@@ -161,6 +165,34 @@ impl Communicator {
     /// ranks on each of at least 2 hosts); hierarchical algorithms run then.
     pub fn host_layout(&self) -> Option<&HostLayout> {
         self.group.layout.as_ref()
+    }
+
+    /// Sets the deadline of this group's ops (torch's `new_group(timeout=...)`): every handle
+    /// on the group sees it (clones share the group); the world and other groups keep theirs,
+    /// and an op's own [`OpOptions::timeout`] still wins.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// oxcomm::threads::run(2, |world| {
+    ///     let pair = world.new_group(&[0, 1]).unwrap().unwrap();
+    ///     pair.set_timeout(Duration::from_secs(5));
+    ///     assert_eq!(pair.timeout(), Duration::from_secs(5));
+    ///     assert_eq!(world.timeout(), world.config().timeout);
+    /// })
+    /// .unwrap();
+    /// ```
+    pub fn set_timeout(&self, timeout: Duration) {
+        let ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.group.timeout_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// The deadline this group's ops get (see [`Communicator::set_timeout`]).
+    pub fn timeout(&self) -> Duration {
+        match self.group.timeout_ns.load(Ordering::Relaxed) {
+            0 => self.core.config.timeout,
+            ns => Duration::from_nanos(ns),
+        }
     }
 
     /// The communicator's settings.

@@ -29,7 +29,7 @@ impl Communicator {
         self.core.check_alive(|| fp.to_string())?;
         let ticket = self.core.draw_ticket();
         let mut job = P2pJob::send(self.group.members[dst], as_bytes(buf).to_vec(), fp, None);
-        self.core.run_p2p(ticket, std::slice::from_mut(&mut job.msg))?;
+        self.core.run_p2p(ticket, std::slice::from_mut(&mut job.msg), self.timeout())?;
         Ok(())
     }
 
@@ -40,7 +40,7 @@ impl Communicator {
         self.core.check_alive(|| fp.to_string())?;
         let ticket = self.core.draw_ticket();
         let mut job = P2pJob::recv(self.group.members[src], vec![0u8; std::mem::size_of_val(buf)], fp, None);
-        self.core.run_p2p(ticket, std::slice::from_mut(&mut job.msg))?;
+        self.core.run_p2p(ticket, std::slice::from_mut(&mut job.msg), self.timeout())?;
         as_bytes_mut(buf).copy_from_slice(&job.msg.bytes);
         Ok(())
     }
@@ -114,7 +114,7 @@ impl Communicator {
         self.core.check_alive(|| fp.to_string())?;
         let ticket = self.core.draw_ticket();
         let mut job = P2pJob::recv_any(peers, vec![0u8; std::mem::size_of_val(buf)], fp, None);
-        self.core.run_p2p(ticket, std::slice::from_mut(&mut job.msg))?;
+        self.core.run_p2p(ticket, std::slice::from_mut(&mut job.msg), self.timeout())?;
         as_bytes_mut(buf).copy_from_slice(&job.msg.bytes);
         Ok(self.group_rank_of(job.msg.peer))
     }

@@ -495,3 +495,33 @@ fn coalesced_ops() {
         assert_eq!(oy, [10, 11, 12]);
     }
 }
+
+#[test]
+fn a_groups_own_timeout_applies_to_its_ops_only() {
+    // The world waits up to 60 s; the pair's ops give up after 300 ms (torch's
+    // `new_group(timeout=...)`): rank 0's barrier on the pair times out while rank 1 stays
+    // away (it waits, outside oxcomm, until rank 0 has its error).
+    let done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
+    let out = threads::run_with(2, config(60_000), |world| {
+        let pair = world.new_group(&[0, 1]).unwrap().unwrap();
+        pair.set_timeout(Duration::from_millis(300));
+        assert_eq!(world.timeout(), Duration::from_secs(60));
+        if world.rank() == 0 {
+            let r = pair.barrier();
+            *done.0.lock().unwrap() = true;
+            done.1.notify_all();
+            r
+        } else {
+            let until = Instant::now() + Duration::from_secs(60);
+            let mut g = done.0.lock().unwrap();
+            while !*g && Instant::now() < until {
+                g = done.1.wait_timeout(g, Duration::from_millis(100)).unwrap().0;
+            }
+            Ok(())
+        }
+    })
+    .unwrap();
+    let e = out[0].as_ref().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(e.message().contains("300ms"), "the group's timeout, not the world's: {e}");
+}

@@ -95,6 +95,8 @@ def _create(dist_opts, backend_options):
         _finalizer_for(comm)
     elif _world_comm is not None and hasattr(_world_comm, "group") and _world_default_is_oxcomm():
         comm = _world_comm.group(global_ranks)
+        if comm is not None:
+            comm.timeout = seconds  # new_group(timeout=...): this group's, not the world's
     if comm is None:
         comm = oxcomm.Communicator.from_store(store, rank, size, timeout=seconds)
     if comm.rank != rank or comm.size != size:
