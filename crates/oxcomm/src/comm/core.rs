@@ -56,7 +56,8 @@ pub(crate) struct Core {
     pub(super) hosts: Vec<usize>,
 }
 
-/// What an op locks while it runs (besides what its backend locks).
+/// The rank's byte totals and point-to-point sequence numbers: a point-to-point batch locks
+/// them while it runs, a collective only to add the bytes it moved ([`Core::add_stats`]).
 pub(super) struct State {
     pub(super) stats: LinkStats,
     /// Messages sent to / received from each world rank (sequence numbers of send/recv).
@@ -128,17 +129,22 @@ impl Communicator {
         let started = if logged { core.logger.now_ns() } else { 0 };
         core.check_alive(|| fp.to_string())?;
         let flight = core.flight.start(fp, route.name, None);
-        let mut state = core.lock_state();
+        // The op counts its bytes here and they join the rank's totals once it ends, under
+        // the state's lock only if it moved any: the turn already runs ops one at a time, so
+        // the direct path (which moves none through links) takes no lock of this core. A
+        // reader of `stats` sees the totals between ops, as it did when this lock was held
+        // for the whole op.
+        let mut stats = LinkStats::default();
         let mut env = OpEnv {
             fp,
             group: self.view(),
             timeout,
             max_segment_bytes: opts.max_segment_bytes.unwrap_or(core.config.max_segment_bytes),
-            stats: &mut state.stats,
+            stats: &mut stats,
             cancel: &core.aborted,
         };
         let result = crate::unwind::catch(core.world_rank, || body(&core.backend, &mut env));
-        drop(state);
+        core.add_stats(&stats);
         if logged && result.is_ok() {
             core.record(fp, self.size(), route.name, started, caller);
         }
@@ -283,6 +289,17 @@ impl Core {
             latency_ns: end.saturating_sub(start_ns),
             caller,
         });
+    }
+
+    /// Adds one op's byte counts to the rank's totals (no lock when the op moved none).
+    pub(super) fn add_stats(&self, op: &LinkStats) {
+        if *op == LinkStats::default() {
+            return;
+        }
+        let mut state = self.lock_state();
+        state.stats.bytes_sent += op.bytes_sent;
+        state.stats.bytes_received += op.bytes_received;
+        state.stats.bytes_read_directly += op.bytes_read_directly;
     }
 
     pub(super) fn lock_state(&self) -> MutexGuard<'_, State> {

@@ -1,6 +1,6 @@
 //! Direct broadcast: small payloads travel in the root's slot, which the root publishes and
 //! leaves (its arrival waits for nobody; the others wait for the root's slot alone), so
-//! back-to-back broadcasts overlap by up to `SLOTS / 2` ops, as MPI's eager sends do. Large
+//! back-to-back broadcasts overlap by up to `SLOTS - 1` ops, as MPI's eager sends do. Large
 //! ones go chunk by chunk through the root's chunk buffers after a full arrival. (Reading straight from the
 //! root's buffer, `single_copy.rs`, was slower here once the root rewrites it before each
 //! broadcast, as training does; docs/benchmarks.md.)

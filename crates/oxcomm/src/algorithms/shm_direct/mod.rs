@@ -11,19 +11,28 @@
 //! can run ahead of its peers, as MPI's eager sends let it. How far is bounded by the slots:
 //! before writing op `k`'s slot, a rank waits until every rank has stamped op `k − EAGER` and
 //! checks their fingerprints of that op (unless an earlier arrival did), where
-//! `EAGER = SLOTS / 2`. So a rank runs at most [`EAGER`] ops ahead of the slowest, and:
+//! `EAGER = SLOTS − 1`. So a rank runs at most [`EAGER`] ops ahead of the slowest, and:
 //!
-//! - the slot it rewrites (op `k − SLOTS`) is no longer read: its payload was read before the
-//!   readers stamped op `k − SLOTS + 1`, and its fingerprint checked before they stamped op
-//!   `k − EAGER` at the latest, which this rank has just seen;
-//! - the slots it checks are still there: a peer rewrites op `k − EAGER`'s slot at op
-//!   `k + EAGER`, only after this rank has stamped op `k`, which it does after the check.
+//! - the slot it rewrites (op `k − SLOTS`) is no longer read: its payload and its check word
+//!   were read before the readers stamped op `k − SLOTS + 1 = k − EAGER`, which this rank has
+//!   just seen;
+//! - the fingerprints it checks late are still there: every arrival also writes the op's check
+//!   word and header into the rank's *history* (entry `k % HISTORY`, `HISTORY = 2 · SLOTS`;
+//!   the check words side by side, so a late check of several ops reads a line or two),
+//!   and a late check reads the history, not the slot (which the peer may have reused). A
+//!   peer rewrites op `j`'s entry at op `j + HISTORY`, only after this rank has stamped op
+//!   `j + HISTORY − EAGER > j + EAGER`, and this rank checks op `j` before it stamps op
+//!   `j + EAGER`.
+//!
+//! Until this history existed the check read the slot, which bounded `EAGER` to `SLOTS / 2`
+//! (a peer had to keep op `k − EAGER`'s slot until op `k + EAGER`).
 //!
 //! A full arrival ([`Wait::Everyone`]) at op `k` first waits for every rank's stamps of the
-//! loose ops before it that no arrival has checked yet and checks them (their slots are still
-//! there by the second point), so a mismatch in a loose op is reported at the next full arrival
-//! or at most [`EAGER`] ops later, and names the rank even if that rank never arrives at op
-//! `k`. Back-to-back full arrivals pay nothing for this: each finds the ops before it checked.
+//! loose ops before it that no arrival has checked yet and checks them (their history entries
+//! are still there by the second point), so a mismatch in a loose op is reported at the next
+//! full arrival or at most [`EAGER`] ops later, and names the rank even if that rank never
+//! arrives at op `k`. Back-to-back full arrivals pay nothing for this: each finds the ops
+//! before it checked, and compares the check word on the stamp's own line.
 //!
 //! Each op's own steps are in its file: [`all_reduce`], [`broadcast`], [`all_gather`],
 //! [`reduce_scatter`], `all_to_all.rs` (all_to_all, all_to_all_v and the exchange through the
@@ -60,7 +69,7 @@ pub(crate) use rooted::{gather, reduce, scatter};
 
 use crate::engine::{Ctx, PeerWatch};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::shm::workspace::{Counter, ShmDirect, SLOTS, SLOT_HEADER, SMALL_BYTES};
+use crate::transport::shm::workspace::{Counter, ShmDirect, HISTORY, SLOTS, SLOT_HEADER, SMALL_BYTES};
 use crate::wire::{Fingerprint, FP_BYTES, FP_WORDS};
 
 /// Per-communicator progress of the direct protocol (identical on every rank).
@@ -73,7 +82,7 @@ pub(crate) struct DirectState {
     /// Ops `0..checked` had every rank's stamp seen and fingerprint checked by this rank.
     pub checked: u64,
     /// This rank's fingerprints of its last [`SLOTS`] ops (op `k` at `k % SLOTS`), for checking
-    /// the loose ones when every rank has arrived.
+    /// the loose ones when every rank has arrived (at most [`EAGER`] + 1 back).
     pub recent: Box<[Option<Fingerprint>; SLOTS]>,
     /// Whether every rank reads every peer's memory by single copy (`None`: not found out
     /// yet; see `single_copy.rs`).
@@ -113,7 +122,10 @@ pub(crate) fn is_small(bytes: usize) -> bool {
 const _: () = assert!(FP_WORDS + 1 == SLOT_HEADER / 8);
 
 /// How many ops a rank may run ahead of the slowest rank (module docs).
-pub(super) const EAGER: u64 = (SLOTS / 2) as u64;
+pub(super) const EAGER: u64 = (SLOTS - 1) as u64;
+
+// A late check reads the history, which must outlast the lead a rank may take (module docs).
+const _: () = assert!(HISTORY as u64 >= 2 * EAGER);
 
 /// Whose slots an arrival waits for before the op goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +159,7 @@ pub(super) fn arrive_for(
     let k = d.state.ops;
     let slot = (k % SLOTS as u64) as usize;
     let stamp = k + 1;
+    let me = d.shm.rank();
     let n = ctx.size;
     // This op's slot last held op k − SLOTS: before rewriting it, see every rank past op
     // k − EAGER (module docs).
@@ -168,12 +181,12 @@ pub(super) fn arrive_for(
     header[..FP_WORDS].copy_from_slice(&words);
     header[FP_WORDS] = payload.len() as u64;
     // Every rank has stamped op k − EAGER (just checked), so none still reads op
-    // k − SLOTS's slot, which this write replaces (module docs).
-    d.shm.write_slot(slot, stamp, check, &header, payload);
+    // k − SLOTS's slot, which this write replaces, nor op k − HISTORY's entry (module docs).
+    d.shm.write_slot(k, check, &header, payload);
     let ranks = match wait {
         Wait::Everyone => {
             arrive_wait(ctx, d.shm, fp, slot, stamp, 0..n)?;
-            check_fingerprints(d.shm, slot, fp, check, 0..n)?;
+            check_fingerprints(d.shm, Seen::Slot(slot), fp, check, (0..n).filter(|r| *r != me))?;
             d.state.checked = stamp;
             return Ok(slot);
         }
@@ -181,23 +194,53 @@ pub(super) fn arrive_for(
         Wait::Nobody => 0..0,
     };
     arrive_wait(ctx, d.shm, fp, slot, stamp, ranks.clone())?;
-    check_fingerprints(d.shm, slot, fp, check, ranks)?;
+    check_fingerprints(d.shm, Seen::Slot(slot), fp, check, ranks.clone().filter(|r| *r != me))?;
+    // A wait on every other rank (a non-root of 2 ranks) checked this op as a full arrival
+    // does: nothing is left to check late if nothing was before it.
+    if d.state.checked == k && ranks.len() + 1 == n && !ranks.contains(&me) {
+        d.state.checked = stamp;
+    }
     Ok(slot)
 }
 
+/// Where a rank's fingerprint of an op is read: the op's slot (its check word on the stamp's
+/// line), while the slot cannot have been reused, or its history entry, for a late check.
+#[derive(Debug, Clone, Copy)]
+enum Seen {
+    Slot(usize),
+    History(u64),
+}
+
 /// Checks the fingerprints of the ops from `d.state.checked` on, before `end`, that every rank
-/// has stamped, without waiting; stops at the first op some rank has not stamped or whose
-/// fingerprints differ (a later arrival reports it).
+/// has stamped, without waiting; stops at the first op whose fingerprints differ (a later
+/// arrival reports it).
+///
+/// A rank stamps its ops in order, so its stamp of op `j` says it stamped every op before:
+/// a binary search over the ops finds how far each rank is in a few reads of its stamps, and
+/// the check words come from the history, side by side (a line or two per rank), where
+/// reading every op's slot cost a line per op and rank.
 fn check_stamped(d: &mut Direct<'_>, end: u64) {
-    let n = d.shm.size();
-    while d.state.checked < end {
-        let op = d.state.checked;
-        let slot = (op % SLOTS as u64) as usize;
-        if (0..n).any(|r| d.shm.slot_stamp(r, slot) <= op) {
-            return;
+    let (n, me) = (d.shm.size(), d.shm.rank());
+    let stamped = |r: usize, op: u64| d.shm.slot_stamp(r, (op % SLOTS as u64) as usize) > op;
+    // Ops before `reached` are stamped by every rank looked at so far.
+    let mut reached = end;
+    for r in (0..n).filter(|r| *r != me) {
+        let (mut lo, mut hi) = (d.state.checked, reached);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if stamped(r, mid) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
         }
-        let Some(fp) = d.state.recent[slot] else { return };
-        if check_fingerprints(d.shm, slot, &fp, check_word(&fp.words()), 0..n).is_err() {
+        reached = lo;
+    }
+    while d.state.checked < reached {
+        let op = d.state.checked;
+        let Some(fp) = d.state.recent[(op % SLOTS as u64) as usize] else { return };
+        let others = (0..n).filter(|r| *r != me);
+        if check_fingerprints(d.shm, Seen::History(op), &fp, check_word(&fp.words()), others).is_err() {
             return;
         }
         d.state.checked += 1;
@@ -213,7 +256,8 @@ fn check_through(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, last: u64) -> Result<()>
         let slot = (op % SLOTS as u64) as usize;
         let fp = d.state.recent[slot].expect("this rank's fingerprint of each of its last SLOTS ops");
         arrive_wait(ctx, d.shm, &fp, slot, op + 1, 0..n)?;
-        check_fingerprints(d.shm, slot, &fp, check_word(&fp.words()), 0..n)?;
+        let others = (0..n).filter(|r| *r != d.shm.rank());
+        check_fingerprints(d.shm, Seen::History(op), &fp, check_word(&fp.words()), others)?;
         d.state.checked += 1;
     }
     Ok(())
@@ -264,24 +308,32 @@ fn check_word(words: &[u64; FP_WORDS]) -> u64 {
     words.iter().fold(0x9E37_79B9_7F4A_7C15u64, |h, w| (h ^ w).wrapping_mul(0xFF51_AFD7_ED55_8CCD).rotate_left(29))
 }
 
-/// Checks that the slots `slot` of `ranks` (stamped for the op `fp`) carry `fp`: their check
-/// words against `check` (`fp`'s), and where one differs, the whole fingerprint.
+/// Checks that `ranks` (which stamped the op `fp` or a later one) ran `fp` there: their check
+/// words, read where `seen` says, against `check` (`fp`'s), and where one differs, the whole
+/// fingerprint.
 fn check_fingerprints(
     shm: &ShmDirect,
-    slot: usize,
+    seen: Seen,
     fp: &Fingerprint,
     check: u64,
-    ranks: std::ops::Range<usize>,
+    ranks: impl Iterator<Item = usize>,
 ) -> Result<()> {
     for r in ranks {
-        // Rank r stamped this slot for this op; it rewrites it only once this rank has
-        // stamped a later op than it has (module docs).
-        let theirs_check = shm.slot_check(r, slot);
+        // Rank r stamped this op; it rewrites its slot (when `seen` is the slot) only once
+        // this rank has stamped a later op, and its history entry only once this rank has
+        // stamped op + HISTORY − EAGER, after this check (module docs).
+        let theirs_check = match seen {
+            Seen::Slot(slot) => shm.slot_check(r, slot),
+            Seen::History(op) => shm.history_check(r, op),
+        };
         if theirs_check == check {
             continue;
         }
         // As above.
-        let h = shm.slot_header_snapshot(r, slot);
+        let h = match seen {
+            Seen::Slot(slot) => shm.slot_header_snapshot(r, slot),
+            Seen::History(op) => shm.history_header(r, op),
+        };
         let theirs = Fingerprint::decode_from(&h[..FP_BYTES], r)?;
         if theirs != *fp {
             return Err(Error::new(

@@ -4,7 +4,7 @@
 //! Small rooted ops use loose arrivals (see the module docs): a rank that only publishes (a
 //! gather's or reduce's non-root, a scatter's root) leaves once its slot is written, and a
 //! scatter's non-root waits for the root alone, so back-to-back small ops overlap by up to
-//! `SLOTS / 2` ops.
+//! `SLOTS - 1` ops.
 //!
 //! **Gather.** Small (S ≤ [`SMALL_BYTES`]): arrival carries every non-root's block; the root
 //! copies each out of its slot (one step; the root reads (n − 1) · S). Large: the exchange with

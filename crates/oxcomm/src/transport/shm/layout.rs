@@ -12,6 +12,7 @@
 //! | [`SINGLE_COPY_OFFSET`] | the single-copy line: this rank's verdict on reading every peer's memory (0 not yet known) and the address of its probe word |
 //! | [`ANNOUNCE_OFFSET`] | the announcement line (a fingerprint, [`ANNOUNCE_BYTES`]) |
 //! | [`SLOTS_OFFSET`] | [`SLOTS`] slots: a line with an 8-byte stamp, an 8-byte check word, the payload's length and up to [`INLINE_BYTES`] of payload; a line with the [`SLOT_HEADER`]-byte header; up to [`SMALL_BYTES`] of payload (when it is not inline) |
+//! | [`HISTORY_OFFSET`] | the *fingerprint history* (op `k` writes entry `k % HISTORY`), so that a rank checking a loose op late finds its fingerprint after its slot was reused: [`HISTORY`] check words side by side (a late check of several ops reads one or two lines), then [`HISTORY`] 64-byte entries, each the [`SLOT_HEADER`]-byte header of that op (read only when check words differ) |
 //! | [`BIG_OFFSET`] (page-aligned) | two chunk buffers of [`CHUNK_BYTES`] |
 
 use super::sync::AtomicU32;
@@ -49,10 +50,16 @@ pub const ANNOUNCE_BYTES: usize = 48;
 /// Offset of the slots.
 pub const SLOTS_OFFSET: usize = ANNOUNCE_OFFSET + LINE;
 /// Slots per rank: direct op `k` writes slot `k % SLOTS`, so a rank can run up to
-/// `SLOTS / 2` ops ahead of the slowest (`algorithms/shm_direct/mod.rs`). 16 (514 KiB of
+/// `SLOTS - 1` ops ahead of the slowest (`algorithms/shm_direct/mod.rs`). 16 (514 KiB of
 /// slots per rank) rather than 8: with 4 ranks sharing 2 cores, small gathers and scatters
 /// took 0.86–0.89 µs instead of 1.13–1.32 (docs/benchmarks.md); 2 ranks gain nothing more.
 pub const SLOTS: usize = 16;
+/// Entries of the fingerprint history: at least twice the ops a rank may run ahead
+/// (`SLOTS - 1`), so an entry is rewritten only after every rank has checked it (the proof is
+/// in `algorithms/shm_direct/mod.rs`).
+pub const HISTORY: usize = 2 * SLOTS;
+/// Bytes of a history entry (a header, padded).
+pub(super) const HISTORY_ENTRY: usize = 64;
 /// Bytes of a slot's header (an op fingerprint and a length), on the slot's second line.
 pub const SLOT_HEADER: usize = 56;
 /// Offset of the check word in a slot (after the stamp, on the same line).
@@ -70,7 +77,11 @@ pub(super) const SLOT_HEADER_AT: usize = 64;
 /// Offset of a payload that is not inline.
 pub(super) const SLOT_PAYLOAD: usize = 128;
 pub(super) const SLOT_BYTES: usize = (SLOT_PAYLOAD + SMALL_BYTES).next_multiple_of(LINE);
+/// Offset of the fingerprint history's check words (after the slots).
+pub const HISTORY_OFFSET: usize = SLOTS_OFFSET + SLOTS * SLOT_BYTES;
+/// Offset of the fingerprint history's headers (after its check words).
+pub(super) const HISTORY_HEADERS: usize = (HISTORY_OFFSET + HISTORY * 8).next_multiple_of(LINE);
 /// Offset of the chunk buffers (page-aligned).
-pub const BIG_OFFSET: usize = (SLOTS_OFFSET + SLOTS * SLOT_BYTES).next_multiple_of(4096);
+pub const BIG_OFFSET: usize = (HISTORY_HEADERS + HISTORY * HISTORY_ENTRY).next_multiple_of(4096);
 /// Size of the whole workspace.
 pub const WORKSPACE_BYTES: usize = BIG_OFFSET + 2 * CHUNK_BYTES;

@@ -40,7 +40,7 @@ use crate::error::{Error, ErrorKind, Result};
 /// "OXCOMSHM" little-endian.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"OXCOMSHM");
 /// Bumped whenever the layout changes.
-pub(crate) const VERSION: u32 = 4;
+pub(crate) const VERSION: u32 = 5;
 /// Smallest ring accepted (one page).
 pub(crate) const MIN_RING_BYTES: usize = 4096;
 /// Largest ring accepted.

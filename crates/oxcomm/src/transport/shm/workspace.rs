@@ -13,6 +13,7 @@
 //! | [`SINGLE_COPY_OFFSET`] | whether this rank can read every peer's memory (0: not known yet, then the verdict the direct algorithms publish) and the address of its probe word, which peers read to find out (see [`ShmDirect::probe_peer`]) |
 //! | [`ANNOUNCE_OFFSET`] | the *announcement*: a tag word (`seq + 1`, 0: none) and [`ANNOUNCE_BYTES`] that a rank publishes when it starts an op that does not use the slots, so peers on the direct path see that it is elsewhere (see [`ShmDirect::announce`]) |
 //! | [`SLOTS_OFFSET`] | [`SLOTS`] *slots* (op `k` writes slot `k % SLOTS`), each a line with an 8-byte stamp, an 8-byte check word (a hash of the op's fingerprint) and up to [`INLINE_BYTES`] of payload, then a line with the 56-byte header (fingerprint + length), then up to [`SMALL_BYTES`] of payload when it does not fit inline: a reader of a tiny op whose fingerprint matches reads one line |
+//! | [`HISTORY_OFFSET`] | the *fingerprint history*: [`HISTORY`] check words side by side, then as many headers (op `k` writes entry `k % HISTORY` of both), where a rank that checks a loose op late reads them ([`ShmDirect::history_check`], [`ShmDirect::history_header`]) |
 //! | [`BIG_OFFSET`] | two *halves* of [`CHUNK_BYTES`] each |
 //!
 //! Writers publish with `Release` stores to a counter or stamp after writing the bytes it
@@ -46,10 +47,12 @@ use super::segment::Segment;
 pub const ARRIVAL_POLLS: usize = 200;
 
 pub use super::layout::{
-    ANNOUNCE_BYTES, ANNOUNCE_OFFSET, BIG_OFFSET, CHUNK_BYTES, INLINE_BYTES, SINGLE_COPY_OFFSET, SLOTS, SLOTS_OFFSET,
-    SLOT_HEADER, SMALL_BYTES, WORKSPACE_BYTES,
+    ANNOUNCE_BYTES, ANNOUNCE_OFFSET, BIG_OFFSET, CHUNK_BYTES, HISTORY, HISTORY_OFFSET, INLINE_BYTES,
+    SINGLE_COPY_OFFSET, SLOTS, SLOTS_OFFSET, SLOT_HEADER, SMALL_BYTES, WORKSPACE_BYTES,
 };
-use super::layout::{LINE, SLOT_BYTES, SLOT_CHECK, SLOT_HEADER_AT, SLOT_INLINE, SLOT_LEN, SLOT_PAYLOAD};
+use super::layout::{
+    HISTORY_ENTRY, HISTORY_HEADERS, LINE, SLOT_BYTES, SLOT_CHECK, SLOT_HEADER_AT, SLOT_INLINE, SLOT_LEN, SLOT_PAYLOAD,
+};
 
 /// The counters of one rank's workspace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,21 +222,62 @@ impl ShmDirect {
         self.slot_words(rank, slot).stamp
     }
 
-    /// Writes this rank's slot `slot`: `header` (the [`SLOT_HEADER`] bytes as little-endian
-    /// words), its `check` word and `payload` (≤ [`SMALL_BYTES`]; inline when ≤
-    /// [`INLINE_BYTES`]), then stamps it `stamp` and wakes every other rank.
+    /// `rank`'s history check word of op `op`.
+    fn history_check_word(&self, rank: usize, op: u64) -> &AtomicU64 {
+        const _: () = assert!(HISTORY_OFFSET % 8 == 0 && HISTORY_OFFSET + HISTORY * 8 <= HISTORY_HEADERS);
+        let at = HISTORY_OFFSET + (op % HISTORY as u64) as usize * 8;
+        // SAFETY: word `op % HISTORY` of the check words lies inside the workspace (layout
+        // constants, asserted above), is 8-aligned, and `AtomicU64` is valid for any bits;
+        // every access to it is atomic.
+        unsafe { self.bases[rank].add(at).cast::<AtomicU64>().as_ref() }
+    }
+
+    /// The words of `rank`'s history header of op `op`.
+    fn history_header_words(&self, rank: usize, op: u64) -> &[AtomicU64; SLOT_HEADER / 8] {
+        const _: () = assert!(SLOT_HEADER <= HISTORY_ENTRY && HISTORY_HEADERS % LINE == 0);
+        let at = HISTORY_HEADERS + (op % HISTORY as u64) as usize * HISTORY_ENTRY;
+        // SAFETY: entry `op % HISTORY` lies inside the workspace (layout constants), is
+        // 64-aligned (the headers start on a line), and `AtomicU64` is valid for any bits;
+        // every access to these words is atomic.
+        unsafe { self.bases[rank].add(at).cast::<[AtomicU64; SLOT_HEADER / 8]>().as_ref() }
+    }
+
+    /// The check word `rank` wrote in its history for op `op`; meaningful once the caller has
+    /// seen `rank`'s stamp of op `op` or a later one, and until `rank` writes op
+    /// `op + HISTORY` (which the slot protocol holds back until this rank has checked `op`).
+    pub fn history_check(&self, rank: usize, op: u64) -> u64 {
+        self.history_check_word(rank, op).load(Ordering::Relaxed)
+    }
+
+    /// The header `rank` wrote in its history for op `op` (as [`ShmDirect::history_check`]).
+    pub fn history_header(&self, rank: usize, op: u64) -> [u8; SLOT_HEADER] {
+        let mut h = [0u8; SLOT_HEADER];
+        for (word, bytes) in self.history_header_words(rank, op).iter().zip(h.chunks_exact_mut(8)) {
+            bytes.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        h
+    }
+
+    /// Writes this rank's slot and history entry of direct op `op` (slot `op % SLOTS`, entry
+    /// `op % HISTORY`): `header` (the [`SLOT_HEADER`] bytes as little-endian words), its
+    /// `check` word and `payload` (≤ [`SMALL_BYTES`]; inline when ≤ [`INLINE_BYTES`]), then
+    /// stamps the slot `op + 1` and wakes every other rank.
     ///
     /// The slot protocol of `algorithms/shm_direct/mod.rs` makes sure that no rank still reads
-    /// the slot (a slot is rewritten [`SLOTS`] ops later, once every rank has read it and
-    /// checked its fingerprint); the module docs say what that leaves to the protocol.
+    /// the slot or the entry (a slot is rewritten [`SLOTS`] ops later, once every rank has read
+    /// it; an entry [`HISTORY`] ops later, once every rank has checked it); the module docs
+    /// say what that leaves to the protocol.
     ///
     /// # Panics
     /// If `payload` is longer than [`SMALL_BYTES`].
-    pub fn write_slot(&self, slot: usize, stamp: u64, check: u64, header: &[u64; SLOT_HEADER / 8], payload: &[u8]) {
+    pub fn write_slot(&self, op: u64, check: u64, header: &[u64; SLOT_HEADER / 8], payload: &[u8]) {
         assert!(payload.len() <= SMALL_BYTES, "slot payload of {} bytes over {SMALL_BYTES}", payload.len());
+        let slot = (op % SLOTS as u64) as usize;
         let words = self.slot_words(self.rank, slot);
-        for (word, w) in words.header.iter().zip(header) {
+        self.history_check_word(self.rank, op).store(check, Ordering::Relaxed);
+        for ((word, entry), w) in words.header.iter().zip(self.history_header_words(self.rank, op)).zip(header) {
             word.store(w.to_le(), Ordering::Relaxed);
+            entry.store(w.to_le(), Ordering::Relaxed);
         }
         words.check.store(check, Ordering::Relaxed);
         words.len.store(payload.len() as u64, Ordering::Relaxed);
@@ -246,7 +290,7 @@ impl ShmDirect {
         unsafe {
             crate::copy::copy_raw(self.slot_base(self.rank, slot).as_ptr().add(at), payload.as_ptr(), payload.len())
         };
-        words.stamp.store(stamp, Ordering::Release);
+        words.stamp.store(op + 1, Ordering::Release);
         self.wake_sleepers();
     }
 
