@@ -115,7 +115,7 @@ fn child_entry() {
         "loose_ops_only" => report(|| {
             // Rank 0 roots small broadcasts, rank 1 is a non-root of small reduces: neither
             // arrival waits for the other, so the mismatch surfaces when a rank would run more
-            // than SLOTS / 2 direct ops ahead of the other.
+            // than EAGER (SLOTS - 1) direct ops ahead of the other.
             let mut buf = vec![1.0f32; 4];
             for _ in 0..64 {
                 if me == 0 {

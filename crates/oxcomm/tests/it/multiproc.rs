@@ -203,7 +203,7 @@ fn run_chunks(n: usize, single_copy: bool) {
 
 /// Prints the failures and exits 1, or prints "rank N ok".
 /// Back-to-back small rooted ops (roots rotating, values new every iteration), where a rank
-/// runs up to `SLOTS / 2` direct ops ahead of the slowest, with a full op now and then: every
+/// runs up to `SLOTS - 1` (`EAGER`) direct ops ahead of the slowest, with a full op now and then: every
 /// result is checked, so a slot rewritten while a peer still reads it shows as a wrong value.
 fn eager_rooted_ops(comm: &Communicator) -> Vec<String> {
     let (n, me) = (comm.size(), comm.rank());
