@@ -193,8 +193,8 @@ def rust_time(args, world=None):
         target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
         binary = os.path.join(target, "release", "oxcomm")
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [binary, "bench", "--quiet", "--world-size", str(world or args.ranks), "--op", "all_reduce", "--dtype", "f32"]
-        cmd += ["--redop", "sum", "-b", str(args.size), "-e", str(args.size), "-n", str(args.iters)]
+        cmd = [binary, "bench", "--quiet", "--world-size", str(world or args.ranks), "--op", "all_reduce"]
+        cmd += ["--dtype", "f32", "--redop", "sum", "-b", str(args.size), "-e", str(args.size), "-n", str(args.iters)]
         cmd += ["-w", str(args.warmup), "--json", f.name]
         subprocess.run(cmd, check=True, timeout=args.deadline, stdout=subprocess.DEVNULL)
         with open(f.name) as rows:
