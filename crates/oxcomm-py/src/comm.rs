@@ -200,9 +200,9 @@ impl PyComm {
     /// The blocking all-reduce of one host buffer, by address and indices instead of a
     /// buffer tuple and names: the torch backend's small-op path (`torch.distributed.all_reduce`
     /// of a contiguous CPU tensor), where making and parsing the tuple and its strings were a
-    /// third of the binding's cost (`docs/perf_torch_path.md`). `dtype` indexes the module's `DTYPES` and `op` its
-    /// `REDUCE_OPS` (the library's orders); the caller checked the buffer as
-    /// `oxcomm/_buffers.py` does and holds it until the call returns. The op itself is
+    /// third of the binding's cost (`docs/perf_torch_path.md`). `dtype` indexes the module's
+    /// `DTYPES` and `op` its `REDUCE_OPS` (the library's orders); the caller checked the buffer
+    /// as `oxcomm/_buffers.py` does and holds it until the call returns. The op itself is
     /// `all_reduce`'s: same checks, same errors, the GIL released while it runs.
     #[pyo3(signature = (addr, count, dtype, op))]
     fn all_reduce_at(&self, py: Python<'_>, addr: usize, count: usize, dtype: usize, op: usize) -> PyResult<()> {
