@@ -14,8 +14,8 @@ warm-up calls and a barrier; time = total / n, the maximum over ranks; inside on
 take turns --rounds times, the median of each):
 
   rust        `oxcomm bench`: the Rust communicator, no Python
-  binding     the native module's call with the buffer tuple made once (PyO3 argument
-              parsing, the GIL released and taken back, the op)
+  binding     ``_native.Communicator.all_reduce_at`` with the address read once (PyO3's
+              call, the GIL released and taken back, the op): what the group's fast path calls
   native      ``oxcomm.Communicator.all_reduce(t)``: the Python buffer checks added
   group       ``pg.allreduce([t], opts)`` on the oxcomm process group with ``opts`` made once:
               our process group's own cost (no torch.distributed wrapper)
@@ -28,7 +28,8 @@ take turns --rounds times, the median of each):
 ``--cpu`` runs the rows (and two of torch's own pieces: ``torch_opts``, the option object
 ``dist.all_reduce`` builds per call; ``read_op``, reading its reduce op) in one process as a world
 of 1, timed in thread CPU time: each layer's software cost without a peer, which a loaded
-machine moves far less than the wall-clock run.
+machine moves far less than the wall-clock run. Where the time goes, and the figures:
+docs/perf_torch_path.md.
 
 A benchmark, not a test: the machine's load moves its figures (the header prints it).
 """
@@ -58,7 +59,7 @@ def layer_calls(t):
     pg = dist.distributed_c10d._get_default_group()
     comm = oxcomm.torch.communicator(None)
     addr, count, _, _ = buffer(t, "tensor")
-    dtype, op = DTYPE_CODES[t.dtype], 0  # 0: "sum", the first of _native.REDUCE_OPS
+    dtype, op = DTYPE_CODES[t.dtype], oxcomm._native.REDUCE_OPS.index("sum")
     opts = dist.AllreduceOptions()
     opts.asyncOp = False
     floor_py = _noop_group()
