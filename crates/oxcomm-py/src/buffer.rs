@@ -11,13 +11,14 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 
 /// One buffer: where its elements start, how many there are, their type, and the Python
-/// object that owns the memory (held so it cannot be freed while an op uses it).
+/// object that owns the memory (held so it cannot be freed while an op uses it; `None` for a
+/// buffer of a blocking call, whose caller holds the owner for the call: [`Buf::borrowed`]).
 #[derive(Debug)]
 pub struct Buf {
     addr: usize,
     len: usize,
     pub dtype: DType,
-    _owner: Py<PyAny>,
+    _owner: Option<Py<PyAny>>,
 }
 
 impl<'a, 'py> FromPyObject<'a, 'py> for Buf {
@@ -29,7 +30,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for Buf {
         if len > 0 && addr == 0 {
             return Err(PyTypeError::new_err("a buffer of non-zero length at address 0"));
         }
-        Ok(Buf { addr, len, dtype, _owner: owner })
+        Ok(Buf { addr, len, dtype, _owner: Some(owner) })
     }
 }
 
@@ -39,6 +40,19 @@ pub fn parse_dtype(name: &str) -> PyResult<DType> {
 }
 
 impl Buf {
+    /// A buffer of a blocking call whose Python caller checked it as `FromPyObject` callers
+    /// do (`oxcomm/_buffers.py`) and holds its owner until the call returns, so nothing is
+    /// held here. `dtype` is an index into [`DType::ALL`] (the module's `DTYPES`).
+    pub fn borrowed(addr: usize, len: usize, dtype: usize) -> PyResult<Buf> {
+        let dtype = *DType::ALL
+            .get(dtype)
+            .ok_or_else(|| PyTypeError::new_err(format!("dtype index {dtype} is not one of oxcomm's dtypes")))?;
+        if len > 0 && addr == 0 {
+            return Err(PyTypeError::new_err("a buffer of non-zero length at address 0"));
+        }
+        Ok(Buf { addr, len, dtype, _owner: None })
+    }
+
     /// Element count.
     pub fn len(&self) -> usize {
         self.len

@@ -197,6 +197,28 @@ impl PyComm {
         )
     }
 
+    /// The blocking all-reduce of one host buffer, by address and indices instead of a
+    /// buffer tuple and names: the torch backend's small-op path (`torch.distributed.all_reduce`
+    /// of a contiguous CPU tensor), where making and parsing the tuple and its strings were a
+    /// third of the binding's cost (`docs/perf_torch_path.md`). `dtype` indexes the module's
+    /// `DTYPES` and `op` its `REDUCE_OPS` (the library's orders); the caller checked the buffer
+    /// as `oxcomm/_buffers.py` does and holds it until the call returns. The op itself is
+    /// `all_reduce`'s: same checks, same errors, the GIL released while it runs.
+    #[pyo3(signature = (addr, count, dtype, op))]
+    fn all_reduce_at(&self, py: Python<'_>, addr: usize, count: usize, dtype: usize, op: usize) -> PyResult<()> {
+        let buf = Buf::borrowed(addr, count, dtype)?;
+        let op = *ReduceOp::ALL
+            .get(op)
+            .ok_or_else(|| PyValueError::new_err(format!("op: index {op} is not one of oxcomm's reduce ops")))?;
+        let comm = &self.comm;
+        let run = || {
+            // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!`); its Python owner
+            // is held by the caller for this blocking call (see `Buf::borrowed`).
+            with_elem!(buf.dtype, T => comm.all_reduce(unsafe { buf.slice_mut::<T>() }, op))
+        };
+        crate::interrupt::run(py, comm, run)
+    }
+
     #[pyo3(signature = (input, output, op, async_op = false))]
     fn all_reduce_into(
         &self,

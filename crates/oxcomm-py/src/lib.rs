@@ -43,6 +43,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<work::PyWork>()?;
     m.add_class::<compressed::PyOneBitState>()?;
     m.add_class::<compressed::PyOneBitAdam>()?;
+    // The orders in which `Communicator.all_reduce_at` numbers dtypes and reduce ops.
+    m.add("DTYPES", oxcomm::DType::ALL.map(|d| d.name()).to_vec())?;
+    m.add("REDUCE_OPS", oxcomm::ReduceOp::ALL.map(|o| o.name()).to_vec())?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(generate_token, m)?)?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;

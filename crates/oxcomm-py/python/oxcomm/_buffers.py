@@ -7,6 +7,8 @@ module reads and writes that memory in place and holds ``x`` while an async op m
 (``oxcomm._cuda``), so both name a bad tensor alike.
 """
 
+from . import _native
+
 _TORCH_DTYPES = {
     "torch.float32": "f32",
     "torch.float64": "f64",
@@ -63,9 +65,14 @@ def _is_numpy(x):
 # The hot path (every op of a training step passes here): torch tensor classes and torch dtype
 # objects seen before, so a contiguous CPU tensor is checked with a few attribute reads instead of
 # string conversions. Filled by the full checks below; never holds anything they would refuse.
+# DTYPE_CODES: the same dtype objects -> their index in ``_native.DTYPES``, for the calls that
+# name a dtype by number (``Communicator.all_reduce_at``: the torch backend's small-op path,
+# which makes the same checks inline with these tables).
 _TORCH_CLASSES = set()
 _TORCH_DTYPE_OBJS = {}
 _STRIDED = []
+TORCH_CLASSES = _TORCH_CLASSES
+DTYPE_CODES = {}
 
 
 def buffer(x, name, write=True):
@@ -90,10 +97,12 @@ def buffer(x, name, write=True):
                 f"{name}: the tensor is not contiguous (strides {tuple(x.stride())}); oxcomm reads and "
                 "writes the memory in place, pass tensor.contiguous() and copy the result back"
             )
-        _TORCH_CLASSES.add(x.__class__)
-        _TORCH_DTYPE_OBJS[x.dtype] = dtype
         if not _STRIDED:
             _STRIDED.append(x.layout)
+        _TORCH_DTYPE_OBJS[x.dtype] = dtype
+        if dtype in _CODES:
+            DTYPE_CODES[x.dtype] = _CODES[dtype]
+        _TORCH_CLASSES.add(x.__class__)
         return (x.data_ptr(), x.numel(), dtype, x)
     if _is_numpy(x):
         dtype = _NUMPY_DTYPES.get(x.dtype.name)
@@ -171,6 +180,10 @@ _SIZES = {
     "f8e5m2fnuz": 1,
     "f8e8m0fnu": 1,
 }
+
+
+# dtype name -> its index in the native module's DTYPES (the library's order)
+_CODES = {name: i for i, name in enumerate(_native.DTYPES)}
 
 
 def copy_of(x):

@@ -15,6 +15,8 @@ from ._errors import OxcommError
 
 __all__ = [
     "Communicator",
+    "DTYPES",
+    "REDUCE_OPS",
     "OneBitAdam",
     "OneBitState",
     "Work",
@@ -29,6 +31,11 @@ __all__ = [
 # (address, element count, dtype name: "f32", "f64", "f16", "bf16", "i8", "u8", "i32" or "i64", owner)
 _Buf = Tuple[int, int, str, object]
 _Op = str  # a reduction name, see the module docs
+
+# dtype names and reduction names in the library's order: the numbers that
+# :meth:`Communicator.all_reduce_at` takes are indices into these lists
+DTYPES: list[str]
+REDUCE_OPS: list[str]
 
 class _Store(Protocol):
     """The methods of ``torch.distributed.Store`` that :meth:`Communicator.from_store` calls."""
@@ -79,6 +86,7 @@ class Communicator:
     @property
     def members(self) -> list[int]: ...
     def all_reduce(self, buf: _Buf, op: _Op, async_op: bool = False) -> Optional[Work]: ...
+    def all_reduce_at(self, addr: int, count: int, dtype: int, op: int) -> None: ...
     def all_reduce_into(self, input: _Buf, output: _Buf, op: _Op, async_op: bool = False) -> Optional[Work]: ...
     def reduce(self, buf: _Buf, root: int, op: _Op, async_op: bool = False) -> Optional[Work]: ...
     def broadcast(self, buf: _Buf, root: int, async_op: bool = False) -> Optional[Work]: ...

@@ -153,4 +153,13 @@ def _done(result):
     return _Work(result)
 
 
-_DONE = _Work([])
+class _Done(_Work):
+    """The one finished Work that every blocking call returns (torch only calls ``wait`` on
+    it): ``wait`` returns at once, without reading the attributes a pending Work needs
+    (0.13 -> 0.03 µs a call, thread CPU time; docs/perf_torch_path.md)."""
+
+    def wait(self, timeout=None):
+        return True
+
+
+_DONE = _Done([])
