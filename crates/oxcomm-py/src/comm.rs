@@ -183,6 +183,29 @@ impl PyComm {
         self.comm.members().to_vec()
     }
 
+    /// Sum over the group of every rank's `factor × buf` (torch's `PREMUL_SUM`), in place. A
+    /// factor with a fraction on an integer buffer, or any on a bool one, is a `ValueError`,
+    /// not a truncated product.
+    #[pyo3(signature = (buf, factor, async_op = false))]
+    fn all_reduce_premul_sum(&self, py: Python<'_>, buf: Buf, factor: f64, async_op: bool) -> PyResult<Option<PyWork>> {
+        let exact = buf.dtype.is_float() || buf.dtype.is_complex() || factor.fract() == 0.0;
+        let exact = exact && buf.dtype != oxcomm::DType::Bool;
+        if !exact || !factor.is_finite() {
+            return Err(PyValueError::new_err(format!(
+                "all_reduce_premul_sum: factor {factor} does not scale a {} buffer exactly",
+                buf.dtype
+            )));
+        }
+        self.launch(py, async_op, move |c| {
+            with_elem!(buf.dtype, T => {
+                let factor = <T as oxcomm::Element>::from_f64(factor);
+                // SAFETY: `T` is the buffer's own dtype (chosen by `with_elem!`) and its
+                // owner lives as long as the slice (see `Buf::slice`).
+                c.all_reduce_premul_sum(unsafe { buf.slice_mut::<T>() }, factor)
+            })
+        })
+    }
+
     #[pyo3(signature = (buf, op, async_op = false))]
     fn all_reduce(&self, py: Python<'_>, buf: Buf, op: &str, async_op: bool) -> PyResult<Option<PyWork>> {
         let op = parse_op(op)?;

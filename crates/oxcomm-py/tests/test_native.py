@@ -532,6 +532,39 @@ def test_recv_from_any_source():
     assert res[0] == [1, 1, 1, 2, 2, 2]
 
 
+def case_premul_sum():
+    """``all_reduce_premul_sum``: each rank's buffer times its own factor, summed; exact on
+    float, integer and complex numpy arrays and torch tensors, sync and async; a fractional
+    factor on integers is refused before anything is sent."""
+    import numpy as np
+    import torch
+
+    c = _join(timeout=60)
+    r, n = c.rank, c.size
+    base = np.arange(100)
+    out = {}
+    for dt in ("float32", "int64", "complex64"):
+        x = (base + r).astype(dt)
+        factor = complex(1, r) if dt == "complex64" else r + 2
+        want = sum((base + k).astype(dt) * (complex(1, k) if dt == "complex64" else k + 2) for k in range(n))
+        c.all_reduce_premul_sum(x, factor)
+        assert np.array_equal(x, want), (dt, x[:4], want[:4])
+        out[dt] = True
+    t = torch.arange(10, dtype=torch.float64) * (r + 1)
+    w = c.all_reduce_premul_sum(t, 0.5, async_op=True)
+    w.wait()
+    assert torch.equal(t, torch.arange(10, dtype=torch.float64) * 0.5 * sum(k + 1 for k in range(n)))
+    with pytest.raises(ValueError, match="exactly"):
+        c.all_reduce_premul_sum(np.zeros(3, dtype=np.int32), 0.5)
+    c.barrier()
+    return sorted(out)
+
+
+def test_premul_sum():
+    res = _torch_ranks.run(3, "test_native:case_premul_sum", timeout=120)
+    assert res[0] == ["complex64", "float32", "int64"]
+
+
 def case_killed_rank():
     import signal
     import time

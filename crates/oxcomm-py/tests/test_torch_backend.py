@@ -311,14 +311,14 @@ def case_collectives():
             assert box == [{"k": 1}], box
         checked.append("send_object_list")
 
-    # what oxcomm cannot do: named errors, never a wrong answer
+    # a receive from any source: the last rank sends, rank 0 learns who
     if n > 1:
-        try:
-            dist.recv(torch.zeros(1), group=ox)
-            raise AssertionError("recv from any source did not raise")
-        except (NotImplementedError, RuntimeError) as e:
-            assert "any source" in str(e), e
-        checked.append("recv any source refused")
+        if rank == 0:
+            got = torch.zeros(1)
+            assert dist.recv(got, group=ox) == n - 1 and got.item() == n - 1, got
+        elif rank == n - 1:
+            dist.send(torch.full((1,), float(rank)), 0, group=ox)
+        checked.append("recv from any source")
     # PREMUL_SUM as NCCL: sum over ranks of factor * input
     x = torch.full((3,), float(rank + 1))
     dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0), group=ox)
@@ -410,6 +410,37 @@ def case_recv_any_source():
                 dist.send(torch.full((2,), 2.0), 0, group=sub[name])
         dist.barrier()
     return out
+
+
+def case_sparse_all_reduce():
+    """A sparse COO all-reduce (SUM) on oxcomm and on gloo in one job: each rank a different
+    number of nonzeros (rank 2 none), overlapping indices, rows of dense values; equal to
+    gloo's and to the dense sum. Another op than SUM is refused naming the call."""
+    import torch
+    import torch.distributed as dist
+
+    _init()
+    rank = dist.get_rank()
+    results = {}
+    for name in ("oxcomm", "gloo"):
+        g = None if dist.get_backend() == name else dist.new_group(backend=name)
+        nnz = [3, 5, 0][rank]
+        idx = torch.tensor([[(k * 3 + rank) % 7 for k in range(nnz)]], dtype=torch.int64)
+        val = torch.arange(nnz * 2, dtype=torch.float32).reshape(nnz, 2) + rank
+        t = torch.sparse_coo_tensor(idx, val, (7, 2))
+        dense = t.to_dense()
+        dist.all_reduce(t, group=g)
+        dist.all_reduce(dense, group=g)
+        assert torch.equal(t.to_dense(), dense), (name, t.to_dense(), dense)
+        results[name] = dense.tolist()
+    assert results["oxcomm"] == results["gloo"]
+    ox = None if dist.get_backend() == "oxcomm" else dist.new_group(backend="oxcomm")
+    try:
+        dist.all_reduce(torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), [], (3,)), dist.ReduceOp.MAX, group=ox)
+        raise AssertionError("MAX of a sparse tensor was not refused")
+    except NotImplementedError as e:
+        assert "SUM only" in str(e), e
+    return results["oxcomm"]
 
 
 def case_gloo_default():
@@ -561,6 +592,11 @@ def test_new_group_excluding_a_rank():
 def test_recv_from_any_source_as_gloo():
     res = _torch_ranks.run(3, "test_torch_backend:case_recv_any_source", timeout=120)
     assert res[0]["oxcomm"] == res[0]["gloo"] == [1, 1, 1, 2, 2], res[0]
+
+
+def test_sparse_all_reduce_as_gloo():
+    res = _torch_ranks.run(3, "test_torch_backend:case_sparse_all_reduce", timeout=120)
+    assert res[0] == res[1] == res[2] and any(v != 0 for row in res[0] for v in row)
 
 
 def test_oxcomm_group_beside_gloo_default():

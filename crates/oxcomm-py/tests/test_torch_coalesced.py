@@ -111,9 +111,24 @@ def case_coalesced():
 
     pg = ox if ox is not None else dist.distributed_c10d._get_default_group()
     assert pg.supports_coalescing
-    _same("batch_isend_irecv", batch(ox), batch(gl))
+    # Count the coalescing regions torch opens on oxcomm: torch 2.15 opens one for the batch;
+    # torch 2.11's batch_isend_irecv does so only for a group whose type is exactly
+    # ProcessGroup and issues the ops one by one otherwise (correct too, as many native
+    # batches: the results are compared with gloo's all the same).
+    from oxcomm.torch import process_group as _pg
+
+    opened = []
+    start = _pg._Calls._start_coalescing
+    _pg._Calls._start_coalescing = lambda self, device=None: (opened.append(1), start(self, device))[1]
+    try:
+        _same("batch_isend_irecv", batch(ox), batch(gl))
+    finally:
+        _pg._Calls._start_coalescing = start
     ops = native("batch_isend_irecv")
-    assert [o[0] for o in ops] == ["send/recv"], ops
+    if opened:
+        assert [o[0] for o in ops] == ["send/recv"], ops
+    else:
+        assert torch.__version__ < "2.15", "torch 2.15 opens a coalescing region for batch_isend_irecv"
 
     dist.destroy_process_group()
     return {k: [list(o) for o in v] for k, v in seen.items()}
@@ -127,22 +142,3 @@ def test_coalesced_calls_are_one_native_op_each_and_match_gloo():
 def test_coalesced_calls_3_ranks():
     res = _torch_ranks.run(3, "test_torch_coalesced:case_coalesced", timeout=360)
     assert len(res) == 3
-
-
-def case_recv_anysource():
-    import torch
-    import torch.distributed as dist
-
-    from test_torch_backend import _groups
-
-    ox, _ = _groups()
-    try:
-        dist.recv(torch.zeros(2), group=ox) if dist.get_rank() == 0 else None
-    except NotImplementedError as e:
-        return str(e)
-    return None
-
-
-def test_recv_without_source_is_a_clear_unsupported_error():
-    res = _torch_ranks.run(2, "test_torch_coalesced:case_recv_anysource", timeout=120)
-    assert "recv_anysource" in res[0] and "unsupported" in res[0], res[0]

@@ -23,9 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNER = os.path.join(HERE, "torch_suite", "run.py")
 
 #: gloo passes that oxcomm does not pass yet, and why.
-KNOWN = {
-    "test_sparse_all_reduce_sum": "name-gated (gloo only): oxcomm has no sparse all-reduce",
-}
+KNOWN: dict = {}
 
 
 def test_every_gloo_pass_is_an_oxcomm_pass(tmp_path):

@@ -52,6 +52,18 @@ pub(crate) enum Xfer<'a> {
     Recv { peer: usize, buf: &'a mut [u8], done: usize },
     /// Receive `acc.len()` bytes from `peer` and reduce them into `acc` element by element.
     RecvReduce { peer: usize, acc: &'a mut [u8], done: usize, elem: usize, op: ReduceOp, reduce: ReduceBytes },
+    /// Receive a header of `head.len()` bytes from `peer`, hand it to `check` once complete
+    /// (its error fails the run before any byte of the body is read), then `body.len()` bytes
+    /// into `body`: a framed message, checked before its payload.
+    RecvChecked {
+        peer: usize,
+        head: &'a mut [u8],
+        head_done: usize,
+        check: &'a dyn Fn(&[u8]) -> Result<()>,
+        checked: bool,
+        body: &'a mut [u8],
+        done: usize,
+    },
 }
 
 impl<'a> Xfer<'a> {
@@ -63,6 +75,17 @@ impl<'a> Xfer<'a> {
     /// A receive into `buf` from group rank `peer`.
     pub(crate) fn recv(peer: usize, buf: &'a mut [u8]) -> Xfer<'a> {
         Xfer::Recv { peer, buf, done: 0 }
+    }
+
+    /// A receive of a header into `head`, checked by `check`, then of a body into `body`, from
+    /// group rank `peer` (see [`Xfer::RecvChecked`]).
+    pub(crate) fn recv_checked(
+        peer: usize,
+        head: &'a mut [u8],
+        check: &'a dyn Fn(&[u8]) -> Result<()>,
+        body: &'a mut [u8],
+    ) -> Xfer<'a> {
+        Xfer::RecvChecked { peer, head, head_done: 0, check, checked: false, body, done: 0 }
     }
 
     /// A receive from `peer` reduced into `acc` with `op`.
@@ -79,7 +102,10 @@ impl<'a> Xfer<'a> {
 
     fn peer(&self) -> usize {
         match self {
-            Xfer::Send { peer, .. } | Xfer::Recv { peer, .. } | Xfer::RecvReduce { peer, .. } => *peer,
+            Xfer::Send { peer, .. }
+            | Xfer::Recv { peer, .. }
+            | Xfer::RecvReduce { peer, .. }
+            | Xfer::RecvChecked { peer, .. } => *peer,
         }
     }
 
@@ -88,6 +114,7 @@ impl<'a> Xfer<'a> {
             Xfer::Send { data, done, .. } => *done == data.len(),
             Xfer::Recv { buf, done, .. } => *done == buf.len(),
             Xfer::RecvReduce { acc, done, .. } => *done == acc.len(),
+            Xfer::RecvChecked { checked, body, done, .. } => *checked && *done == body.len(),
         }
     }
 
@@ -526,6 +553,31 @@ impl<'c> Ctx<'c> {
                 *done += n;
                 self.stats.bytes_received += n as u64;
                 Ok(n > 0)
+            }
+            Xfer::RecvChecked { head, head_done, check, checked, body, done, .. } => {
+                let link = self.link(world)?;
+                let mut moved = 0;
+                if *head_done < head.len() {
+                    let n = link.try_recv(&mut head[*head_done..]).map_err(|e| e.with_peer(world))?;
+                    *head_done += n;
+                    moved += n;
+                    if *head_done < head.len() {
+                        self.stats.bytes_received += moved as u64;
+                        return Ok(moved > 0);
+                    }
+                }
+                if !*checked {
+                    check(head)?;
+                    *checked = true;
+                }
+                let end = (*done + max_segment).min(body.len());
+                let link = self.link(world)?;
+                let n = link.try_recv(&mut body[*done..end]).map_err(|e| e.with_peer(world))?;
+                *done += n;
+                moved += n;
+                self.stats.bytes_received += moved as u64;
+                // A checked empty body is progress too: the transfer just finished.
+                Ok(moved > 0 || (*checked && body.is_empty()))
             }
             Xfer::RecvReduce { acc, done, elem, op, reduce, .. } => {
                 let (elem, op, reduce) = (*elem, *op, *reduce);

@@ -146,6 +146,14 @@ class Communicator:
             return _staged.all_reduce(self._stager(), buf, op, async_op)
         return self._c.all_reduce(_buf(buf, "buf"), _op(op), async_op)
 
+    def all_reduce_premul_sum(self, buf, factor, *, async_op=False):
+        """Sums every rank's ``factor * buf`` over the group into ``buf`` (torch's and NCCL's
+        ``PREMUL_SUM``; ranks may pass different factors)."""
+        if self._st is not None or _dev.owns(buf) or isinstance(factor, complex):
+            buf *= factor  # on the device, or a complex factor: scaled by the array library
+            return self.all_reduce(buf, ReduceOp.SUM, async_op=async_op)
+        return self._c.all_reduce_premul_sum(_buf(buf, "buf"), float(factor), async_op)
+
     def all_reduce_into(self, input, output, op=ReduceOp.SUM, *, async_op=False):  # noqa: A002
         """Out-of-place all-reduce: ``output`` gets the reduction of every rank's ``input``."""
         if self._st is not None or _dev.owns(input) or _dev.owns(output):

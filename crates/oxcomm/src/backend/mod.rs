@@ -152,15 +152,18 @@ impl P2pMsg {
 
     /// Checks the header that arrived for this receive against what it expects (dtype,
     /// count, tag, per-pair sequence number), before any payload is read.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))] // the native backend checks in the engine
     pub fn check_header(&self, got: &[u8]) -> Result<()> {
-        let theirs = Fingerprint::decode_from(got, self.peer)?;
-        if theirs != self.fp {
-            return Err(Error::new(
-                ErrorKind::Mismatch,
-                format!("rank {} sent {theirs}, this rank expected {}", self.peer, self.fp),
-            )
-            .with_op(self.fp.to_string())
-            .with_peer(self.peer));
+        Self::check_header_of(&self.fp, self.peer, got)
+    }
+
+    /// [`P2pMsg::check_header`] of a receive of `fp` from world rank `peer`.
+    pub fn check_header_of(fp: &Fingerprint, peer: usize, got: &[u8]) -> Result<()> {
+        let theirs = Fingerprint::decode_from(got, peer)?;
+        if theirs != *fp {
+            return Err(Error::new(ErrorKind::Mismatch, format!("rank {peer} sent {theirs}, this rank expected {fp}"))
+                .with_op(fp.to_string())
+                .with_peer(peer));
         }
         Ok(())
     }

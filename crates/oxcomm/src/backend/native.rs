@@ -315,39 +315,27 @@ impl Backend for NativeBackend {
         }
         debug_assert!(!msgs.iter().any(P2pMsg::is_any_source), "a receive from any source runs alone");
         self.run(env, route, |ctx| {
-            // Phase 1: headers out, headers in.
-            let mut got = vec![[0u8; FP_BYTES]; msgs.len()];
-            {
-                let mut xfers: Vec<Xfer<'_>> = Vec::new();
-                for (msg, g) in msgs.iter().zip(got.iter_mut()) {
-                    if msg.is_send {
-                        xfers.push(Xfer::send(msg.peer, &msg.header));
-                    } else {
-                        xfers.push(Xfer::recv(msg.peer, g));
-                    }
-                }
-                ctx.run(&mut xfers)?;
-            }
-            // Check what arrived before reading any payload. A header that does not match
-            // may be a dead rank's leftover (a message nobody received): then its death is the
-            // error, not a mismatch.
-            for (msg, g) in msgs.iter().zip(got.iter()) {
-                if !msg.is_send {
-                    if let Err(e) = msg.check_header(g) {
-                        return Err(ctx
-                            .peer_failure(msg.peer)
-                            .filter(|f| f.kind() == ErrorKind::PeerGone)
-                            .unwrap_or(e));
-                    }
+            // Each message is its header, then its payload, in the stream to its peer, so a
+            // stream reads the same however the two sides grouped their messages into batches.
+            // Every transfer of the batch moves at once (the engine keeps each peer's stream in
+            // order), so payloads flow both ways and an exchange cannot deadlock; a receive
+            // checks the header before it reads any payload.
+            let expect: Vec<(usize, Fingerprint)> = msgs.iter().map(|m| (m.peer, m.fp)).collect();
+            let checks: Vec<_> =
+                expect.iter().map(|(peer, fp)| move |got: &[u8]| P2pMsg::check_header_of(fp, *peer, got)).collect();
+            let mut heads = vec![[0u8; FP_BYTES]; msgs.len()];
+            let mut xfers: Vec<Xfer<'_>> = Vec::with_capacity(2 * msgs.len());
+            for ((msg, head), check) in msgs.iter_mut().zip(heads.iter_mut()).zip(&checks) {
+                if msg.is_send {
+                    xfers.push(Xfer::send(msg.peer, &msg.header));
+                    xfers.push(Xfer::send(msg.peer, &msg.bytes));
+                } else {
+                    xfers.push(Xfer::recv_checked(msg.peer, head, check, &mut msg.bytes));
                 }
             }
-            // Phase 2: payloads both ways at once (headers are small enough to never block,
-            // payloads are not, so they must flow concurrently).
-            let mut xfers: Vec<Xfer<'_>> = msgs
-                .iter_mut()
-                .map(|m| if m.is_send { Xfer::send(m.peer, &m.bytes) } else { Xfer::recv(m.peer, &mut m.bytes) })
-                .collect();
-            ctx.run(&mut xfers)
+            // A header that does not match may be a dead rank's leftover (a message nobody
+            // received): then its death is the error, not a mismatch.
+            ctx.run(&mut xfers).map_err(|e| ctx.blame_the_dead(e))
         })
     }
 }

@@ -46,6 +46,39 @@ impl Communicator {
         self.all_reduce_with(buf, op, &OpOptions::default())
     }
 
+    /// All-reduce of every rank's `factor × buf` (NCCL's `ncclRedOpCreatePreMulSum`, torch's
+    /// `ReduceOp.PREMUL_SUM`): this rank's `buf` is multiplied by its `factor` in place,
+    /// element by element as [`ReduceOp::Prod`] multiplies (exact integer and complex
+    /// products, a logical and on bools), then summed over the ranks. Ranks may pass different
+    /// factors. A dtype that cannot be multiplied and summed (float8) is refused before `buf`
+    /// is touched.
+    ///
+    /// ```
+    /// let sums = oxcomm::threads::run(2, |comm| {
+    ///     let mut buf = [1.0f32, 2.0];
+    ///     let factor = if comm.rank() == 0 { 0.5 } else { 3.0 };
+    ///     comm.all_reduce_premul_sum(&mut buf, factor).unwrap();
+    ///     buf
+    /// })
+    /// .unwrap();
+    /// assert_eq!(sums[0], [3.5, 7.0]);
+    /// ```
+    #[track_caller]
+    pub fn all_reduce_premul_sum<T: Element>(&self, buf: &mut [T], factor: T) -> Result<()> {
+        for op in [ReduceOp::Prod, ReduceOp::Sum] {
+            crate::reduce::check(op, T::DTYPE).map_err(|e| {
+                let fp = Self::with_dtype::<T>(self.fingerprint(OpKind::AllReduce), buf.len());
+                e.with_op(format!("{} (premul sum)", self.describe(&fp))).with_rank(self.core.world_rank)
+            })?;
+        }
+        const PIECE: usize = 64;
+        let factors = [factor; PIECE];
+        for piece in buf.chunks_mut(PIECE) {
+            crate::reduce::reduce_into(piece, &factors[..piece.len()], ReduceOp::Prod);
+        }
+        self.all_reduce(buf, ReduceOp::Sum)
+    }
+
     /// [`Communicator::all_reduce`] with per-op options.
     #[track_caller]
     pub fn all_reduce_with<T: Element>(&self, buf: &mut [T], op: ReduceOp, opts: &OpOptions) -> Result<()> {

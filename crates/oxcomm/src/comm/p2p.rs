@@ -2,8 +2,10 @@
 //!
 //! A message is a 48-byte header (the fingerprint: dtype, count, tag and the per-pair sequence
 //! number) and then the payload; the receiver checks the header before reading any payload.
-//! Pending `isend`/`irecv`s start together as one batch (headers both ways, then payloads both
-//! ways), so an exchange cannot deadlock; the batch takes one turn like any other op.
+//! Pending `isend`/`irecv`s start together as one batch (every message's transfers move at
+//! once), so an exchange cannot deadlock; the batch takes one turn like any other op. Each
+//! message is whole in the stream (header, then payload), so how each side grouped its
+//! messages into batches does not matter to the other.
 //!
 //! A receive from any source (`recv_any`, `irecv_any`) takes the first message with its tag
 //! to reach this rank from any group member, as MPI's `MPI_ANY_SOURCE`: it looks at the head

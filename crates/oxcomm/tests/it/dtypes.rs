@@ -169,3 +169,40 @@ fn fits_is_torchs_table() {
 fn the_base_dtypes_open_the_tag_order() {
     assert_eq!(DType::ALL[..BASE_DTYPES.len()], BASE_DTYPES);
 }
+
+#[test]
+fn premul_sum_scales_each_ranks_input_by_its_factor_then_sums() {
+    // Rank r's input x_r[i] = i + r, its factor r + 2 (integers: every product and sum exact);
+    // complex factors (1, r) multiply as complex numbers. Compared with sum_r(f_r * x_r).
+    let n = 3;
+    let len = 150; // more than one piece of the scaling loop
+    let out = threads::run(n, |comm| {
+        let r = comm.rank();
+        let mut f = (0..len).map(|i| (i + r) as f32).collect::<Vec<_>>();
+        comm.all_reduce_premul_sum(&mut f, (r + 2) as f32).unwrap();
+        let mut k = (0..len).map(|i| (i + r) as i64).collect::<Vec<_>>();
+        comm.all_reduce_premul_sum(&mut k, (r + 2) as i64).unwrap();
+        let mut c = (0..len).map(|i| Complex64::new(i as f32, r as f32)).collect::<Vec<_>>();
+        comm.all_reduce_premul_sum(&mut c, Complex64::new(1.0, r as f32)).unwrap();
+        // float8 cannot be summed: refused before the buffer is touched.
+        let mut f8 = vec![F8E4M3Fn::from_f64(1.0); 4];
+        let e = comm.all_reduce_premul_sum(&mut f8, F8E4M3Fn::from_f64(2.0)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+        assert!(e.op().is_some_and(|op| op.contains("premul sum")), "{e}");
+        assert!(f8.iter().all(|&x| x == F8E4M3Fn::from_f64(1.0)));
+        (f, k, c)
+    })
+    .unwrap();
+    for i in 0..len {
+        let want: i64 = (0..n).map(|r| ((i + r) * (r + 2)) as i64).sum();
+        // (i + r·j)(1 + r·j) = (i − r²) + (r·i + r)·j
+        let (re, im): (f32, f32) = (0..n)
+            .map(|r| ((i as f32 - (r * r) as f32), (r * i + r) as f32))
+            .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+        for (rank, (f, k, c)) in out.iter().enumerate() {
+            assert_eq!(f[i], want as f32, "f32 at {i} on rank {rank}");
+            assert_eq!(k[i], want, "i64 at {i} on rank {rank}");
+            assert_eq!(c[i], Complex64::new(re, im), "c64 at {i} on rank {rank}");
+        }
+    }
+}

@@ -18,6 +18,7 @@ mod logging;
 mod multiproc;
 mod objects;
 mod onebit;
+mod p2p_batches;
 mod quant_collectives;
 mod reduce;
 mod rendezvous;

@@ -11,7 +11,7 @@ its exceptions (:class:`oxcomm.OxcommError` and subclasses) reach the caller unc
 Completion (``Work``, futures, the waiter thread) is :mod:`oxcomm.torch.work`'s.
 
 What torch can ask for and oxcomm cannot do raises ``NotImplementedError`` naming the call:
-``PREMUL_SUM`` on the coalesced calls, sparse all-reduce, all-gather/gather/scatter
+``PREMUL_SUM`` on the coalesced calls, sparse all-reduce other than SUM on the host, all-gather/gather/scatter
 lists whose tensors differ in shape, and multi-tensor (multi-device) variants of the
 single-tensor collectives.
 
@@ -360,6 +360,8 @@ class _Calls:
                         self._native.all_reduce_at(t.data_ptr(), t.numel(), dtype, op)
                         return _DONE
         opts = opts or dist.AllreduceOptions()
+        if len(tensors) == 1 and tensors[0].layout == torch.sparse_coo:
+            return self.allreduce_sparse(tensors, opts)
         factor = _premul_factor(opts.reduceOp)
         op = oxcomm.ReduceOp.SUM if factor is not None else _reduce_op(opts.reduceOp, "all_reduce")
         dev = _on_device("all_reduce", *tensors)
@@ -392,7 +394,39 @@ class _Calls:
         return self._run("all_reduce_coalesced", opts, start, tensors, finish, device=dev)
 
     def allreduce_sparse(self, tensors, opts=None):
-        raise NotImplementedError("oxcomm: all_reduce of sparse tensors is not supported")
+        """All-reduce (SUM) of a sparse COO tensor on the host, as gloo's: every rank's
+        coalesced indices and values are all-gathered (padded to the largest count) and summed
+        into one coalesced tensor, which replaces the input's contents. Runs blocking, after
+        the group's ops in flight; O(total nonzeros) bytes per rank."""
+        opts = opts or dist.AllreduceOptions()
+        t = _single(tensors, "all_reduce (sparse)")
+        if t.layout != torch.sparse_coo:
+            raise ValueError(f"oxcomm: all_reduce (sparse): a {t.layout} tensor is not sparse COO")
+        if not t.is_cpu:
+            raise NotImplementedError("oxcomm: all_reduce of sparse tensors on a device is not supported")
+        if _premul_factor(opts.reduceOp) is not None or _reduce_op(opts.reduceOp, "all_reduce") != oxcomm.ReduceOp.SUM:
+            raise NotImplementedError("oxcomm: all_reduce of sparse tensors supports SUM only (as gloo)")
+        self._drain()
+        c = t.coalesce()
+        idx, val = c.indices().contiguous(), c.values().contiguous()
+        n, nnz = self.comm.size, idx.shape[1]
+        counts = torch.zeros(n, dtype=torch.int64)
+        self.comm.all_gather(torch.tensor([nnz], dtype=torch.int64), counts)
+        top = int(counts.max())
+        pad_idx = torch.zeros((idx.shape[0], top), dtype=torch.int64)
+        pad_idx[:, :nnz] = idx
+        pad_val = torch.zeros((top, *val.shape[1:]), dtype=val.dtype)
+        pad_val[:nnz] = val
+        all_idx = torch.empty((n, *pad_idx.shape), dtype=torch.int64)
+        all_val = torch.empty((n, *pad_val.shape), dtype=val.dtype)
+        self.comm.all_gather(pad_idx.reshape(-1), all_idx.reshape(-1))
+        self.comm.all_gather(pad_val.reshape(-1), all_val.reshape(-1))
+        keep = [int(k) for k in counts]
+        indices = torch.cat([all_idx[r][:, : keep[r]] for r in range(n)], dim=1)
+        values = torch.cat([all_val[r][: keep[r]] for r in range(n)], dim=0)
+        total = torch.sparse_coo_tensor(indices, values, t.shape, dtype=t.dtype).coalesce()
+        t.copy_(total)
+        return _done([t])
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
