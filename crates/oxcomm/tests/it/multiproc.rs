@@ -356,14 +356,19 @@ fn new_dtypes_over_shm() {
 
 #[test]
 fn mixed_shm_and_tcp_2_simulated_hosts_of_2_ranks() {
-    // Rank r claims host identity `OXCOMM_HOST_ID`: ranks with different ids talk over TCP on
-    // loopback, as if on other hosts.
+    run_on_two_hosts("hosts");
+}
+
+/// Runs `role` on 4 ranks, 2 per simulated host: rank r claims host identity
+/// `OXCOMM_HOST_ID`, and ranks with different ids talk over TCP on loopback, as if on other
+/// hosts.
+fn run_on_two_hosts(role: &str) {
     let hosts = ["host-a", "host-a", "host-b", "host-b"];
-    let spec = Job::of("multiproc::child_entry", "hosts", 4, "60");
+    let spec = Job::of("multiproc::child_entry", role, 4, "60");
     let mut job = hosts.iter().enumerate().fold(spec, |spec, (r, h)| spec.rank_env(r, "OXCOMM_HOST_ID", h)).spawn();
     let results = job.wait_all(LIMIT);
     for (r, Exit { code, out, .. }) in results.iter().enumerate() {
-        assert_eq!(*code, Some(0), "rank {r} of 4 failed:\n{out}");
+        assert_eq!(*code, Some(0), "{role}: rank {r} of 4 failed:\n{out}");
     }
     job.assert_clean();
 }
@@ -380,14 +385,7 @@ fn recv_from_any_source_over_tcp_4_ranks() {
 
 #[test]
 fn recv_from_any_source_over_shm_and_tcp_2_hosts_of_2_ranks() {
-    let hosts = ["host-a", "host-a", "host-b", "host-b"];
-    let spec = Job::of("multiproc::child_entry", "any_source", 4, "60");
-    let mut job = hosts.iter().enumerate().fold(spec, |spec, (r, h)| spec.rank_env(r, "OXCOMM_HOST_ID", h)).spawn();
-    let results = job.wait_all(LIMIT);
-    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
-        assert_eq!(*code, Some(0), "rank {r} of 4 failed:\n{out}");
-    }
-    job.assert_clean();
+    run_on_two_hosts("any_source");
 }
 
 #[test]
