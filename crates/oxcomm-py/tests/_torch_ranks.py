@@ -30,6 +30,24 @@ class RanksFailed(AssertionError):
     pass
 
 
+def premul_sum_exposed():
+    """Whether this torch shows a PREMUL_SUM op's factor to a Python backend (torch 2.15 does;
+    2.11 does not, and oxcomm then refuses the op with ``NotImplementedError`` naming it)."""
+    import torch.distributed as dist
+
+    return hasattr(dist._make_nccl_premul_sum(2.0), "factor")
+
+
+def refuses_premul_sum(call):
+    """On a torch that hides the factor: ``call()`` raises oxcomm's NotImplementedError."""
+    try:
+        call()
+    except NotImplementedError as e:
+        assert "PREMUL_SUM" in str(e), e
+        return True
+    raise AssertionError("PREMUL_SUM whose factor torch hides was not refused")
+
+
 def _store(world):
     import torch.distributed as dist
 

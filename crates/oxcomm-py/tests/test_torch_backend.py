@@ -319,10 +319,14 @@ def case_collectives():
         elif rank == n - 1:
             dist.send(torch.full((1,), float(rank)), 0, group=ox)
         checked.append("recv from any source")
-    # PREMUL_SUM as NCCL: sum over ranks of factor * input
+    # PREMUL_SUM as NCCL: sum over ranks of factor * input (refused, naming it, on a torch
+    # that hides the factor)
     x = torch.full((3,), float(rank + 1))
-    dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0), group=ox)
-    assert torch.equal(x, torch.full((3,), float(n * (n + 1)))), x
+    if _torch_ranks.premul_sum_exposed():
+        dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0), group=ox)
+        assert torch.equal(x, torch.full((3,), float(n * (n + 1)))), x
+    else:
+        _torch_ranks.refuses_premul_sum(lambda: dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0), group=ox))
     checked.append("PREMUL_SUM")
     dist.barrier()
     return checked
