@@ -527,6 +527,37 @@ macro_rules! int_op {
     };
 }
 
+/// The kernel of each dtype in a function generic over `T`: `$prim!(type, op table)` for the
+/// primitive types, `$widened!(half type, base, AVX2)` for f16/bf16 (reduced in f32), and
+/// `$reference` (the scalar loops) for bool and complex; float8 is never reduced (the
+/// reference loops panic on it).
+macro_rules! by_dtype {
+    ($prim:ident, $widened:ident, $reference:expr) => {
+        match T::DTYPE {
+            DType::F32 => $prim!(f32, float_op),
+            DType::F64 => $prim!(f64, float_op),
+            DType::F16 => $widened!(f16, SliceExt, F16_AVX2),
+            DType::BF16 => $widened!(bf16, Bf16Bits, Bf16Bits),
+            DType::I8 => $prim!(i8, int_op),
+            DType::U8 => $prim!(u8, int_op),
+            DType::I32 => $prim!(i32, int_op),
+            DType::I64 => $prim!(i64, int_op),
+            DType::I16 => $prim!(i16, int_op),
+            DType::U16 => $prim!(u16, int_op),
+            DType::U32 => $prim!(u32, int_op),
+            DType::U64 => $prim!(u64, int_op),
+            DType::Bool
+            | DType::C64
+            | DType::C128
+            | DType::F8E4M3Fn
+            | DType::F8E5M2
+            | DType::F8E4M3Fnuz
+            | DType::F8E5M2Fnuz
+            | DType::F8E8M0Fnu => $reference,
+        }
+    };
+}
+
 /// `dst[i] = op(dst[i], src[i])` with the kernels for `isa`. Lengths must be equal.
 pub(crate) fn reduce_into_with<T: Element>(isa: Isa, dst: &mut [T], src: &[T], op: ReduceOp) {
     debug_assert_eq!(dst.len(), src.len());
@@ -552,29 +583,7 @@ pub(crate) fn reduce_into_with<T: Element>(isa: Isa, dst: &mut [T], src: &[T], o
             float_op!(op, f32, apply)
         }};
     }
-    match T::DTYPE {
-        DType::F32 => prim!(f32, float_op),
-        DType::F64 => prim!(f64, float_op),
-        DType::F16 => widened!(f16, SliceExt, F16_AVX2),
-        DType::BF16 => widened!(bf16, Bf16Bits, Bf16Bits),
-        DType::I8 => prim!(i8, int_op),
-        DType::U8 => prim!(u8, int_op),
-        DType::I32 => prim!(i32, int_op),
-        DType::I64 => prim!(i64, int_op),
-        DType::I16 => prim!(i16, int_op),
-        DType::U16 => prim!(u16, int_op),
-        DType::U32 => prim!(u32, int_op),
-        DType::U64 => prim!(u64, int_op),
-        // Bool and complex take the reference loops; float8 is never reduced (it panics there).
-        DType::Bool
-        | DType::C64
-        | DType::C128
-        | DType::F8E4M3Fn
-        | DType::F8E5M2
-        | DType::F8E4M3Fnuz
-        | DType::F8E5M2Fnuz
-        | DType::F8E8M0Fnu => super::scalar::reduce_into(dst, src, op),
-    }
+    by_dtype!(prim, widened, super::scalar::reduce_into(dst, src, op))
 }
 
 /// `dst[i] = op(a[i], b[i])` with the kernels for `isa`. Lengths must be equal.
@@ -602,29 +611,7 @@ pub(crate) fn reduce_from2_with<T: Element>(isa: Isa, dst: &mut [T], a: &[T], b:
             float_op!(op, f32, apply)
         }};
     }
-    match T::DTYPE {
-        DType::F32 => prim!(f32, float_op),
-        DType::F64 => prim!(f64, float_op),
-        DType::F16 => widened!(f16, SliceExt, F16_AVX2),
-        DType::BF16 => widened!(bf16, Bf16Bits, Bf16Bits),
-        DType::I8 => prim!(i8, int_op),
-        DType::U8 => prim!(u8, int_op),
-        DType::I32 => prim!(i32, int_op),
-        DType::I64 => prim!(i64, int_op),
-        DType::I16 => prim!(i16, int_op),
-        DType::U16 => prim!(u16, int_op),
-        DType::U32 => prim!(u32, int_op),
-        DType::U64 => prim!(u64, int_op),
-        // Bool and complex take the reference loops; float8 is never reduced (it panics there).
-        DType::Bool
-        | DType::C64
-        | DType::C128
-        | DType::F8E4M3Fn
-        | DType::F8E5M2
-        | DType::F8E4M3Fnuz
-        | DType::F8E5M2Fnuz
-        | DType::F8E8M0Fnu => super::scalar::reduce_from2(dst, a, b, op),
-    }
+    by_dtype!(prim, widened, super::scalar::reduce_from2(dst, a, b, op))
 }
 
 /// Largest divisor for which i8/u8 quotients are computed in f32 (exact there, see

@@ -271,10 +271,16 @@ fn run_tester(n: usize, role: &str) {
 }
 
 fn run_tester_with(n: usize, role: &str, env: &[(&str, &str)]) {
-    let mut job = spawn_job_with(n, role, "60", env);
+    expect_success(spawn_job_with(n, role, "60", env), role);
+}
+
+/// Waits for every rank of `job` (running `role`), requires each to exit 0, and that the job
+/// left nothing behind.
+fn expect_success(mut job: Job, role: &str) {
     let results = job.wait_all(LIMIT);
+    let n = results.len();
     for (r, Exit { code, out, .. }) in results.iter().enumerate() {
-        assert_eq!(*code, Some(0), "rank {r} of {n} failed:\n{out}");
+        assert_eq!(*code, Some(0), "{role}: rank {r} of {n} failed:\n{out}");
     }
     job.assert_clean();
 }
@@ -365,12 +371,10 @@ fn mixed_shm_and_tcp_2_simulated_hosts_of_2_ranks() {
 fn run_on_two_hosts(role: &str) {
     let hosts = ["host-a", "host-a", "host-b", "host-b"];
     let spec = Job::of("multiproc::child_entry", role, 4, "60");
-    let mut job = hosts.iter().enumerate().fold(spec, |spec, (r, h)| spec.rank_env(r, "OXCOMM_HOST_ID", h)).spawn();
-    let results = job.wait_all(LIMIT);
-    for (r, Exit { code, out, .. }) in results.iter().enumerate() {
-        assert_eq!(*code, Some(0), "{role}: rank {r} of 4 failed:\n{out}");
-    }
-    job.assert_clean();
+    expect_success(
+        hosts.iter().enumerate().fold(spec, |spec, (r, h)| spec.rank_env(r, "OXCOMM_HOST_ID", h)).spawn(),
+        role,
+    );
 }
 
 #[test]

@@ -126,6 +126,21 @@ fn stream_all(rank: usize, parts: &mut Parts, bytes: usize, until: Instant) {
     }
 }
 
+/// Sends all of `data` over `link` in pieces of at most `piece` bytes, sleeping on `bell` when
+/// the link is full; fails at `until`.
+fn send_in_pieces(link: &mut dyn Link, bell: &dyn Doorbell, data: &[u8], piece: usize, until: Instant) {
+    let mut at = 0;
+    while at < data.len() {
+        let epoch = bell.epoch();
+        let n = link.try_send(&data[at..(at + piece).min(data.len())]).unwrap();
+        at += n;
+        if n == 0 {
+            assert!(Instant::now() < until, "sending stalled at byte {at} of {}", data.len());
+            bell.wait(epoch, until);
+        }
+    }
+}
+
 /// Receives until the link fails or `until` passes; returns the error.
 fn recv_until_error(link: &mut dyn Link, bell: &dyn Doorbell, until: Instant) -> oxcomm::Error {
     let mut buf = vec![0u8; 1 << 16];
@@ -182,16 +197,7 @@ fn small_frames_and_recv_with_deliver_every_byte() {
     let data = pattern(0, 1, 100_000);
     let until = deadline(30);
     let sender = std::thread::spawn(move || {
-        let link = l0[1].as_mut().unwrap();
-        let mut at = 0;
-        while at < data.len() {
-            let epoch = b0.epoch();
-            let n = link.try_send(&data[at..(at + 1000).min(data.len())]).unwrap();
-            at += n;
-            if n == 0 {
-                b0.wait(epoch, until);
-            }
-        }
+        send_in_pieces(l0[1].as_deref_mut().unwrap(), &*b0, &data, 1000, until);
         (l0, b0)
     });
     let link = l1[0].as_mut().unwrap();
@@ -221,16 +227,7 @@ fn a_peek_across_frames_returns_the_bytes_the_next_reads_take() {
     let data = pattern(0, 1, total);
     let until = deadline(30);
     let sender = std::thread::spawn(move || {
-        let link = l0[1].as_mut().unwrap();
-        let mut at = 0;
-        while at < total {
-            let epoch = b0.epoch();
-            let n = link.try_send(&data[at..(at + 333).min(total)]).unwrap();
-            at += n;
-            if n == 0 {
-                b0.wait(epoch, until);
-            }
-        }
+        send_in_pieces(l0[1].as_deref_mut().unwrap(), &*b0, &data, 333, until);
         (l0, b0)
     });
     let link = l1[0].as_mut().unwrap();
