@@ -81,9 +81,9 @@ impl Algorithm {
     }
 
     /// Parses [`Algorithm::name`] (also `recursive_doubling`, `binomial`, `dissemination`,
-    /// `hierarchical`).
+    /// `hierarchical`), in any case, as [`crate::ReduceOp::parse`] and the dtypes' names are.
     pub fn parse(s: &str) -> Option<Algorithm> {
-        Some(match s {
+        Some(match s.to_ascii_lowercase().as_str() {
             "ring" => Algorithm::Ring,
             "rd" | "recursive_doubling" | "doubling" => Algorithm::RecursiveDoubling,
             "star" => Algorithm::Star,
@@ -101,5 +101,20 @@ impl Algorithm {
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Algorithm;
+
+    #[test]
+    fn every_name_parses_back_in_any_case() {
+        for a in Algorithm::ALL {
+            assert_eq!(Algorithm::parse(a.name()), Some(a));
+            assert_eq!(Algorithm::parse(&a.name().to_ascii_uppercase()), Some(a));
+        }
+        assert_eq!(Algorithm::parse("Hierarchical"), Some(Algorithm::Hierarchical));
+        assert_eq!(Algorithm::parse("rings"), None);
     }
 }
