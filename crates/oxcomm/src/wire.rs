@@ -209,6 +209,12 @@ impl fmt::Display for Fingerprint {
         }
         if self.kind == OpKind::P2p {
             parts.push(format!("tag {}", self.extra));
+        } else if self.kind == OpKind::NewGroup {
+            // `extra` is a hash of the rank list (two ranks listing different ranks differ).
+            parts.push(format!("{} ranks", self.count));
+            if self.extra != 0 {
+                parts.push(format!("rank list {:x}", self.extra));
+            }
         } else if self.extra != 0 {
             parts.push(format!("{} buffers", self.extra));
         }
@@ -240,6 +246,8 @@ mod tests {
         };
         assert_eq!(Fingerprint::decode(&fp.encode()).unwrap(), fp);
         assert_eq!(fp.to_string(), "all_reduce #17 (f32 × 1048576, sum)");
+        let group = Fingerprint { kind: OpKind::NewGroup, dtype: None, op: None, count: 2, extra: 0xab, ..fp };
+        assert_eq!(group.to_string(), "new_group #17 (2 ranks, rank list ab)");
         let mut bad = fp.encode();
         bad[0] ^= 1;
         assert!(Fingerprint::decode(&bad).is_err());

@@ -434,10 +434,12 @@ impl Core {
             return;
         }
         let ticket = self.next_ticket.fetch_add(1, Ordering::SeqCst);
+        // Each job carries its group's timeout; the batch waits as long as the most patient.
+        let timeout = jobs.iter().map(|j| j.timeout).max().filter(|t| !t.is_zero()).unwrap_or(self.config.timeout);
         let core = self.clone();
         self.submit(Box::new(move || {
             let (mut msgs, slots): (Vec<P2pMsg>, Vec<_>) = jobs.into_iter().map(|j| (j.msg, j.slot)).unzip();
-            let result = core.run_p2p(ticket, &mut msgs, core.config.timeout);
+            let result = core.run_p2p(ticket, &mut msgs, timeout);
             for (msg, slot) in msgs.into_iter().zip(slots) {
                 if let Some(slot) = slot {
                     slot.complete(match &result {
@@ -571,20 +573,23 @@ fn permute<T>(items: &mut [T], order: &[usize]) {
     }
 }
 
-/// A pending point-to-point op: its message and the slot of its [`Work`] handle (which gets
-/// the payload and the sender's world rank).
+/// A pending point-to-point op: its message, the slot of its [`Work`] handle (which gets
+/// the payload and the sender's world rank) and its group's timeout.
 pub(super) struct P2pJob {
     pub(super) msg: P2pMsg,
     slot: Option<Arc<Slot<P2pDone>>>,
+    timeout: Duration,
 }
 
 impl P2pJob {
     pub(super) fn send(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<P2pDone>>>) -> P2pJob {
-        P2pJob { msg: P2pMsg { peer, is_send: true, bytes, fp, header: [0; FP_BYTES], any_of: Vec::new() }, slot }
+        let msg = P2pMsg { peer, is_send: true, bytes, fp, header: [0; FP_BYTES], any_of: Vec::new() };
+        P2pJob { msg, slot, timeout: Duration::ZERO }
     }
 
     pub(super) fn recv(peer: usize, bytes: Vec<u8>, fp: Fingerprint, slot: Option<Arc<Slot<P2pDone>>>) -> P2pJob {
-        P2pJob { msg: P2pMsg { peer, is_send: false, bytes, fp, header: [0; FP_BYTES], any_of: Vec::new() }, slot }
+        let msg = P2pMsg { peer, is_send: false, bytes, fp, header: [0; FP_BYTES], any_of: Vec::new() };
+        P2pJob { msg, slot, timeout: Duration::ZERO }
     }
 
     /// A receive from whichever of `peers` (world ranks) sends first a message `fp` describes.
@@ -595,7 +600,14 @@ impl P2pJob {
         slot: Option<Arc<Slot<P2pDone>>>,
     ) -> P2pJob {
         let any_of = peers.into_iter().map(|p| (p, 0)).collect();
-        P2pJob { msg: P2pMsg { peer: usize::MAX, is_send: false, bytes, fp, header: [0; FP_BYTES], any_of }, slot }
+        let msg = P2pMsg { peer: usize::MAX, is_send: false, bytes, fp, header: [0; FP_BYTES], any_of };
+        P2pJob { msg, slot, timeout: Duration::ZERO }
+    }
+
+    /// This job, waited for in its batch up to `timeout` (its group's; see [`Core::flush_p2p`]).
+    pub(super) fn within(mut self, timeout: Duration) -> P2pJob {
+        self.timeout = timeout;
+        self
     }
 }
 

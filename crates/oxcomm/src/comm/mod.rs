@@ -169,7 +169,8 @@ impl Communicator {
 
     /// Sets the deadline of this group's ops (torch's `new_group(timeout=...)`): every handle
     /// on the group sees it (clones share the group); the world and other groups keep theirs,
-    /// and an op's own [`OpOptions::timeout`] still wins.
+    /// and an op's own [`OpOptions::timeout`] still wins. Pending `isend`/`irecv`s from several
+    /// groups that start together wait as long as the longest of their groups' timeouts.
     ///
     /// ```
     /// use std::time::Duration;

@@ -57,7 +57,8 @@ impl Communicator {
             Err(e) => return Work::done(Err(e), self.core.clone()),
         };
         let (work, slot) = Work::<P2pDone>::pending(self.core.clone());
-        let job = P2pJob::send(self.group.members[dst], as_bytes(buf.as_ref()).to_vec(), fp, Some(slot));
+        let job = P2pJob::send(self.group.members[dst], as_bytes(buf.as_ref()).to_vec(), fp, Some(slot))
+            .within(self.timeout());
         self.core.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()).push(job);
         self.core.p2p_pending.store(true, Ordering::SeqCst);
         work.map(move |_| buf)
@@ -71,7 +72,8 @@ impl Communicator {
             Err(e) => return Work::done(Err(e), self.core.clone()),
         };
         let (work, slot) = Work::<P2pDone>::pending(self.core.clone());
-        let job = P2pJob::recv(self.group.members[src], vec![0u8; std::mem::size_of_val(buf.as_ref())], fp, Some(slot));
+        let job = P2pJob::recv(self.group.members[src], vec![0u8; std::mem::size_of_val(buf.as_ref())], fp, Some(slot))
+            .within(self.timeout());
         self.core.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()).push(job);
         self.core.p2p_pending.store(true, Ordering::SeqCst);
         let mut buf = buf;
@@ -129,7 +131,8 @@ impl Communicator {
             Err(e) => return Work::done(Err(e), self.core.clone()),
         };
         let (work, slot) = Work::<P2pDone>::pending(self.core.clone());
-        let job = P2pJob::recv_any(peers, vec![0u8; std::mem::size_of_val(buf.as_ref())], fp, Some(slot));
+        let job = P2pJob::recv_any(peers, vec![0u8; std::mem::size_of_val(buf.as_ref())], fp, Some(slot))
+            .within(self.timeout());
         self.core.pending_p2p.lock().unwrap_or_else(|e| e.into_inner()).push(job);
         self.core.p2p_pending.store(true, Ordering::SeqCst);
         let mut buf = buf;

@@ -525,3 +525,31 @@ fn a_groups_own_timeout_applies_to_its_ops_only() {
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     assert!(e.message().contains("300ms"), "the group's timeout, not the world's: {e}");
 }
+
+#[test]
+fn a_groups_own_timeout_applies_to_its_pending_p2p() {
+    // As above, for an `irecv` on the pair that rank 1 never answers: the batch it starts in
+    // gives up at the pair's 300 ms, not the world's 60 s.
+    let done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
+    let out = threads::run_with(2, config(60_000), |world| {
+        let pair = world.new_group(&[0, 1]).unwrap().unwrap();
+        pair.set_timeout(Duration::from_millis(300));
+        if world.rank() == 0 {
+            let r = pair.irecv(vec![0u8; 4], 1, 3).wait().map(|_| ());
+            *done.0.lock().unwrap() = true;
+            done.1.notify_all();
+            r
+        } else {
+            let until = Instant::now() + Duration::from_secs(60);
+            let mut g = done.0.lock().unwrap();
+            while !*g && Instant::now() < until {
+                g = done.1.wait_timeout(g, Duration::from_millis(100)).unwrap().0;
+            }
+            Ok(())
+        }
+    })
+    .unwrap();
+    let e = out[0].as_ref().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(e.message().contains("300ms"), "the group's timeout, not the world's: {e}");
+}
