@@ -23,10 +23,11 @@
 //! ops later, the very lines the peer had just read, all still in its L2, and both writing
 //! steps paid that: on the 2-core AMD VM, copying a 32 KiB slice into the chunk buffer took
 //! 4.9–5.9 µs (6 GB/s), while copying 32 KiB out of the peer's buffer took 1.1 µs. Taking turns
-//! lets the peer's cache drop the lines before they are rewritten; 2 ranks went from 14–18 to
-//! 8–10 µs at 64 KiB, 25–30 to 14–17 µs at 128 KiB, 33–46 to 22–28 µs at 256 KiB
-//! (docs/perf_mid_allreduce.md). Safety is unchanged: a chunk stays in half `g & 1`, which
-//! chunk `g` rewrites only after every rank is done with chunk `g − 2` and every chunk before.
+//! lets the peer's cache drop the lines before they are rewritten; 2 ranks (4 interleaved
+//! rounds, both modes) went from 12.3–16.0 to 8.0–8.8 µs at 64 KiB, 23.8–29.3 to 13.2–16.5 µs
+//! at 128 KiB, 31.5–47.4 to 20.9–28.6 µs at 256 KiB (docs/perf_mid_allreduce.md). Safety is
+//! unchanged: a chunk stays in half `g & 1`, which chunk `g` rewrites only after every rank is
+//! done with chunk `g − 2` and every chunk before.
 
 use std::ops::Range;
 
