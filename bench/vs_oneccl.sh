@@ -66,6 +66,13 @@ if [ "$HAVE_CCL" = 0 ]; then
     echo "# \$ONECCL_DIR/ccl_allreduce: run shared/peers/oneccl/setup.sh (see its README.md) to set it up" >&2
 fi
 
+if ! command -v mpicc >/dev/null 2>&1; then
+    echo "# mpicc not found: installing Open MPI (openmpi-bin libopenmpi-dev)" >&2
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+    $SUDO apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
+fi
 mpicc -O3 -march=native -o "$OUT/mpi_collectives" bench/mpi_collectives.c
 if [ -z "${OXCOMM:-}" ]; then
     cargo build --release -q -p oxcomm-cli
@@ -111,12 +118,12 @@ echo "# raw tables (each line prefixed with its round): $OUT/ccl.txt, $OUT/ompi.
 # ccl lines: round op nranks size count time_us algbw busbw (op allreduce_oop or allreduce).
 # ompi/oxcomm data lines: round, then $1 size ... $6 oop time, $9 oop #wrong, $10 ip time, $13 ip #wrong.
 awk -v n="$N" '
-    FNR == 1 { file++ }
+    # By file name, not by order: a skipped oneCCL leaves its file empty.
+    FNR == 1 { who = (FILENAME ~ /(^|\/)ccl\.txt$/) ? "ccl" : (FILENAME ~ /(^|\/)ompi\.txt$/) ? "ompi" : "ox" }
     function keep(s) { return s == 8 || (s >= 8192 && s <= 2097152) }
     function best(a, k, t) { if (!((k) in a) || t < a[k]) a[k] = t }
-    file == 1 && $2 ~ /^allreduce/ && keep($4) { best(t, "ccl" SUBSEP $4 SUBSEP ($2 == "allreduce_oop" ? 0 : 1), $6); sizes[$4] = 1 }
-    file >= 2 && $2 !~ /^#/ && NF >= 14 && keep($2) {
-        who = (file == 2) ? "ompi" : "ox";
+    who == "ccl" && $2 ~ /^allreduce/ && keep($4) { best(t, "ccl" SUBSEP $4 SUBSEP ($2 == "allreduce_oop" ? 0 : 1), $6); sizes[$4] = 1 }
+    who != "ccl" && $2 !~ /^#/ && NF >= 14 && keep($2) {
         best(t, who SUBSEP $2 SUBSEP 0, $7); best(t, who SUBSEP $2 SUBSEP 1, $11); sizes[$2] = 1;
         if ($10 != 0 && $10 != "N/A" || $14 != 0 && $14 != "N/A") wrong[$2] = 1
     }
