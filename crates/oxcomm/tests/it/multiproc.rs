@@ -134,6 +134,7 @@ fn child_entry() {
             }
         }
         "eager" => report(&comm, eager_rooted_ops(&comm)),
+        "mid_all_reduce" => report(&comm, mid_all_reduce_ops(&comm)),
         "any_source" => report(&comm, crate::any_source::scenario(&comm)),
         other => panic!("unknown role {other}"),
     }
@@ -258,6 +259,46 @@ fn eager_rooted_ops(comm: &Communicator) -> Vec<String> {
     bad
 }
 
+/// Back-to-back direct all-reduces of sizes that take the chunked path's rotating places
+/// (`shm_direct/all_reduce.rs`, `chunk_place`) around its boundaries, odd lengths among them,
+/// sizes mixed so that a half's consecutive uses differ in size and place, values new every op,
+/// in place and out of place (both in one op: even ranks apart, odd in place, then swapped): a
+/// place rewritten while a peer still reads it shows as a wrong value.
+fn mid_all_reduce_ops(comm: &Communicator) -> Vec<String> {
+    let (n, me) = (comm.size(), comm.rank());
+    // f32 elements: just above the inline limit (32 KiB + 4 B), 64 KiB, 64 KiB + 4 B, one page,
+    // 128 KiB, 256 KiB (two places a half), 256 KiB + 4 B (one place), just below a chunk, a
+    // chunk and an odd tail (a rotating tail chunk after a full one).
+    let sizes = [8193usize, 16_384, 16_385, 1031, 32_768, 65_536, 65_537, 131_071, 131_072 + 3001];
+    let value = |i: usize, r: usize, j: usize| ((i * 7 + r * 13 + j) % 1009) as f32;
+    let mut bad = Vec::new();
+    for i in 0..60 {
+        let count = sizes[(i * 5 + i / sizes.len()) % sizes.len()];
+        let input: Vec<f32> = (0..count).map(|j| value(i, me, j)).collect();
+        let want: Vec<f32> = (0..count).map(|j| (0..n).map(|r| value(i, r, j)).sum()).collect();
+        let apart = (me + i) % 2 == 0;
+        let got = if apart {
+            let mut out = vec![-1.0f32; count];
+            comm.all_reduce_into(&input, &mut out, ReduceOp::Sum).unwrap();
+            out
+        } else {
+            let mut buf = input;
+            comm.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
+            buf
+        };
+        if let Some(j) = (0..count).find(|&j| got[j] != want[j]) {
+            if bad.len() < 5 {
+                let how = if apart { "out of place" } else { "in place" };
+                bad.push(format!(
+                    "all_reduce #{i} of {count} f32 {how} on rank {me}: [{j}] = {}, expected {}",
+                    got[j], want[j]
+                ));
+            }
+        }
+    }
+    bad
+}
+
 fn report(comm: &Communicator, bad: Vec<String>) {
     if !bad.is_empty() {
         eprintln!("{} failures, first: {:#?}", bad.len(), &bad[..bad.len().min(5)]);
@@ -298,6 +339,16 @@ fn shm_back_to_back_small_rooted_ops_3_ranks() {
 #[test]
 fn shm_back_to_back_small_rooted_ops_5_ranks_on_2_cores() {
     run_tester(5, "eager");
+}
+
+#[test]
+fn shm_mid_all_reduce_places_2_ranks() {
+    run_tester(2, "mid_all_reduce");
+}
+
+#[test]
+fn shm_mid_all_reduce_places_3_ranks() {
+    run_tester(3, "mid_all_reduce");
 }
 
 #[test]

@@ -13,6 +13,21 @@
 //! small enough to stay in the L2 cache between the steps. Out of place
 //! ([`ReduceBuffers::Apart`]) the same steps read the input and write the output, each
 //! reduced piece being copied from the input into the output just before it is reduced there.
+//!
+//! **Where a chunk goes in its half** ([`chunk_place`]): a chunk of at most half a half does
+//! not always start at the half's start; consecutive uses of a half take turns over its places
+//! (the chunk's size rounded up to a power of two), so a rank rewrites a line of its chunk
+//! buffer only after several more ops. The reason is the cost of writing a line that the peer
+//! still holds in its cache from reading it: the write must first take the line back from the
+//! peer's core. With every chunk at the half's start, a mid-size op (64–256 KiB) rewrote, two
+//! ops later, the very lines the peer had just read, all still in its L2, and both writing
+//! steps paid that: on the 2-core AMD VM, copying a 32 KiB slice into the chunk buffer took
+//! 4.9–5.9 µs (6 GB/s), while copying 32 KiB out of the peer's buffer took 1.1 µs. Taking turns
+//! lets the peer's cache drop the lines before they are rewritten; 2 ranks (4 interleaved
+//! rounds, both modes) went from 12.3–16.0 to 8.0–8.8 µs at 64 KiB, 23.8–29.3 to 13.2–16.5 µs
+//! at 128 KiB, 31.5–47.4 to 20.9–28.6 µs at 256 KiB (docs/perf_mid_allreduce.md). Safety is
+//! unchanged: a chunk stays in half `g & 1`, which chunk `g` rewrites only after every rank is
+//! done with chunk `g − 2` and every chunk before.
 
 use std::ops::Range;
 
@@ -30,19 +45,60 @@ use crate::wire::Fingerprint;
 /// Bytes reduced at a time in the reduce step (fits in L1 with its inputs).
 pub(super) const REDUCE_PIECE_BYTES: usize = 16 * 1024;
 
+/// The smallest step between the places of a chunk in its half (a page).
+const PLACE_STEP_MIN: usize = 4096;
+
 /// Slice `r` of `n` of the chunk of `len` elements at `start`, as a range of the whole buffer.
 pub(super) fn slice(start: usize, len: usize, n: usize, r: usize) -> Range<usize> {
     let s = chunk(len, n, r);
     start + s.start..start + s.end
 }
 
-/// The copy-in step of chunk `g` (the `len` elements of `input` at `start`): waits until its
-/// half is free (every rank published `CopiedOut` = g − 1), copies every other rank's slice
-/// into it, publishes `CopiedIn` = g + 1 and waits for every rank's.
+/// Where chunk `g`, of `bytes` bytes, starts in its half (module docs): the halves' uses take
+/// turns over the places `0, step, 2·step, …` that fit in [`CHUNK_BYTES`], `step` being
+/// `bytes` rounded up to a power of two (at least [`PLACE_STEP_MIN`]); a chunk of more than half
+/// a half always starts at 0. Every rank computes the same place from the same `g` and size.
+pub(super) fn chunk_place(g: u64, bytes: usize) -> usize {
+    let step = bytes.max(PLACE_STEP_MIN).next_power_of_two();
+    let places = (CHUNK_BYTES / step).max(1) as u64;
+    // Chunk g uses half g & 1; g >> 1 counts that half's uses.
+    ((g >> 1) % places) as usize * step
+}
+
+/// The copy-in step of chunk `g` (the `len` elements of `input` at `start`), placed at the
+/// start of its half (see [`copy_in_at`]).
 pub(super) fn copy_in<T: Element>(
     ctx: &mut Ctx<'_>,
     shm: &ShmDirect,
     g: u64,
+    start: usize,
+    len: usize,
+    input: &[T],
+) -> Result<()> {
+    copy_in_at(ctx, shm, g, 0, start, len, input)
+}
+
+/// The copy-out step of chunk `g`, placed at the start of its half (see [`copy_out_at`]).
+pub(super) fn copy_out<T: Element>(
+    ctx: &mut Ctx<'_>,
+    shm: &ShmDirect,
+    g: u64,
+    start: usize,
+    len: usize,
+    output: &mut [T],
+) -> Result<()> {
+    copy_out_at(ctx, shm, g, 0, start, len, output)
+}
+
+/// The copy-in step of chunk `g` (the `len` elements of `input` at `start`, placed `at` bytes
+/// into its half): waits until its half is free (every rank published `CopiedOut` = g − 1),
+/// copies every other rank's slice into it, publishes `CopiedIn` = g + 1 and waits for every
+/// rank's.
+fn copy_in_at<T: Element>(
+    ctx: &mut Ctx<'_>,
+    shm: &ShmDirect,
+    g: u64,
+    at: usize,
     start: usize,
     len: usize,
     input: &[T],
@@ -52,7 +108,7 @@ pub(super) fn copy_in<T: Element>(
     wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
     for r in (0..n).filter(|r| *r != me) {
         let s = slice(start, len, n, r);
-        let off = (s.start - start) * size;
+        let off = at + (s.start - start) * size;
         // Others read slice r of my buffer only after I publish CopiedIn = g+1, and
         // they finished with chunk g-2 (waited above).
         copy(&mut shm.chunk_mut((g & 1) as usize, off, s.len() * size), as_bytes(&input[s]));
@@ -61,12 +117,14 @@ pub(super) fn copy_in<T: Element>(
     wait_counter(ctx, shm, Counter::CopiedIn, g + 1)
 }
 
-/// The copy-out step of chunk `g` (the `len` elements of `output` at `start`): waits for every
-/// rank's `Reduced` = g + 1 and copies every other rank's reduced slice into `output`.
-pub(super) fn copy_out<T: Element>(
+/// The copy-out step of chunk `g` (the `len` elements of `output` at `start`, placed `at` bytes
+/// into its half): waits for every rank's `Reduced` = g + 1 and copies every other rank's
+/// reduced slice into `output`.
+fn copy_out_at<T: Element>(
     ctx: &mut Ctx<'_>,
     shm: &ShmDirect,
     g: u64,
+    at: usize,
     start: usize,
     len: usize,
     output: &mut [T],
@@ -78,7 +136,7 @@ pub(super) fn copy_out<T: Element>(
         if s.is_empty() {
             continue;
         }
-        let off = (s.start - start) * size;
+        let off = at + (s.start - start) * size;
         // Rank r published its reduced slice for chunk g and rewrites it only after
         // everyone (me included) published CopiedOut = g+1.
         let src = shm.chunk(r, (g & 1) as usize, off, s.len() * size);
@@ -126,12 +184,13 @@ pub(crate) fn all_reduce<'b, T: Element>(
         let part_len = (start + per_chunk).min(total) - start;
         let g = d.state.chunks;
         let half = (g & 1) as usize;
+        let at = chunk_place(g, part_len * size);
         let shm = d.shm;
         let slice = |r: usize| slice(start, part_len, n, r);
-        copy_in(ctx, shm, g, start, part_len, io.input(0..total))?;
+        copy_in_at(ctx, shm, g, at, start, part_len, io.input(0..total))?;
         let mine = slice(me);
         if !mine.is_empty() {
-            let (off, len) = ((mine.start - start) * size, mine.len() * size);
+            let (off, len) = (at + (mine.start - start) * size, mine.len() * size);
             // Slice `me` of my buffer is read by others only after I publish
             // Reduced = g+1; the other ranks' slices `me` were published for chunk g and are
             // not rewritten before everyone published CopiedOut = g+1.
@@ -153,9 +212,44 @@ pub(crate) fn all_reduce<'b, T: Element>(
             }
         }
         shm.publish(Counter::Reduced, g + 1);
-        copy_out(ctx, shm, g, start, part_len, io.output(0..total))?;
+        copy_out_at(ctx, shm, g, at, start, part_len, io.output(0..total))?;
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;
     }
     Ok(io.into_output())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_stays_inside_its_half() {
+        for bytes in [1, 4, 4096, 4097, 65536, 96 * 1024 + 4, 256 * 1024, 256 * 1024 + 4, CHUNK_BYTES - 4, CHUNK_BYTES]
+        {
+            for g in 0..64 {
+                let at = chunk_place(g, bytes);
+                assert!(at + bytes <= CHUNK_BYTES, "chunk {g} of {bytes} B at {at}");
+                assert_eq!(at % PLACE_STEP_MIN, 0, "chunk {g} of {bytes} B at {at}: not page-aligned");
+            }
+        }
+    }
+
+    #[test]
+    fn places_take_turns_per_half_and_large_chunks_start_at_zero() {
+        // 64 KiB: 8 places a half; chunks g and g + 1 share the place index but not the half.
+        let places: Vec<usize> = (0..20).map(|g| chunk_place(g, 64 * 1024)).collect();
+        assert_eq!(places[..4], [0, 0, 65536, 65536]);
+        assert_eq!(places[14..18], [7 * 65536, 7 * 65536, 0, 0]);
+        // A half's consecutive uses (g, g + 2) never share a place while there are two or more.
+        for bytes in [4096, 100_000, 256 * 1024] {
+            for g in 0..32 {
+                assert_ne!(chunk_place(g, bytes), chunk_place(g + 2, bytes), "{bytes} B, chunk {g}");
+            }
+        }
+        for g in 0..8 {
+            assert_eq!(chunk_place(g, 256 * 1024 + 4), 0);
+            assert_eq!(chunk_place(g, CHUNK_BYTES), 0);
+        }
+    }
 }
