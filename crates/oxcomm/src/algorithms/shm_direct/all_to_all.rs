@@ -40,7 +40,7 @@ use std::ops::Range;
 
 use super::reduce_scatter::piece_index;
 use super::single_copy;
-use super::{arrive, copy_out_for, is_small, wait_counter, Direct};
+use super::{arrive, copy_out_for, is_small, part, part_count, publish_part, wait_counter, wait_part, Direct};
 use crate::algorithms::{pairwise, ExchangeBuffers};
 use crate::copy::copy;
 use crate::dtype::Element;
@@ -115,27 +115,44 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
         let half = (g & 1) as usize;
         // Half `half` was last read in chunk g-2: everyone must be done with it.
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
-        for p in (0..n).filter(|p| *p != me) {
-            let part = piece(send[p].len(), lane, s);
-            if part.is_empty() {
-                continue;
+        let sends = |p: usize| if p == me { 0..0 } else { piece(send[p].len(), lane, s) };
+        let recvs = |r: usize| if r == me { 0..0 } else { piece(recv[r].len(), lane, s) };
+        let parts_in = (0..n).map(|p| part_count(sends(p).len())).max().unwrap_or(0);
+        let parts_out = (0..n).map(|r| part_count(recvs(r).len())).max().unwrap_or(0);
+        // Copy in, part by part: part j of every piece this rank sends, then publish it.
+        for j in 0..parts_in {
+            for p in 0..n {
+                let sent = sends(p);
+                let at = part(sent.len(), j);
+                if at.is_empty() {
+                    continue;
+                }
+                let from = send[p].start + sent.start + at.start..send[p].start + sent.start + at.end;
+                // Rank p reads this part only after I publish it, and every rank finished
+                // chunk g-2 (waited above), the last to read this half.
+                let mut to = shm.chunk_mut(half, lanes.offset(me, p, n) + at.start, at.len());
+                copy(&mut to, io.send(from));
             }
-            let from = send[p].start + part.start..send[p].start + part.end;
-            // Rank p reads this lane only after I publish CopiedIn = g+1, and every
-            // rank finished chunk g-2 (waited above), the last to read this half.
-            let mut to = shm.chunk_mut(half, lanes.offset(me, p, n), part.len());
-            copy(&mut to, io.send(from));
+            publish_part(shm, g, j);
         }
         shm.publish(Counter::CopiedIn, g + 1);
         shm.publish(Counter::Reduced, g + 1);
-        let has_piece = |r: usize| r != me && !piece(recv[r].len(), lane, s).is_empty();
-        ctx.wait_until(|| (0..n).find(|r| has_piece(*r) && shm.counter(*r, Counter::CopiedIn) < g + 1))?;
-        for r in (0..n).filter(|r| has_piece(*r)) {
-            let part = piece(recv[r].len(), lane, s);
-            // Rank r published its lanes for chunk g and rewrites them only after every
-            // rank (me included) published CopiedOut = g+1.
-            let from = shm.chunk(r, half, lanes.offset(r, me, n), part.len());
-            copy_out(io.recv(recv[r].start + part.start..recv[r].start + part.end), from);
+        // Copy out, part by part, each as soon as its sender has it in (a sender that is
+        // behind is followed part by part instead of waited for whole).
+        for j in 0..parts_out {
+            for r in 0..n {
+                let got = recvs(r);
+                let at = part(got.len(), j);
+                if at.is_empty() {
+                    continue;
+                }
+                wait_part(ctx, shm, r, g, j)?;
+                // Rank r published part j of its lanes for chunk g and rewrites them only
+                // after every rank (me included) published CopiedOut = g+1.
+                let from = shm.chunk(r, half, lanes.offset(r, me, n) + at.start, at.len());
+                let to = recv[r].start + got.start + at.start..recv[r].start + got.start + at.end;
+                copy_out(io.recv(to), from);
+            }
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;
