@@ -12,7 +12,7 @@
  *   gcc -O2 -o /tmp/floorp bench/floor_parts.c -lpthread
  *   for k in 64 128 256 512; do for p in $k 64 32 16 8; do /tmp/floorp $k $p; done; done
  *
- * Arguments: block and part size in KiB. A benchmark, not a test. Compare with
+ * Arguments: block and part size in KiB, and "nt" to copy in with non-temporal stores. A benchmark, not a test. Compare with
  * `oxcomm bench --op broadcast --world-size 2 -b 64K -e 512K --fresh-inputs` (in-place p50).
  */
 #define _GNU_SOURCE
@@ -24,10 +24,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <immintrin.h>
+
+/* memcpy with non-temporal stores (len a multiple of 32, both 32-aligned), then a store fence:
+ * the lines leave for memory without first being taken back from the consumer's cache. */
+__attribute__((target("avx2"))) static void copy_nt(char *dst, const char *src, size_t len) {
+    for (size_t i = 0; i < len; i += 32)
+        _mm256_stream_si256((__m256i *)(dst + i), _mm256_load_si256((const __m256i *)(src + i)));
+    _mm_sfence();
+}
 
 #define OPS 2000L
 
 static size_t bytes, part, parts;
+static int streaming; /* copy in with non-temporal stores (third argument "nt") */
 static char *shared, *input, *output;
 static _Atomic long parts_in, copied_out;
 static _Atomic double started;
@@ -55,8 +65,8 @@ static int by_value(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3 || atol(argv[1]) <= 0 || atol(argv[2]) <= 0) {
-        fprintf(stderr, "usage: %s BLOCK_KIB PART_KIB\n", argv[0]);
+    if (argc < 3 || argc > 4 || atol(argv[1]) <= 0 || atol(argv[2]) <= 0) {
+        fprintf(stderr, "usage: %s BLOCK_KIB PART_KIB [nt]\n", argv[0]);
         return 2;
     }
     bytes = (size_t)atol(argv[1]) * 1024;
@@ -64,6 +74,7 @@ int main(int argc, char **argv) {
     if (part > bytes)
         part = bytes;
     parts = (bytes + part - 1) / part;
+    streaming = argc == 4 && strcmp(argv[3], "nt") == 0;
     shared = aligned_alloc(4096, bytes);
     input = aligned_alloc(4096, bytes);
     output = aligned_alloc(4096, bytes);
@@ -79,13 +90,16 @@ int main(int argc, char **argv) {
         atomic_store(&started, now_ns());
         for (size_t j = 0; j < parts; j++) {
             size_t at = j * part, len = at + part > bytes ? bytes - at : part;
-            memcpy(shared + at, input + at, len);
+            if (streaming)
+                copy_nt(shared + at, input + at, len);
+            else
+                memcpy(shared + at, input + at, len);
             atomic_store(&parts_in, (k - 1) * (long)parts + (long)j + 1);
         }
     }
     pthread_join(t, NULL);
     qsort(took + 1, OPS, sizeof took[0], by_value);
-    printf("%6zu KiB in parts of %4zu KiB: op p50 %7.2f us, p10 %7.2f us\n", bytes / 1024, part / 1024,
-           took[OPS / 2] / 1e3, took[OPS / 10] / 1e3);
+    printf("%6zu KiB in parts of %4zu KiB%s: op p50 %7.2f us, p10 %7.2f us\n", bytes / 1024, part / 1024,
+           streaming ? ", copied in by non-temporal stores" : "", took[OPS / 2] / 1e3, took[OPS / 10] / 1e3);
     return 0;
 }

@@ -21,7 +21,7 @@
 //! at all (in place, [`GatherBuffers::InPlace`]).
 
 use super::single_copy;
-use super::{arrive, copy_out_for, is_small, parts, publish_part, wait_counter, wait_part, Direct};
+use super::{arrive, copy_in_for, copy_out_for, is_small, parts, publish_part, wait_counter, wait_part, Direct};
 use crate::algorithms::GatherBuffers;
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
@@ -78,9 +78,10 @@ pub(crate) fn all_gather<T: Element>(
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
         // Copy in, part by part. Others read a part of my half for chunk g only after I
         // publish it, and they finished with chunk g-2 (waited above).
+        let copy_in = copy_in_for(n * len);
         let elems = |at: &std::ops::Range<usize>| piece.start + at.start / size..piece.start + at.end / size;
         for (j, at) in parts(len).enumerate() {
-            copy(&mut shm.chunk_mut(half, at.start, at.len()), as_bytes(io.own(me, m, elems(&at))));
+            copy_in(&mut shm.chunk_mut(half, at.start, at.len()), as_bytes(io.own(me, m, elems(&at))));
             publish_part(shm, g, j);
         }
         shm.publish(Counter::CopiedIn, g + 1);

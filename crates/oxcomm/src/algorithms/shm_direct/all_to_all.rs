@@ -40,7 +40,9 @@ use std::ops::Range;
 
 use super::reduce_scatter::piece_index;
 use super::single_copy;
-use super::{arrive, copy_out_for, is_small, part, part_count, publish_part, wait_counter, wait_part, Direct};
+use super::{
+    arrive, copy_in_for, copy_out_for, is_small, part, part_count, publish_part, wait_counter, wait_part, Direct,
+};
 use crate::algorithms::{pairwise, ExchangeBuffers};
 use crate::copy::copy;
 use crate::dtype::Element;
@@ -119,6 +121,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
         let recvs = |r: usize| if r == me { 0..0 } else { piece(recv[r].len(), lane, s) };
         let parts_in = (0..n).map(|p| part_count(sends(p).len())).max().unwrap_or(0);
         let parts_out = (0..n).map(|r| part_count(recvs(r).len())).max().unwrap_or(0);
+        let copy_in = copy_in_for((0..n).map(|p| sends(p).len() + recvs(p).len()).sum());
         // Copy in, part by part: part j of every piece this rank sends, then publish it.
         for j in 0..parts_in {
             for p in 0..n {
@@ -131,7 +134,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
                 // Rank p reads this part only after I publish it, and every rank finished
                 // chunk g-2 (waited above), the last to read this half.
                 let mut to = shm.chunk_mut(half, lanes.offset(me, p, n) + at.start, at.len());
-                copy(&mut to, io.send(from));
+                copy_in(&mut to, io.send(from));
             }
             publish_part(shm, g, j);
         }

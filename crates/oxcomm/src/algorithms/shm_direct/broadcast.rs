@@ -7,7 +7,9 @@
 //! root's buffer, `single_copy.rs`, was slower here once the root rewrites it before each
 //! broadcast, as training does; docs/benchmarks.md.)
 
-use super::{arrive, arrive_for, copy_out_for, is_small, parts, publish_part, wait_counter, wait_part, Direct, Wait};
+use super::{
+    arrive, arrive_for, copy_in_for, copy_out_for, is_small, parts, publish_part, wait_counter, wait_part, Direct, Wait,
+};
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
@@ -51,8 +53,9 @@ pub(crate) fn broadcast<T: Element>(
             wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
             // As in all_reduce's copy-in, part by part, so that the readers follow.
             let src = as_bytes(part);
+            let copy_in = copy_in_for(len);
             for (j, at) in parts(len).enumerate() {
-                copy(&mut shm.chunk_mut(half, at.start, at.len()), &src[at]);
+                copy_in(&mut shm.chunk_mut(half, at.start, at.len()), &src[at]);
                 publish_part(shm, g, j);
             }
             shm.publish(Counter::CopiedIn, g + 1);

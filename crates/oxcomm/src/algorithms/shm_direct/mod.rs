@@ -122,6 +122,27 @@ pub(super) fn copy_out_for(total: usize) -> fn(&mut [u8], &[u8]) {
     }
 }
 
+/// Bytes moved through the halves in one chunk step (what this rank copies in plus what it
+/// copies out) up to which the copy-in streams ([`copy_in_for`]).
+const STREAM_IN_UNTIL: usize = 256 << 10;
+
+/// The copy of parts into this rank's half in a chunk step where this rank copies `moved`
+/// bytes in and out. Up to [`STREAM_IN_UNTIL`]: non-temporal stores (ending in a store fence,
+/// so every part is in memory before it is published). The half's lines sit in the readers'
+/// caches from the last time they read it, and plain stores take each line back first;
+/// streaming skips that. Between two pinned threads (`bench/floor_parts.c`) a 128 KiB block
+/// in 16 KiB parts took 10.0 µs from the first store to the reader's last load instead of
+/// 20.0. Above it (a whole 512 KiB chunk, or two ranks' 256 KiB blocks) the readers then fetch
+/// every line from memory, and plain stores were faster (2 ranks, inputs rewritten before
+/// every op; docs/perf_fresh_inputs.md). A local choice: the readers do not depend on it.
+pub(super) fn copy_in_for(moved: usize) -> fn(&mut [u8], &[u8]) {
+    if moved <= STREAM_IN_UNTIL {
+        crate::copy::copy_streaming
+    } else {
+        crate::copy::copy
+    }
+}
+
 /// Whether a buffer of `bytes` goes inline in the slot.
 pub(crate) fn is_small(bytes: usize) -> bool {
     bytes <= SMALL_BYTES
