@@ -117,8 +117,14 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
         let half = (g & 1) as usize;
         // Half `half` was last read in chunk g-2: everyone must be done with it.
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
-        let sends = |p: usize| if p == me { 0..0 } else { piece(send[p].len(), lane, s) };
-        let recvs = |r: usize| if r == me { 0..0 } else { piece(recv[r].len(), lane, s) };
+        // Where piece s of the block for rank p is in what this rank sends, and where piece s
+        // of rank r's block lands in what it receives.
+        let at_step = |b: &Range<usize>, other: usize| {
+            let p = if other == me { 0..0 } else { piece(b.len(), lane, s) };
+            b.start + p.start..b.start + p.end
+        };
+        let sends = |p: usize| at_step(&send[p], p);
+        let recvs = |r: usize| at_step(&recv[r], r);
         let parts_in = (0..n).map(|p| part_count(sends(p).len())).max().unwrap_or(0);
         let parts_out = (0..n).map(|r| part_count(recvs(r).len())).max().unwrap_or(0);
         let copy_in = copy_in_for((0..n).map(|p| sends(p).len() + recvs(p).len()).sum());
@@ -130,7 +136,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
                 if at.is_empty() {
                     continue;
                 }
-                let from = send[p].start + sent.start + at.start..send[p].start + sent.start + at.end;
+                let from = sent.start + at.start..sent.start + at.end;
                 // Rank p reads this part only after I publish it, and every rank finished
                 // chunk g-2 (waited above), the last to read this half.
                 let mut to = shm.chunk_mut(half, lanes.offset(me, p, n) + at.start, at.len());
@@ -153,7 +159,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
                 // Rank r published part j of its lanes for chunk g and rewrites them only
                 // after every rank (me included) published CopiedOut = g+1.
                 let from = shm.chunk(r, half, lanes.offset(r, me, n) + at.start, at.len());
-                let to = recv[r].start + got.start + at.start..recv[r].start + got.start + at.end;
+                let to = got.start + at.start..got.start + at.end;
                 copy_out(io.recv(to), from);
             }
         }
