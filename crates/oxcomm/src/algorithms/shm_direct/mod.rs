@@ -486,6 +486,7 @@ pub(super) fn parts(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> 
 
 /// Publishes that this rank has copied parts `0..=j` of chunk `g` into its half.
 pub(super) fn publish_part(shm: &ShmDirect, g: u64, j: usize) {
+    debug_assert!((j as u64) < PARTS_MAX, "part {j} of a chunk of at most {PARTS_MAX} parts");
     shm.publish(Counter::PartsIn, g * PARTS_MAX + j as u64 + 1);
 }
 
