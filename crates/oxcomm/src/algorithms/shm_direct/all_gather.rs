@@ -7,8 +7,9 @@
 //!
 //! **Large**, per chunk of up to [`CHUNK_BYTES`] of each rank's block (two halves, so chunk
 //! g+1's copy-in overlaps with the tail of chunk g): *copy in* — my piece of my block into my
-//! chunk buffer; *copy out* — every other rank's piece, as soon as that rank published it,
-//! to its place in my output (starting with the next rank, so the n readers of one buffer are
+//! chunk buffer, part by part, publishing each part ("Parts" in the module docs of
+//! `shm_direct`); *copy out* — every other rank's piece, each part as soon as that rank
+//! published it, to its place in my output (starting with the next rank, so the n readers of one buffer are
 //! spread over time). Two steps per chunk; per rank B copied in and (n−1)·B copied out. There
 //! is nothing to reduce: `Reduced` is published with `CopiedIn` so every counter moves in
 //! lockstep with the other direct ops.

@@ -12,9 +12,10 @@
 //!
 //! **Large**: steps = ⌈max over a ≠ b of `L[a][b]` / lane⌉ (the same on every rank). Step s of
 //! chunk g: wait until every rank published `CopiedOut` = g − 1 (the half is free again) →
-//! copy piece s of every block into its lane, publish `CopiedIn` (and `Reduced`, unused) →
-//! wait for the `CopiedIn` of the ranks that have a piece for me → copy my piece out of each
-//! of their halves, publish `CopiedOut`. Per rank (n − 1)/n · S copied in and (n − 1)/n · S
+//! copy piece s of every block into its lane, part by part (part j of every piece, then
+//! publish `parts_in`; see "Parts" in the module docs of `shm_direct`), publish `CopiedIn`
+//! (and `Reduced`, unused) → copy my piece out of each of their halves, each part as soon as
+//! its sender published it, publish `CopiedOut`. Per rank (n − 1)/n · S copied in and (n − 1)/n · S
 //! copied out for equal blocks; the own block goes send → recv once. Uneven blocks take as
 //! many steps as the largest block needs (one big pair uses 1/(n − 1) of each half).
 //!
