@@ -70,6 +70,18 @@ fn child_entry() {
             println!("read directly {} can read parent {}", comm.stats().bytes_read_directly, can_read_parent());
             report(&comm, bad);
         }
+        "parts" => {
+            // Mid sizes, where a chunk moves part by part (PART_BYTES = 16 KiB) and readers
+            // follow the writer: a part and one element more (f64: just above the small
+            // path), exactly four parts (f32), eleven parts and a tail, and one element past
+            // half a chunk; broadcast, gather, scatter, all_gather, all_to_all(_v), in place
+            // and apart, back to back.
+            let t = CollectiveTester::new().counts(&[4097, 16_384, 40_961, 65_543]).segments(&[1 << 20]);
+            let mut bad = t.rank_rooted(&comm);
+            bad.extend(t.rank_gather_scatter(&comm));
+            bad.extend(t.rank_all_gather(&comm));
+            report(&comm, bad);
+        }
         "chunks_f32" => {
             // 8 ranks on few cores: several chunks with an odd remainder, f32 only.
             let t = CollectiveTester::new().counts(&[300_001]).dtypes(&[oxcomm::DType::F32]).segments(&[1 << 20]);
@@ -116,6 +128,17 @@ fn child_entry() {
             println!("ready");
             loop {
                 if let Err(e) = comm.all_to_all(&send, &mut recv) {
+                    eprintln!("ERROR: {e}");
+                    std::process::exit(7);
+                }
+            }
+        }
+        "loop_broadcast" => {
+            // Direct broadcasts of a few parts from rank 0 forever; the parent kills the root.
+            let mut buf = vec![1.0f32; 50_001];
+            println!("ready");
+            loop {
+                if let Err(e) = comm.broadcast(&mut buf, 0) {
                     eprintln!("ERROR: {e}");
                     std::process::exit(7);
                 }
@@ -392,6 +415,21 @@ fn shm_chunked_rooted_and_movement_without_single_copy_3_ranks() {
 }
 
 #[test]
+fn shm_mid_sizes_move_part_by_part_2_ranks() {
+    run_tester(2, "parts");
+}
+
+#[test]
+fn shm_mid_sizes_move_part_by_part_3_ranks() {
+    run_tester(3, "parts");
+}
+
+#[test]
+fn shm_mid_sizes_move_part_by_part_without_single_copy_2_ranks() {
+    run_tester_with(2, "parts", &[("OXCOMM_SHM_SINGLE_COPY", "0")]);
+}
+
+#[test]
 fn shm_streamed_copy_out_of_large_outputs_2_ranks() {
     run_tester(2, "streaming");
 }
@@ -483,6 +521,12 @@ fn killed_rank_is_named(n: usize, role: &str, victim: usize) {
     }
     assert!(took < Duration::from_secs(2), "survivors took {took:?}");
     assert!(job.leftovers().is_empty(), "segments left: {:?}", job.leftovers());
+}
+
+#[test]
+fn killed_root_mid_direct_broadcast_is_named_by_every_survivor_within_2s() {
+    // The others wait for the root's next part.
+    killed_rank_is_named(3, "loop_broadcast", 0);
 }
 
 #[test]

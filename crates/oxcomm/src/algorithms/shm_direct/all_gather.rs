@@ -7,8 +7,9 @@
 //!
 //! **Large**, per chunk of up to [`CHUNK_BYTES`] of each rank's block (two halves, so chunk
 //! g+1's copy-in overlaps with the tail of chunk g): *copy in* — my piece of my block into my
-//! chunk buffer; *copy out* — every other rank's piece, as soon as that rank published it,
-//! to its place in my output (starting with the next rank, so the n readers of one buffer are
+//! chunk buffer, part by part, publishing each part ("Parts" in the module docs of
+//! `shm_direct`); *copy out* — every other rank's piece, each part as soon as that rank
+//! published it, to its place in my output (starting with the next rank, so the n readers of one buffer are
 //! spread over time). Two steps per chunk; per rank B copied in and (n−1)·B copied out. There
 //! is nothing to reduce: `Reduced` is published with `CopiedIn` so every counter moves in
 //! lockstep with the other direct ops.
@@ -21,7 +22,7 @@
 //! at all (in place, [`GatherBuffers::InPlace`]).
 
 use super::single_copy;
-use super::{arrive, copy_out_for, is_small, wait_counter, wait_peer_counter, Direct};
+use super::{arrive, copy_in_for, copy_out_for, is_small, parts, publish_part, wait_counter, wait_part, Direct};
 use crate::algorithms::GatherBuffers;
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
@@ -76,18 +77,25 @@ pub(crate) fn all_gather<T: Element>(
         let shm = d.shm;
         // Copy in. Half `half` was last used by chunk g-2: everyone must be done reading it.
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
-        // Others read my buffer for chunk g only after I publish CopiedIn = g+1, and
-        // they finished with chunk g-2 (waited above).
-        copy(&mut shm.chunk_mut(half, 0, len), as_bytes(io.own(me, m, piece.clone())));
+        // Copy in, part by part. Others read a part of my half for chunk g only after I
+        // publish it, and they finished with chunk g-2 (waited above).
+        let copy_in = copy_in_for(n * len);
+        let elems = |at: &std::ops::Range<usize>| piece.start + at.start / size..piece.start + at.end / size;
+        for (j, at) in parts(len).enumerate() {
+            copy_in(&mut shm.chunk_mut(half, at.start, at.len()), as_bytes(io.own(me, m, elems(&at))));
+            publish_part(shm, g, j);
+        }
         shm.publish(Counter::CopiedIn, g + 1);
         shm.publish(Counter::Reduced, g + 1);
-        // Copy out.
+        // Copy out, part by part, each as soon as its owner has it in.
         for r in others() {
-            wait_peer_counter(ctx, shm, r, Counter::CopiedIn, g + 1)?;
-            // Rank r published its piece for chunk g and rewrites this half only after
-            // everyone (me included) published CopiedOut = g+1.
-            let src = shm.chunk(r, half, 0, len);
-            copy_out(as_bytes_mut(io.block_mut(m, r, piece.clone())), src);
+            for (j, at) in parts(len).enumerate() {
+                wait_part(ctx, shm, r, g, j)?;
+                // Rank r published part j of chunk g and rewrites this half only after
+                // everyone (me included) published CopiedOut = g+1.
+                let src = shm.chunk(r, half, at.start, at.len());
+                copy_out(as_bytes_mut(io.block_mut(m, r, elems(&at))), src);
+            }
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;

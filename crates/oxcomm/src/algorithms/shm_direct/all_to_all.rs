@@ -12,9 +12,10 @@
 //!
 //! **Large**: steps = ⌈max over a ≠ b of `L[a][b]` / lane⌉ (the same on every rank). Step s of
 //! chunk g: wait until every rank published `CopiedOut` = g − 1 (the half is free again) →
-//! copy piece s of every block into its lane, publish `CopiedIn` (and `Reduced`, unused) →
-//! wait for the `CopiedIn` of the ranks that have a piece for me → copy my piece out of each
-//! of their halves, publish `CopiedOut`. Per rank (n − 1)/n · S copied in and (n − 1)/n · S
+//! copy piece s of every block into its lane, part by part (part j of every piece, then
+//! publish `parts_in`; see "Parts" in the module docs of `shm_direct`), publish `CopiedIn`
+//! (and `Reduced`, unused) → copy my piece out of each of their halves, each part as soon as
+//! its sender published it, publish `CopiedOut`. Per rank (n − 1)/n · S copied in and (n − 1)/n · S
 //! copied out for equal blocks; the own block goes send → recv once. Uneven blocks take as
 //! many steps as the largest block needs (one big pair uses 1/(n − 1) of each half).
 //!
@@ -40,7 +41,9 @@ use std::ops::Range;
 
 use super::reduce_scatter::piece_index;
 use super::single_copy;
-use super::{arrive, copy_out_for, is_small, wait_counter, Direct};
+use super::{
+    arrive, copy_in_for, copy_out_for, is_small, part, part_count, publish_part, wait_counter, wait_part, Direct,
+};
 use crate::algorithms::{pairwise, ExchangeBuffers};
 use crate::copy::copy;
 use crate::dtype::Element;
@@ -115,27 +118,51 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
         let half = (g & 1) as usize;
         // Half `half` was last read in chunk g-2: everyone must be done with it.
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
-        for p in (0..n).filter(|p| *p != me) {
-            let part = piece(send[p].len(), lane, s);
-            if part.is_empty() {
-                continue;
+        // Where piece s of the block for rank p is in what this rank sends, and where piece s
+        // of rank r's block lands in what it receives.
+        let at_step = |b: &Range<usize>, other: usize| {
+            let p = if other == me { 0..0 } else { piece(b.len(), lane, s) };
+            b.start + p.start..b.start + p.end
+        };
+        let sends = |p: usize| at_step(&send[p], p);
+        let recvs = |r: usize| at_step(&recv[r], r);
+        let parts_in = (0..n).map(|p| part_count(sends(p).len())).max().unwrap_or(0);
+        let parts_out = (0..n).map(|r| part_count(recvs(r).len())).max().unwrap_or(0);
+        let copy_in = copy_in_for((0..n).map(|p| sends(p).len() + recvs(p).len()).sum());
+        // Copy in, part by part: part j of every piece this rank sends, then publish it.
+        for j in 0..parts_in {
+            for p in 0..n {
+                let sent = sends(p);
+                let at = part(sent.len(), j);
+                if at.is_empty() {
+                    continue;
+                }
+                let from = sent.start + at.start..sent.start + at.end;
+                // Rank p reads this part only after I publish it, and every rank finished
+                // chunk g-2 (waited above), the last to read this half.
+                let mut to = shm.chunk_mut(half, lanes.offset(me, p, n) + at.start, at.len());
+                copy_in(&mut to, io.send(from));
             }
-            let from = send[p].start + part.start..send[p].start + part.end;
-            // Rank p reads this lane only after I publish CopiedIn = g+1, and every
-            // rank finished chunk g-2 (waited above), the last to read this half.
-            let mut to = shm.chunk_mut(half, lanes.offset(me, p, n), part.len());
-            copy(&mut to, io.send(from));
+            publish_part(shm, g, j);
         }
         shm.publish(Counter::CopiedIn, g + 1);
         shm.publish(Counter::Reduced, g + 1);
-        let has_piece = |r: usize| r != me && !piece(recv[r].len(), lane, s).is_empty();
-        ctx.wait_until(|| (0..n).find(|r| has_piece(*r) && shm.counter(*r, Counter::CopiedIn) < g + 1))?;
-        for r in (0..n).filter(|r| has_piece(*r)) {
-            let part = piece(recv[r].len(), lane, s);
-            // Rank r published its lanes for chunk g and rewrites them only after every
-            // rank (me included) published CopiedOut = g+1.
-            let from = shm.chunk(r, half, lanes.offset(r, me, n), part.len());
-            copy_out(io.recv(recv[r].start + part.start..recv[r].start + part.end), from);
+        // Copy out, part by part, each as soon as its sender has it in (a sender that is
+        // behind is followed part by part instead of waited for whole).
+        for j in 0..parts_out {
+            for r in 0..n {
+                let got = recvs(r);
+                let at = part(got.len(), j);
+                if at.is_empty() {
+                    continue;
+                }
+                wait_part(ctx, shm, r, g, j)?;
+                // Rank r published part j of its lanes for chunk g and rewrites them only
+                // after every rank (me included) published CopiedOut = g+1.
+                let from = shm.chunk(r, half, lanes.offset(r, me, n) + at.start, at.len());
+                let to = got.start + at.start..got.start + at.end;
+                copy_out(io.recv(to), from);
+            }
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;

@@ -1,11 +1,15 @@
 //! Direct broadcast: small payloads travel in the root's slot, which the root publishes and
 //! leaves (its arrival waits for nobody; the others wait for the root's slot alone), so
 //! back-to-back broadcasts overlap by up to `SLOTS - 1` ops, as MPI's eager sends do. Large
-//! ones go chunk by chunk through the root's chunk buffers after a full arrival. (Reading straight from the
+//! ones go chunk by chunk through the root's chunk buffers after a full arrival; the root
+//! copies each chunk in part by part and the others copy each part out as soon as it is in
+//! (`parts` in the module docs), so the two copies overlap. (Reading straight from the
 //! root's buffer, `single_copy.rs`, was slower here once the root rewrites it before each
 //! broadcast, as training does; docs/benchmarks.md.)
 
-use super::{arrive, arrive_for, copy_out_for, is_small, wait_counter, wait_peer_counter, Direct, Wait};
+use super::{
+    arrive, arrive_for, copy_in_for, copy_out_for, is_small, parts, publish_part, wait_counter, wait_part, Direct, Wait,
+};
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
@@ -47,18 +51,26 @@ pub(crate) fn broadcast<T: Element>(
         let len = std::mem::size_of_val(part);
         if me == root {
             wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
-            // As in all_reduce's copy-in.
-            copy(&mut shm.chunk_mut(half, 0, len), as_bytes(part));
+            // As in all_reduce's copy-in, part by part, so that the readers follow.
+            let src = as_bytes(part);
+            let copy_in = copy_in_for(len);
+            for (j, at) in parts(len).enumerate() {
+                copy_in(&mut shm.chunk_mut(half, at.start, at.len()), &src[at]);
+                publish_part(shm, g, j);
+            }
             shm.publish(Counter::CopiedIn, g + 1);
             shm.publish(Counter::Reduced, g + 1);
             shm.publish(Counter::CopiedOut, g + 1);
         } else {
             shm.publish(Counter::CopiedIn, g + 1);
             shm.publish(Counter::Reduced, g + 1);
-            wait_peer_counter(ctx, shm, root, Counter::CopiedIn, g + 1)?;
-            // The root published chunk g and rewrites this half only after every rank
-            // published CopiedOut = g+1.
-            copy_out(as_bytes_mut(part), shm.chunk(root, half, 0, len));
+            let dst = as_bytes_mut(part);
+            for (j, at) in parts(len).enumerate() {
+                wait_part(ctx, shm, root, g, j)?;
+                // The root published part j of chunk g and rewrites this half only after
+                // every rank published CopiedOut = g+1.
+                copy_out(&mut dst[at.clone()], shm.chunk(root, half, at.start, at.len()));
+            }
             shm.publish(Counter::CopiedOut, g + 1);
         }
         d.state.chunks += 1;

@@ -42,6 +42,15 @@
 //! Progress counters (`copied_in`, `reduced`, `copied_out`) count chunks over the life of the
 //! communicator; every rank moves each of them by the same amount in every op.
 //!
+//! **Parts.** Where one rank copies a chunk into its half and others copy it out (broadcast,
+//! all_gather, and the exchange of all_to_all, gather and scatter), the writer copies it in
+//! [`PART_BYTES`] at a time and publishes each part (`parts_in`: `g · PARTS_MAX + j + 1` once
+//! parts `0..=j` of chunk `g` are in, only ever growing), and a reader copies part j out as
+//! soon as it is published. The reader thus follows the writer inside the chunk: from one
+//! rank to another a chunk costs about one copy plus one part, where waiting for the whole
+//! chunk (`copied_in`) cost two copies in a row. Only ranks that copy in publish `parts_in`;
+//! `copied_in` still moves with the other counters after the last part.
+//!
 //! **Meeting the other ops.** A world op that does not take the direct path (it agrees over
 //! the links first, inside [`Ctx::watched`], with the workspaces as the engine's [`PeerWatch`])
 //! announces its fingerprint in this rank's workspace; a
@@ -69,7 +78,7 @@ pub(crate) use rooted::{gather, reduce, scatter};
 
 use crate::engine::{Ctx, PeerWatch};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::shm::workspace::{Counter, ShmDirect, HISTORY, SLOTS, SLOT_HEADER, SMALL_BYTES};
+use crate::transport::shm::workspace::{Counter, ShmDirect, CHUNK_BYTES, HISTORY, SLOTS, SLOT_HEADER, SMALL_BYTES};
 use crate::wire::{Fingerprint, FP_BYTES, FP_WORDS};
 
 /// Per-communicator progress of the direct protocol (identical on every rank).
@@ -107,6 +116,27 @@ const STREAM_FROM: usize = 16 << 20;
 /// a plain copy, which leaves the result in the caches.
 pub(super) fn copy_out_for(total: usize) -> fn(&mut [u8], &[u8]) {
     if total >= STREAM_FROM {
+        crate::copy::copy_streaming
+    } else {
+        crate::copy::copy
+    }
+}
+
+/// Bytes moved through the halves in one chunk step (what this rank copies in plus what it
+/// copies out) up to which the copy-in streams ([`copy_in_for`]).
+const STREAM_IN_UNTIL: usize = 256 << 10;
+
+/// The copy of parts into this rank's half in a chunk step where this rank copies `moved`
+/// bytes in and out. Up to [`STREAM_IN_UNTIL`]: non-temporal stores (ending in a store fence,
+/// so every part is in memory before it is published). The half's lines sit in the readers'
+/// caches from the last time they read it, and plain stores take each line back first;
+/// streaming skips that. Between two pinned threads (`bench/floor_parts.c`) a 128 KiB block
+/// in 16 KiB parts took 10.0 µs from the first store to the reader's last load instead of
+/// 20.0. Above it (a whole 512 KiB chunk, or two ranks' 256 KiB blocks) the readers then fetch
+/// every line from memory, and plain stores were faster (2 ranks, inputs rewritten before
+/// every op; docs/perf_fresh_inputs.md). A local choice: the readers do not depend on it.
+pub(super) fn copy_in_for(moved: usize) -> fn(&mut [u8], &[u8]) {
+    if moved <= STREAM_IN_UNTIL {
         crate::copy::copy_streaming
     } else {
         crate::copy::copy
@@ -420,6 +450,53 @@ pub(super) fn wait_counter(ctx: &mut Ctx<'_>, shm: &ShmDirect, c: Counter, value
 /// Waits until rank `r`'s counter `c` is at least `value`.
 pub(super) fn wait_peer_counter(ctx: &mut Ctx<'_>, shm: &ShmDirect, r: usize, c: Counter, value: u64) -> Result<()> {
     ctx.wait_until(|| (shm.counter(r, c) < value).then_some(r))
+}
+
+/// Bytes of one *part*: the unit in which a rank copies into its half and a reader follows it
+/// (`Counter::PartsIn`), so that the reader copies part j out while the writer copies part
+/// j + 1 in, and a chunk moved from one rank to another costs about one copy plus one part
+/// instead of two copies. 16 KiB: with inputs rewritten before every op, 2 ranks, parts of 8
+/// and 16 KiB were as fast as each other and faster than 32 and 64 KiB for gather, scatter and
+/// broadcast from 64 KiB to 512 KiB, and whole chunks (the protocol before parts) slowest
+/// (docs/perf_fresh_inputs.md). Every rank must use the same value: a reader trusts part j to
+/// be where its own arithmetic puts it.
+pub(super) const PART_BYTES: usize = 16 << 10;
+
+/// Upper bound on the parts of one chunk: `Counter::PartsIn` holds `g · PARTS_MAX + j + 1`
+/// once parts `0..=j` of chunk `g` are in, so it grows with every part of every chunk.
+const PARTS_MAX: u64 = (CHUNK_BYTES / PART_BYTES) as u64;
+
+// Parts are whole cache lines and whole elements of every dtype.
+const _: () = assert!(PART_BYTES % 64 == 0 && CHUNK_BYTES % PART_BYTES == 0);
+
+/// How many parts `len` bytes make (the same on every rank for the same `len`).
+pub(super) fn part_count(len: usize) -> usize {
+    len.div_ceil(PART_BYTES)
+}
+
+/// Part `j` of `len` bytes (empty from [`part_count`] on).
+pub(super) fn part(len: usize, j: usize) -> std::ops::Range<usize> {
+    (j * PART_BYTES).min(len)..((j + 1) * PART_BYTES).min(len)
+}
+
+/// The parts of `len` bytes, in order.
+pub(super) fn parts(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..part_count(len)).map(move |j| part(len, j))
+}
+
+/// Publishes that this rank has copied parts `0..=j` of chunk `g` into its half.
+pub(super) fn publish_part(shm: &ShmDirect, g: u64, j: usize) {
+    debug_assert!((j as u64) < PARTS_MAX, "part {j} of a chunk of at most {PARTS_MAX} parts");
+    shm.publish(Counter::PartsIn, g * PARTS_MAX + j as u64 + 1);
+}
+
+/// Waits until rank `r` has copied parts `0..=j` of chunk `g` into its half.
+pub(super) fn wait_part(ctx: &mut Ctx<'_>, shm: &ShmDirect, r: usize, g: u64, j: usize) -> Result<()> {
+    let want = g * PARTS_MAX + j as u64 + 1;
+    if shm.counter(r, Counter::PartsIn) >= want {
+        return Ok(());
+    }
+    wait_peer_counter(ctx, shm, r, Counter::PartsIn, want)
 }
 
 /// Direct barrier: arrival alone.

@@ -9,7 +9,7 @@
 //!
 //! | offset | what |
 //! | --- | --- |
-//! | 0 | counters, one 128-byte line each: `arrived`, `copied_in`, `reduced`, `copied_out` |
+//! | 0 | counters, one 128-byte line each: `arrived`, `copied_in` (with `parts_in` in its second 64 bytes), `reduced`, `copied_out` |
 //! | [`SINGLE_COPY_OFFSET`] | whether this rank can read every peer's memory (0: not known yet, then the verdict the direct algorithms publish) and the address of its probe word, which peers read to find out (see [`ShmDirect::probe_peer`]) |
 //! | [`ANNOUNCE_OFFSET`] | the *announcement*: a tag word (`seq + 1`, 0: none) and [`ANNOUNCE_BYTES`] that a rank publishes when it starts an op that does not use the slots, so peers on the direct path see that it is elsewhere (see [`ShmDirect::announce`]) |
 //! | [`SLOTS_OFFSET`] | [`SLOTS`] *slots* (op `k` writes slot `k % SLOTS`), each a line with an 8-byte stamp, an 8-byte check word (a hash of the op's fingerprint) and up to [`INLINE_BYTES`] of payload, then a line with the 56-byte header (fingerprint + length), then up to [`SMALL_BYTES`] of payload when it does not fit inline: a reader of a tiny op whose fingerprint matches reads one line |
@@ -65,6 +65,20 @@ pub enum Counter {
     Reduced = 2,
     /// Number of chunks this rank has finished reading from everyone.
     CopiedOut = 3,
+    /// How far this rank has copied into its half, part by part, so that a reader can follow
+    /// it inside a chunk (its meaning is the direct algorithms'). It lives in the second half
+    /// of the `copied_in` line, which only its writer writes: no line of its own.
+    PartsIn = 4,
+}
+
+impl Counter {
+    /// Byte offset of the counter in a workspace.
+    fn offset(self) -> usize {
+        match self {
+            Counter::PartsIn => Counter::CopiedIn as usize * LINE + LINE / 2,
+            c => c as usize * LINE,
+        }
+    }
 }
 
 /// Every local rank's workspace, as mapped in this process. Built by
@@ -189,8 +203,9 @@ impl ShmDirect {
 
     fn counter_ref(&self, rank: usize, c: Counter) -> &AtomicU64 {
         // SAFETY: the counter lines are at the start of the workspace, inside the mapping,
-        // 128-aligned (the workspace is page-aligned); `AtomicU64` is valid for any bits.
-        unsafe { self.bases[rank].add(c as usize * LINE).cast::<AtomicU64>().as_ref() }
+        // 64-aligned (the workspace is page-aligned; `Counter::offset` is a multiple of 64
+        // below `COUNTERS * LINE`); `AtomicU64` is valid for any bits.
+        unsafe { self.bases[rank].add(c.offset()).cast::<AtomicU64>().as_ref() }
     }
 
     /// Reads `rank`'s counter `c` (`Acquire`: what it covers is visible afterwards).
