@@ -79,7 +79,7 @@ pub(crate) fn all_gather<T: Element>(
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
         // Copy in, part by part. Others read a part of my half for chunk g only after I
         // publish it, and they finished with chunk g-2 (waited above).
-        let copy_in = copy_in_for(n * len);
+        let copy_in = copy_in_for(n * len, n);
         let elems = |at: &std::ops::Range<usize>| piece.start + at.start / size..piece.start + at.end / size;
         for (j, at) in parts(len).enumerate() {
             copy_in(&mut shm.chunk_mut(half, at.start, at.len()), as_bytes(io.own(me, m, elems(&at))));

@@ -128,7 +128,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
         let recvs = |r: usize| at_step(&recv[r], r);
         let parts_in = (0..n).map(|p| part_count(sends(p).len())).max().unwrap_or(0);
         let parts_out = (0..n).map(|r| part_count(recvs(r).len())).max().unwrap_or(0);
-        let copy_in = copy_in_for((0..n).map(|p| sends(p).len() + recvs(p).len()).sum());
+        let copy_in = copy_in_for((0..n).map(|p| sends(p).len() + recvs(p).len()).sum(), n);
         // Copy in, part by part: part j of every piece this rank sends, then publish it.
         for j in 0..parts_in {
             for p in 0..n {

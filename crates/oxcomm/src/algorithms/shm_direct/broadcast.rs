@@ -53,7 +53,7 @@ pub(crate) fn broadcast<T: Element>(
             wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
             // As in all_reduce's copy-in, part by part, so that the readers follow.
             let src = as_bytes(part);
-            let copy_in = copy_in_for(len);
+            let copy_in = copy_in_for(len, ctx.size);
             for (j, at) in parts(len).enumerate() {
                 copy_in(&mut shm.chunk_mut(half, at.start, at.len()), &src[at]);
                 publish_part(shm, g, j);

@@ -127,20 +127,30 @@ pub(super) fn copy_out_for(total: usize) -> fn(&mut [u8], &[u8]) {
 const STREAM_IN_UNTIL: usize = 256 << 10;
 
 /// The copy of parts into this rank's half in a chunk step where this rank copies `moved`
-/// bytes in and out. Up to [`STREAM_IN_UNTIL`]: non-temporal stores (ending in a store fence,
-/// so every part is in memory before it is published). The half's lines sit in the readers'
-/// caches from the last time they read it, and plain stores take each line back first;
-/// streaming skips that. Between two pinned threads (`bench/floor_parts.c`) a 128 KiB block
-/// in 16 KiB parts took 10.0 µs from the first store to the reader's last load instead of
-/// 20.0. Above it (a whole 512 KiB chunk, or two ranks' 256 KiB blocks) the readers then fetch
-/// every line from memory, and plain stores were faster (2 ranks, inputs rewritten before
-/// every op; docs/perf_fresh_inputs.md). A local choice: the readers do not depend on it.
-pub(super) fn copy_in_for(moved: usize) -> fn(&mut [u8], &[u8]) {
-    if moved <= STREAM_IN_UNTIL {
+/// bytes in and out, among `ranks` ranks on this host. Up to [`STREAM_IN_UNTIL`], when every
+/// rank has a core of its own: non-temporal stores (ending in a store fence, so every part is
+/// in memory before it is published). The half's lines sit in the readers' caches from the
+/// last time they read it, and plain stores take each line back first; streaming skips that.
+/// Between two pinned threads (`bench/floor_parts.c`) a 128 KiB block in 16 KiB parts took
+/// 10.0 µs from the first store to the reader's last load instead of 20.0. Above it (a whole
+/// 512 KiB chunk, or two ranks' 256 KiB blocks) the readers then fetch every line from memory,
+/// and plain stores were faster (2 ranks, inputs rewritten before every op;
+/// docs/perf_fresh_inputs.md). With more ranks than cores a reader often shares the writer's
+/// core and caches, where streaming only sends the lines to memory and back: 4 ranks on 2
+/// cores ran gather at 512 KiB–1 MiB 1.3–1.7× slower with it. A local choice: the readers do
+/// not depend on it.
+pub(super) fn copy_in_for(moved: usize, ranks: usize) -> fn(&mut [u8], &[u8]) {
+    if moved <= STREAM_IN_UNTIL && ranks <= cores() {
         crate::copy::copy_streaming
     } else {
         crate::copy::copy
     }
+}
+
+/// The cores this process may run on (its affinity and cgroup quota), read once.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Whether a buffer of `bytes` goes inline in the slot.
@@ -485,9 +495,16 @@ pub(super) fn parts(len: usize) -> impl Iterator<Item = std::ops::Range<usize>> 
 }
 
 /// Publishes that this rank has copied parts `0..=j` of chunk `g` into its half.
+///
+/// Quietly: a part rings no doorbell. Every writer publishes `copied_in` (which rings) right
+/// after its last part, so a reader asleep in [`wait_part`] (ranks sharing cores) wakes then
+/// and finds every part in; one that spins follows part by part. Ringing every part woke each
+/// sleeping rank up to 32 times a chunk, each a system call and a rank taking the core from
+/// the writer: 4 ranks on 2 cores ran gather at 512 KiB–1 MiB 1.5–2.6× slower than whole
+/// chunks did (docs/perf_fresh_inputs.md).
 pub(super) fn publish_part(shm: &ShmDirect, g: u64, j: usize) {
     debug_assert!((j as u64) < PARTS_MAX, "part {j} of a chunk of at most {PARTS_MAX} parts");
-    shm.publish(Counter::PartsIn, g * PARTS_MAX + j as u64 + 1);
+    shm.publish_quiet(Counter::PartsIn, g * PARTS_MAX + j as u64 + 1);
 }
 
 /// Waits until rank `r` has copied parts `0..=j` of chunk `g` into its half.

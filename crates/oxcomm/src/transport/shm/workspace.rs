@@ -219,6 +219,13 @@ impl ShmDirect {
         self.wake_sleepers();
     }
 
+    /// Publishes this rank's counter `c` = `value` without ringing anyone: for progress inside
+    /// a step whose end the caller publishes with [`ShmDirect::publish`] right after, whose
+    /// ring wakes the sleepers then. Spinning readers see the value at once.
+    pub fn publish_quiet(&self, c: Counter, value: u64) {
+        self.counter_ref(self.rank, c).store(value, Ordering::Release);
+    }
+
     /// Rings the doorbell of every other rank that is (about to be) asleep. Ranks that are
     /// not see stamps and counters themselves: every wait on them goes through
     /// [`crate::transport::Doorbell::wait_checked`], which checks them again after
