@@ -430,6 +430,13 @@ fn shm_mid_sizes_move_part_by_part_without_single_copy_2_ranks() {
 }
 
 #[test]
+fn shm_mid_sizes_by_whole_chunks_where_ranks_share_cores_2_ranks() {
+    // Waits that do not spin are how the transport says ranks share cores: readers then wait
+    // for each writer's whole chunk, and the copy-in does not stream (whatever this host has).
+    run_tester_with(2, "parts", &[("OXCOMM_SHM_SPIN_US", "0")]);
+}
+
+#[test]
 fn shm_streamed_copy_out_of_large_outputs_2_ranks() {
     run_tester(2, "streaming");
 }

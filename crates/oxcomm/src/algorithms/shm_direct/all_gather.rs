@@ -22,7 +22,9 @@
 //! at all (in place, [`GatherBuffers::InPlace`]).
 
 use super::single_copy;
-use super::{arrive, copy_in_for, copy_out_for, is_small, parts, publish_part, wait_counter, wait_part, Direct};
+use super::{
+    arrive, copy_in_for, copy_out_for, follows_parts, is_small, parts, publish_part, wait_counter, wait_part, Direct,
+};
 use crate::algorithms::GatherBuffers;
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
@@ -67,6 +69,7 @@ pub(crate) fn all_gather<T: Element>(
     arrive(ctx, d, fp, &[])?;
     single_copy::learn(ctx, d, bytes)?;
     let copy_out = copy_out_for(m * n * size);
+    let follow = follows_parts(d.shm.each_rank_has_a_core(), m * n * size);
     let mut io = GatherBuffers::InPlace(io.into_whole_with(me, copy_out));
     let per_chunk = CHUNK_BYTES / size;
     for start in (0..m).step_by(per_chunk) {
@@ -79,7 +82,7 @@ pub(crate) fn all_gather<T: Element>(
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
         // Copy in, part by part. Others read a part of my half for chunk g only after I
         // publish it, and they finished with chunk g-2 (waited above).
-        let copy_in = copy_in_for(n * len, n);
+        let copy_in = copy_in_for(n * len, shm.each_rank_has_a_core());
         let elems = |at: &std::ops::Range<usize>| piece.start + at.start / size..piece.start + at.end / size;
         for (j, at) in parts(len).enumerate() {
             copy_in(&mut shm.chunk_mut(half, at.start, at.len()), as_bytes(io.own(me, m, elems(&at))));
@@ -90,7 +93,7 @@ pub(crate) fn all_gather<T: Element>(
         // Copy out, part by part, each as soon as its owner has it in.
         for r in others() {
             for (j, at) in parts(len).enumerate() {
-                wait_part(ctx, shm, r, g, j)?;
+                wait_part(ctx, shm, r, g, j, follow)?;
                 // Rank r published part j of chunk g and rewrites this half only after
                 // everyone (me included) published CopiedOut = g+1.
                 let src = shm.chunk(r, half, at.start, at.len());

@@ -42,7 +42,8 @@ use std::ops::Range;
 use super::reduce_scatter::piece_index;
 use super::single_copy;
 use super::{
-    arrive, copy_in_for, copy_out_for, is_small, part, part_count, publish_part, wait_counter, wait_part, Direct,
+    arrive, copy_in_for, copy_out_for, follows_parts, is_small, part, part_count, publish_part, wait_counter,
+    wait_part, Direct,
 };
 use crate::algorithms::{pairwise, ExchangeBuffers};
 use crate::copy::copy;
@@ -113,6 +114,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
     let lane = lanes.bytes(n);
     let Blocks { mut io, send, recv } = b;
     let copy_out = copy_out_for(io.recv_len());
+    let follow = follows_parts(shm.each_rank_has_a_core(), io.recv_len());
     for s in 0..steps {
         let g = d.state.chunks;
         let half = (g & 1) as usize;
@@ -128,7 +130,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
         let recvs = |r: usize| at_step(&recv[r], r);
         let parts_in = (0..n).map(|p| part_count(sends(p).len())).max().unwrap_or(0);
         let parts_out = (0..n).map(|r| part_count(recvs(r).len())).max().unwrap_or(0);
-        let copy_in = copy_in_for((0..n).map(|p| sends(p).len() + recvs(p).len()).sum(), n);
+        let copy_in = copy_in_for((0..n).map(|p| sends(p).len() + recvs(p).len()).sum(), shm.each_rank_has_a_core());
         // Copy in, part by part: part j of every piece this rank sends, then publish it.
         for j in 0..parts_in {
             for p in 0..n {
@@ -156,7 +158,7 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
                 if at.is_empty() {
                     continue;
                 }
-                wait_part(ctx, shm, r, g, j)?;
+                wait_part(ctx, shm, r, g, j, follow)?;
                 // Rank r published part j of its lanes for chunk g and rewrites them only
                 // after every rank (me included) published CopiedOut = g+1.
                 let from = shm.chunk(r, half, lanes.offset(r, me, n) + at.start, at.len());

@@ -8,7 +8,8 @@
 //! broadcast, as training does; docs/benchmarks.md.)
 
 use super::{
-    arrive, arrive_for, copy_in_for, copy_out_for, is_small, parts, publish_part, wait_counter, wait_part, Direct, Wait,
+    arrive, arrive_for, copy_in_for, copy_out_for, follows_parts, is_small, parts, publish_part, wait_counter,
+    wait_part, Direct, Wait,
 };
 use crate::copy::copy;
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
@@ -43,6 +44,7 @@ pub(crate) fn broadcast<T: Element>(
     let per_chunk = CHUNK_BYTES / std::mem::size_of::<T>();
     let total = buf.len();
     let copy_out = copy_out_for(bytes);
+    let follow = follows_parts(d.shm.each_rank_has_a_core(), bytes);
     for start in (0..total).step_by(per_chunk) {
         let part = &mut buf[start..(start + per_chunk).min(total)];
         let g = d.state.chunks;
@@ -53,7 +55,7 @@ pub(crate) fn broadcast<T: Element>(
             wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
             // As in all_reduce's copy-in, part by part, so that the readers follow.
             let src = as_bytes(part);
-            let copy_in = copy_in_for(len, ctx.size);
+            let copy_in = copy_in_for(len, shm.each_rank_has_a_core());
             for (j, at) in parts(len).enumerate() {
                 copy_in(&mut shm.chunk_mut(half, at.start, at.len()), &src[at]);
                 publish_part(shm, g, j);
@@ -66,7 +68,7 @@ pub(crate) fn broadcast<T: Element>(
             shm.publish(Counter::Reduced, g + 1);
             let dst = as_bytes_mut(part);
             for (j, at) in parts(len).enumerate() {
-                wait_part(ctx, shm, root, g, j)?;
+                wait_part(ctx, shm, root, g, j, follow)?;
                 // The root published part j of chunk g and rewrites this half only after
                 // every rank published CopiedOut = g+1.
                 copy_out(&mut dst[at.clone()], shm.chunk(root, half, at.start, at.len()));

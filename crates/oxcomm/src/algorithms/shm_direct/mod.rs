@@ -127,8 +127,8 @@ pub(super) fn copy_out_for(total: usize) -> fn(&mut [u8], &[u8]) {
 const STREAM_IN_UNTIL: usize = 256 << 10;
 
 /// The copy of parts into this rank's half in a chunk step where this rank copies `moved`
-/// bytes in and out, among `ranks` ranks on this host. Up to [`STREAM_IN_UNTIL`], when every
-/// rank has a core of its own: non-temporal stores (ending in a store fence, so every part is
+/// bytes in and out. Up to [`STREAM_IN_UNTIL`], when every rank has a core of its own
+/// (`own_core`: [`ShmDirect::each_rank_has_a_core`]): non-temporal stores (ending in a store fence, so every part is
 /// in memory before it is published). The half's lines sit in the readers' caches from the
 /// last time they read it, and plain stores take each line back first; streaming skips that.
 /// Between two pinned threads (`bench/floor_parts.c`) a 128 KiB block in 16 KiB parts took
@@ -139,18 +139,12 @@ const STREAM_IN_UNTIL: usize = 256 << 10;
 /// core and caches, where streaming only sends the lines to memory and back: 4 ranks on 2
 /// cores ran gather at 512 KiB–1 MiB 1.3–1.7× slower with it. A local choice: the readers do
 /// not depend on it.
-pub(super) fn copy_in_for(moved: usize, ranks: usize) -> fn(&mut [u8], &[u8]) {
-    if moved <= STREAM_IN_UNTIL && ranks <= cores() {
+pub(super) fn copy_in_for(moved: usize, own_core: bool) -> fn(&mut [u8], &[u8]) {
+    if moved <= STREAM_IN_UNTIL && own_core {
         crate::copy::copy_streaming
     } else {
         crate::copy::copy
     }
-}
-
-/// The cores this process may run on (its affinity and cgroup quota), read once.
-fn cores() -> usize {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Whether a buffer of `bytes` goes inline in the slot.
@@ -507,11 +501,28 @@ pub(super) fn publish_part(shm: &ShmDirect, g: u64, j: usize) {
     shm.publish_quiet(Counter::PartsIn, g * PARTS_MAX + j as u64 + 1);
 }
 
-/// Waits until rank `r` has copied parts `0..=j` of chunk `g` into its half.
-pub(super) fn wait_part(ctx: &mut Ctx<'_>, shm: &ShmDirect, r: usize, g: u64, j: usize) -> Result<()> {
+/// Whether a reader here follows the writers part by part ([`wait_part`]) in an op whose
+/// output here is `total` bytes. Not when ranks share cores (`own_core` false:
+/// [`ShmDirect::each_rank_has_a_core`]): a reader
+/// that waits for a writer descheduled on its own core spins out its budget once per part
+/// instead of once per chunk (4 ranks on 2 cores, inputs rewritten before every op: all_to_all
+/// at 64–512 KiB 1.2–1.8× slower following parts). Not from [`STREAM_FROM`] bytes of output,
+/// where the copy-out streams to memory and a 2-rank scatter of 32–64 MiB ran 1.6–2.3× slower
+/// following parts. A local choice: writers publish every part either way.
+pub(super) fn follows_parts(own_core: bool, total: usize) -> bool {
+    own_core && total < STREAM_FROM
+}
+
+/// Waits until rank `r` has copied parts `0..=j` of chunk `g` into its half: part by part
+/// when `follow` ([`follows_parts`]), else until it has published the whole chunk
+/// (`copied_in`, which every writer publishes right after its last part).
+pub(super) fn wait_part(ctx: &mut Ctx<'_>, shm: &ShmDirect, r: usize, g: u64, j: usize, follow: bool) -> Result<()> {
     let want = g * PARTS_MAX + j as u64 + 1;
     if shm.counter(r, Counter::PartsIn) >= want {
         return Ok(());
+    }
+    if !follow {
+        return wait_peer_counter(ctx, shm, r, Counter::CopiedIn, g + 1);
     }
     wait_peer_counter(ctx, shm, r, Counter::PartsIn, want)
 }

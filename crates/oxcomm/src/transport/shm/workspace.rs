@@ -191,6 +191,13 @@ impl ShmDirect {
         self.arrival_polls
     }
 
+    /// Whether every local rank has a core of its own (the transport's waits spin; see
+    /// `ShmConfig::for_local_ranks`), as counted before the ranks were pinned: a pinned rank
+    /// sees one core.
+    pub fn each_rank_has_a_core(&self) -> bool {
+        self.arrival_polls > 0
+    }
+
     /// This rank.
     pub fn rank(&self) -> usize {
         self.rank
