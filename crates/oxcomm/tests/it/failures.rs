@@ -496,18 +496,17 @@ fn coalesced_ops() {
     }
 }
 
-#[test]
-fn a_groups_own_timeout_applies_to_its_ops_only() {
-    // The world waits up to 60 s; the pair's ops give up after 300 ms (torch's
-    // `new_group(timeout=...)`): rank 0's barrier on the pair times out while rank 1 stays
-    // away (it waits, outside oxcomm, until rank 0 has its error).
+/// Rank 0's error from `op` on a pair whose own timeout is 300 ms, in a world that waits up to
+/// 60 s (torch's `new_group(timeout=...)`); rank 1 stays away, outside oxcomm, until rank 0
+/// has its result.
+fn error_on_a_pair_with_its_own_timeout(op: impl Fn(&Communicator) -> Result<()> + Sync) -> oxcomm::Error {
     let done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
     let out = threads::run_with(2, config(60_000), |world| {
         let pair = world.new_group(&[0, 1]).unwrap().unwrap();
         pair.set_timeout(Duration::from_millis(300));
         assert_eq!(world.timeout(), Duration::from_secs(60));
         if world.rank() == 0 {
-            let r = pair.barrier();
+            let r = op(&pair);
             *done.0.lock().unwrap() = true;
             done.1.notify_all();
             r
@@ -521,35 +520,21 @@ fn a_groups_own_timeout_applies_to_its_ops_only() {
         }
     })
     .unwrap();
-    let e = out[0].as_ref().unwrap_err();
+    out.into_iter().next().unwrap().unwrap_err()
+}
+
+#[test]
+fn a_groups_own_timeout_applies_to_its_ops_only() {
+    let e = error_on_a_pair_with_its_own_timeout(|pair| pair.barrier());
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     assert!(e.message().contains("300ms"), "the group's timeout, not the world's: {e}");
 }
 
 #[test]
 fn a_groups_own_timeout_applies_to_its_pending_p2p() {
-    // As above, for an `irecv` on the pair that rank 1 never answers: the batch it starts in
-    // gives up at the pair's 300 ms, not the world's 60 s.
-    let done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
-    let out = threads::run_with(2, config(60_000), |world| {
-        let pair = world.new_group(&[0, 1]).unwrap().unwrap();
-        pair.set_timeout(Duration::from_millis(300));
-        if world.rank() == 0 {
-            let r = pair.irecv(vec![0u8; 4], 1, 3).wait().map(|_| ());
-            *done.0.lock().unwrap() = true;
-            done.1.notify_all();
-            r
-        } else {
-            let until = Instant::now() + Duration::from_secs(60);
-            let mut g = done.0.lock().unwrap();
-            while !*g && Instant::now() < until {
-                g = done.1.wait_timeout(g, Duration::from_millis(100)).unwrap().0;
-            }
-            Ok(())
-        }
-    })
-    .unwrap();
-    let e = out[0].as_ref().unwrap_err();
+    // An `irecv` that rank 1 never answers: the batch it starts in gives up at the pair's
+    // timeout too.
+    let e = error_on_a_pair_with_its_own_timeout(|pair| pair.irecv(vec![0u8; 4], 1, 3).wait().map(|_| ()));
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     assert!(e.message().contains("300ms"), "the group's timeout, not the world's: {e}");
 }
