@@ -65,36 +65,11 @@ pub(super) fn chunk_place(g: u64, bytes: usize) -> usize {
     ((g >> 1) % places) as usize * step
 }
 
-/// The copy-in step of chunk `g` (the `len` elements of `input` at `start`), placed at the
-/// start of its half (see [`copy_in_at`]).
-pub(super) fn copy_in<T: Element>(
-    ctx: &mut Ctx<'_>,
-    shm: &ShmDirect,
-    g: u64,
-    start: usize,
-    len: usize,
-    input: &[T],
-) -> Result<()> {
-    copy_in_at(ctx, shm, g, 0, start, len, input)
-}
-
-/// The copy-out step of chunk `g`, placed at the start of its half (see [`copy_out_at`]).
-pub(super) fn copy_out<T: Element>(
-    ctx: &mut Ctx<'_>,
-    shm: &ShmDirect,
-    g: u64,
-    start: usize,
-    len: usize,
-    output: &mut [T],
-) -> Result<()> {
-    copy_out_at(ctx, shm, g, 0, start, len, output)
-}
-
 /// The copy-in step of chunk `g` (the `len` elements of `input` at `start`, placed `at` bytes
 /// into its half): waits until its half is free (every rank published `CopiedOut` = g − 1),
 /// copies every other rank's slice into it, publishes `CopiedIn` = g + 1 and waits for every
 /// rank's.
-fn copy_in_at<T: Element>(
+pub(super) fn copy_in_at<T: Element>(
     ctx: &mut Ctx<'_>,
     shm: &ShmDirect,
     g: u64,
@@ -120,7 +95,7 @@ fn copy_in_at<T: Element>(
 /// The copy-out step of chunk `g` (the `len` elements of `output` at `start`, placed `at` bytes
 /// into its half): waits for every rank's `Reduced` = g + 1 and copies every other rank's
 /// reduced slice into `output`.
-fn copy_out_at<T: Element>(
+pub(super) fn copy_out_at<T: Element>(
     ctx: &mut Ctx<'_>,
     shm: &ShmDirect,
     g: u64,

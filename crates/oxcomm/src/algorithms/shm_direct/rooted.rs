@@ -40,7 +40,7 @@
 //! n = 2 and the shared reduction wins from n = 3. Non-roots keep their buffers unchanged:
 //! their share of the result goes into their half, not into their buffer.
 
-use super::all_reduce::{copy_in, copy_out, reduce_slots, slice, REDUCE_PIECE_BYTES};
+use super::all_reduce::{copy_in_at, copy_out_at, reduce_slots, slice, REDUCE_PIECE_BYTES};
 use super::all_to_all::{exchange, steps, Blocks, Lanes};
 use super::{arrive, arrive_for, is_small, Direct, Wait};
 use crate::algorithms::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
@@ -180,7 +180,7 @@ pub(crate) fn reduce<'b, T: Element>(
         let half = (g & 1) as usize;
         let shm = d.shm;
         let slice = |r: usize| slice(start, part_len, n, r);
-        copy_in(ctx, shm, g, start, part_len, io.input(0..total))?;
+        copy_in_at(ctx, shm, g, 0, start, part_len, io.input(0..total))?;
         let mine = slice(me);
         let (off, len) = ((mine.start - start) * size, mine.len() * size);
         // The other ranks' slices `me` were published for chunk g and are not
@@ -219,7 +219,7 @@ pub(crate) fn reduce<'b, T: Element>(
         }
         shm.publish(Counter::Reduced, g + 1);
         if me == root {
-            copy_out(ctx, shm, g, start, part_len, io.output(0..total))?;
+            copy_out_at(ctx, shm, g, 0, start, part_len, io.output(0..total))?;
         }
         shm.publish(Counter::CopiedOut, g + 1);
         d.state.chunks += 1;
