@@ -118,12 +118,15 @@ impl std::fmt::Debug for FlightRecorder {
 pub struct FlightId(u64);
 
 /// A name of at most 8 bytes as one word (longer ones are not recorded: read back as `?`).
+///
+/// Byte by byte into a register: copying a name of variable length into a buffer and loading
+/// it as one word called `memcpy` and then stalled on the load (the bytes were still in the
+/// store buffer), which was half of [`FlightRecorder::start`]'s samples in an 8-byte gather.
 fn name_word(name: &str) -> u64 {
-    let mut b = [0u8; 8];
-    if name.len() <= 8 {
-        b[..name.len()].copy_from_slice(name.as_bytes());
+    if name.len() > 8 {
+        return 0;
     }
-    u64::from_le_bytes(b)
+    name.bytes().enumerate().fold(0, |w, (i, b)| w | (b as u64) << (8 * i))
 }
 
 /// Every error kind, in the order of [`kind_code`].
@@ -229,7 +232,12 @@ impl FlightRecorder {
     /// Records that `fp` starts now with `algorithm` (talking to `peer`, for point-to-point).
     /// Called by the thread that runs the op, holding the communicator's turn.
     pub fn start(&self, fp: &Fingerprint, algorithm: &'static str, peer: Option<usize>) -> FlightId {
-        let now = crate::clock::monotonic_ns();
+        self.start_at(fp, algorithm, peer, crate::clock::monotonic_ns())
+    }
+
+    /// [`FlightRecorder::start`] at `now` ([`crate::clock::monotonic_ns`], read by the caller,
+    /// which shares the reading with the op's heartbeat: one clock read for both).
+    pub fn start_at(&self, fp: &Fingerprint, algorithm: &'static str, peer: Option<usize>, now: u64) -> FlightId {
         let id = self.started.load(Ordering::Relaxed);
         let words = fp.words();
         self.records[(id % CAPACITY as u64) as usize].write(|w| {
