@@ -8,8 +8,9 @@
 //! record's version is odd while it is rewritten, and a reader on another thread retries until
 //! it reads the same even version before and after the words. No lock, no read-modify-write,
 //! no allocation, no formatting, one coarse clock read each time (two lock/unlock pairs per op
-//! cost 0.02–0.03 µs, a tenth of an 8-byte all-reduce). Formatting happens only when something
-//! failed or someone asks.
+//! cost 0.02–0.03 µs, a tenth of an 8-byte all-reduce); the start's reading is the caller's
+//! ([`FlightRecorder::start_at`]), which the communicator shares with the backend's heartbeat.
+//! Formatting happens only when something failed or someone asks.
 //!
 //! What it gives:
 //! * [`FlightRecorder::annotate`]: the error of a failed op that timed out or names a peer gets
@@ -392,6 +393,21 @@ mod tests {
         f.dtype = Some(crate::DType::F32);
         f.count = 4;
         f
+    }
+
+    #[test]
+    fn a_name_word_is_its_bytes_little_endian_and_longer_names_are_zero() {
+        assert_eq!(name_word("ring"), u64::from_le_bytes(*b"ring\0\0\0\0"));
+        assert_eq!(name_word("direct"), u64::from_le_bytes(*b"direct\0\0"));
+        assert_eq!(name_word("12345678"), u64::from_le_bytes(*b"12345678"));
+        assert_eq!(name_word("123456789"), 0);
+        assert_eq!(name_word(""), 0);
+        // Read back by name.
+        let r = FlightRecorder::with_names(["direct", "ring"]);
+        let id = r.start_at(&fp(3), "direct", None, 7);
+        r.finish(id, Ok(()));
+        let e = r.entries();
+        assert_eq!((e[0].algorithm, e[0].start_ns, e[0].state), ("direct", 7, FlightState::Done));
     }
 
     #[test]
