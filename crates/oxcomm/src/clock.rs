@@ -9,7 +9,8 @@ use std::time::Duration;
 
 /// Nanoseconds of the host's monotonic clock (comparable across processes on one host), at
 /// the resolution of the scheduler tick (a few ms) where the OS has a cheaper coarse clock:
-/// heartbeats are stamped every op and compared against thresholds of half a second.
+/// heartbeats are stamped at most once per tick of it by back-to-back ops (and as a wait goes)
+/// and compared against thresholds of half a second.
 pub fn monotonic_ns() -> u64 {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     let clock = rustix::time::ClockId::MonotonicCoarse;

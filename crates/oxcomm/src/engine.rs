@@ -203,7 +203,8 @@ impl<'c> Ctx<'c> {
         stats: &'c mut LinkStats,
         scratch: &'c mut Vec<u64>,
     ) -> Ctx<'c> {
-        bell.heartbeat();
+        // The heartbeat of an op that does not wait is the caller's (stamped from the op's one
+        // clock reading: `NativeBackend::run_direct`); a wait stamps it again as it goes.
         Ctx {
             rank,
             size: members.len(),

@@ -86,6 +86,9 @@ pub(crate) struct OpEnv<'a> {
     pub stats: &'a mut LinkStats,
     /// The communicator's abort flag: a wait that sees it set gives up.
     pub cancel: &'a AtomicBool,
+    /// When the op started ([`crate::clock::monotonic_ns`], the flight record's start): the
+    /// op's one clock reading, which the backend stamps its heartbeat from.
+    pub now_ns: u64,
 }
 
 /// One point-to-point message of a batch: a 48-byte header (the fingerprint) and a payload.

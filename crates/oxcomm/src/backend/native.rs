@@ -10,6 +10,7 @@
 //! about turns, sequence numbers, logging or finishing `Avg` (the communicator's).
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -40,6 +41,14 @@ pub(crate) struct NativeBackend {
     transport: Transport,
     bell: Arc<dyn Doorbell>,
     state: Mutex<State>,
+    /// The clock reading ([`OpEnv::now_ns`]) the heartbeat was last stamped at: an op stamps
+    /// it only when the coarse clock has moved on since (see [`NativeBackend::beat`]).
+    beat_at: AtomicU64,
+    /// The ops that take the direct path whatever their size when no algorithm is forced
+    /// (their route in the world group), as found the first time each ran: bit
+    /// `32 + OpKind as u8` says it was found, bit `OpKind as u8` that it takes the path. So
+    /// [`plan::choose`] runs once per kind of op, not on every op.
+    direct_kinds: AtomicU64,
     /// Every rank's shared-memory workspace, when all ranks share this host.
     #[cfg(target_os = "linux")]
     direct: Option<crate::transport::shm::workspace::ShmDirect>,
@@ -58,6 +67,8 @@ impl NativeBackend {
         NativeBackend {
             transport,
             bell,
+            beat_at: AtomicU64::new(0),
+            direct_kinds: AtomicU64::new(0),
             state: Mutex::new(State {
                 links,
                 scratch: Vec::new(),
@@ -67,6 +78,32 @@ impl NativeBackend {
             #[cfg(target_os = "linux")]
             direct,
         }
+    }
+
+    /// Stamps this rank's heartbeat for an op that started at `now` (the op's clock reading),
+    /// unless it was stamped at that reading already. The coarse clock moves once per
+    /// scheduler tick (a few ms), so back-to-back ops stamp it once per tick instead of
+    /// reading the clock again each; a peer names a rank frozen only after 500 ms without a
+    /// stamp (`engine::FROZEN_AFTER`), and a wait stamps it as it goes.
+    fn beat(&self, now: u64) {
+        if self.beat_at.load(Ordering::Relaxed) != now {
+            self.beat_at.store(now, Ordering::Relaxed);
+            self.bell.heartbeat();
+        }
+    }
+
+    /// Whether [`plan::choose`] sends every op of `kind` down the direct path when the path is
+    /// there and no algorithm is forced (its candidates include it), remembered per kind.
+    fn always_direct(&self, kind: OpKind) -> bool {
+        let k = kind as u8 as u32;
+        debug_assert!(k < 32, "an op kind fits the cache's bits");
+        let bits = self.direct_kinds.load(Ordering::Relaxed);
+        if bits & 1 << (32 + k) != 0 {
+            return bits & 1 << k != 0;
+        }
+        let direct = plan::candidates(kind).contains(&Algorithm::ShmDirect);
+        self.direct_kinds.fetch_or(1 << (32 + k) | (direct as u64) << k, Ordering::Relaxed);
+        direct
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -97,6 +134,7 @@ impl NativeBackend {
         route: Route,
         f: impl FnOnce(&mut Ctx<'_>, Option<&mut Direct<'_>>) -> Result<R>,
     ) -> Result<R> {
+        self.beat(env.now_ns);
         let mut state = self.lock();
         #[cfg(target_os = "linux")]
         let State { links, scratch, direct_state } = &mut *state;
@@ -149,6 +187,10 @@ impl Backend for NativeBackend {
         group: &GroupView<'_>,
         forced: Option<Algorithm>,
     ) -> Result<Route> {
+        if forced.is_none() && self.has_direct(group) && self.always_direct(kind) {
+            let a = Algorithm::ShmDirect;
+            return Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) });
+        }
         let a = plan::choose(kind, bytes, count, group.size(), forced, self.has_direct(group), group.layout.is_some())?;
         Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) })
     }

@@ -128,7 +128,10 @@ impl Communicator {
         let logged = core.logging(fp.kind.name());
         let started = if logged { core.logger.now_ns() } else { 0 };
         core.check_alive(|| fp.to_string())?;
-        let flight = core.flight.start(fp, route.name, None);
+        // One clock reading per op: the flight record's start, and the heartbeat the backend
+        // stamps from it (`OpEnv::now_ns`).
+        let now_ns = crate::clock::monotonic_ns();
+        let flight = core.flight.start_at(fp, route.name, None, now_ns);
         // The op counts its bytes here and they join the rank's totals once it ends, under
         // the state's lock only if it moved any: the turn already runs ops one at a time, so
         // the direct path (which moves none through links) takes no lock of this core. A
@@ -142,6 +145,7 @@ impl Communicator {
             max_segment_bytes: opts.max_segment_bytes.unwrap_or(core.config.max_segment_bytes),
             stats: &mut stats,
             cancel: &core.aborted,
+            now_ns,
         };
         let result = crate::unwind::catch(core.world_rank, || body(&core.backend, &mut env));
         core.add_stats(&stats);
@@ -516,9 +520,10 @@ impl Core {
             msg.header = msg.fp.encode();
         }
         let members: Vec<usize> = (0..self.world_size).collect();
+        let now_ns = crate::clock::monotonic_ns();
         let flight = msgs.first().map(|m| {
             let peer = (!m.is_any_source()).then_some(m.peer);
-            self.flight.start(&m.fp, "p2p", peer)
+            self.flight.start_at(&m.fp, "p2p", peer, now_ns)
         });
         let fp = msgs.first().map_or_else(|| Fingerprint::new(OpKind::P2p, 0, 0), |m| m.fp);
         let mut env = OpEnv {
@@ -528,6 +533,7 @@ impl Core {
             max_segment_bytes: self.config.max_segment_bytes,
             stats: &mut state.stats,
             cancel: &self.aborted,
+            now_ns,
         };
         let result = crate::unwind::catch(self.world_rank, || self.backend.p2p(&mut env, msgs));
         if result.is_ok() {

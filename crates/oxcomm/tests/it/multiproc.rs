@@ -2,7 +2,8 @@
 //! (`child_entry`, started by `harness::Job` with its role), with the environment `oxcomm launch` would
 //! set and a store served by the parent test. Covers the CollectiveTester over shm for world
 //! sizes 2, 3, 4 and 8 (and over TCP on loopback), buffers of one and several direct chunks,
-//! and SIGKILL / SIGSTOP of one rank mid-collective (all-reduce; a direct all_to_all and all_gather).
+//! and SIGKILL / SIGSTOP of one rank mid-collective (all-reduce; a direct all_to_all and all_gather;
+//! 8-byte direct all_reduce and broadcast).
 
 use std::time::{Duration, Instant};
 
@@ -154,6 +155,23 @@ fn child_entry() {
                     eprintln!("ERROR: {e}");
                     std::process::exit(7);
                 }
+            }
+        }
+        "loop_small" | "loop_small_broadcast" => {
+            // 8-byte ops on the direct path forever: a full arrival and a loose one in turn
+            // (all_reduce, broadcast from rank 0), or loose ones alone (broadcasts, where the
+            // root runs ahead); the parent stops one rank.
+            let mut buf = vec![1.0f32; 2];
+            let with_all_reduce = role == "loop_small";
+            println!("ready");
+            loop {
+                let r = if with_all_reduce { comm.all_reduce(&mut buf, ReduceOp::Sum) } else { Ok(()) };
+                let r = r.and_then(|()| comm.broadcast(&mut buf, 0));
+                if let Err(e) = r {
+                    eprintln!("ERROR: {e}");
+                    std::process::exit(7);
+                }
+                buf.fill(1.0);
             }
         }
         "eager" => report(&comm, eager_rooted_ops(&comm)),
@@ -539,6 +557,38 @@ fn killed_root_mid_direct_broadcast_is_named_by_every_survivor_within_2s() {
 #[test]
 fn killed_rank_mid_direct_all_gather_is_named_by_every_survivor_within_2s() {
     killed_rank_is_named(4, "loop_all_gather", 2);
+}
+
+/// A rank stopped while the others run 8-byte direct ops (which read no clock of their own
+/// and stamp their heartbeat once per tick of the coarse clock unless they wait): every
+/// survivor still times out at its deadline naming the stopped rank and the op it was in.
+#[test]
+fn stopped_rank_mid_small_direct_ops_times_out_naming_it_and_the_op() {
+    stopped_rank_mid_small_ops_is_named("loop_small");
+}
+
+/// As above with broadcasts alone: the root runs ahead and waits for the stopped rank, and
+/// the third rank waits for the root, which is alive and stamps its heartbeat as it waits, so
+/// the stopped rank is named by its stale heartbeat (or by the root's verdict).
+#[test]
+fn stopped_rank_mid_small_direct_broadcasts_times_out_naming_it() {
+    stopped_rank_mid_small_ops_is_named("loop_small_broadcast");
+}
+
+fn stopped_rank_mid_small_ops_is_named(role: &str) {
+    let mut job = spawn_job(3, role, "2");
+    wait_ready(&mut job, Duration::from_millis(1500));
+    let victim = 1;
+    let stopped_at = Instant::now();
+    job.signal(victim, libc::SIGSTOP);
+    let survivors = job.wait_ranks(&[0, 2], Duration::from_secs(15));
+    for (r, Exit { code, out, .. }) in [0, 2].into_iter().zip(&survivors) {
+        assert_eq!(*code, Some(7), "rank {r}: {out}");
+        assert!(out.contains("timed out") && out.contains("rank 1"), "rank {r}: {out}");
+        assert!(out.contains("all_reduce #") || out.contains("broadcast #"), "rank {r} names no op: {out}");
+    }
+    let took = stopped_at.elapsed();
+    assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(6), "took {took:?}");
 }
 
 #[test]
