@@ -44,11 +44,6 @@ pub(crate) struct NativeBackend {
     /// The clock reading ([`OpEnv::now_ns`]) the heartbeat was last stamped at: an op stamps
     /// it only when the coarse clock has moved on since (see [`NativeBackend::beat`]).
     beat_at: AtomicU64,
-    /// The ops that take the direct path whatever their size when no algorithm is forced
-    /// (their route in the world group), as found the first time each ran: bit
-    /// `32 + OpKind as u8` says it was found, bit `OpKind as u8` that it takes the path. So
-    /// [`plan::choose`] runs once per kind of op, not on every op.
-    direct_kinds: AtomicU64,
     /// Every rank's shared-memory workspace, when all ranks share this host.
     #[cfg(target_os = "linux")]
     direct: Option<crate::transport::shm::workspace::ShmDirect>,
@@ -68,7 +63,6 @@ impl NativeBackend {
             transport,
             bell,
             beat_at: AtomicU64::new(0),
-            direct_kinds: AtomicU64::new(0),
             state: Mutex::new(State {
                 links,
                 scratch: Vec::new(),
@@ -90,20 +84,6 @@ impl NativeBackend {
             self.beat_at.store(now, Ordering::Relaxed);
             self.bell.heartbeat();
         }
-    }
-
-    /// Whether [`plan::choose`] sends every op of `kind` down the direct path when the path is
-    /// there and no algorithm is forced (its candidates include it), remembered per kind.
-    fn always_direct(&self, kind: OpKind) -> bool {
-        let k = kind as u8 as u32;
-        debug_assert!(k < 32, "an op kind fits the cache's bits");
-        let bits = self.direct_kinds.load(Ordering::Relaxed);
-        if bits & 1 << (32 + k) != 0 {
-            return bits & 1 << k != 0;
-        }
-        let direct = plan::candidates(kind).contains(&Algorithm::ShmDirect);
-        self.direct_kinds.fetch_or(1 << (32 + k) | (direct as u64) << k, Ordering::Relaxed);
-        direct
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -187,7 +167,9 @@ impl Backend for NativeBackend {
         group: &GroupView<'_>,
         forced: Option<Algorithm>,
     ) -> Result<Route> {
-        if forced.is_none() && self.has_direct(group) && self.always_direct(kind) {
+        // The direct path wins wherever it applies (`plan::choose`'s first rule), whatever the
+        // size: taken here before the size rules, as an 8-byte op's whole route.
+        if forced.is_none() && self.has_direct(group) && plan::candidates(kind).contains(&Algorithm::ShmDirect) {
             let a = Algorithm::ShmDirect;
             return Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) });
         }
