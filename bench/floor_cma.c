@@ -55,6 +55,8 @@ struct control {
         _Atomic long copied_out;
     } rank[2];
     double ns[2];              /* mean time per op, per process */
+    double in_ns[2];           /* shm mode: of which copying in */
+    _Alignas(64) _Atomic long ball; /* round_trip() */
 };
 
 static struct control *ctl;
@@ -117,10 +119,13 @@ __attribute__((target("avx2"))) static void copy32(char *dst, const char *src, s
 
 /* shm mode, oxcomm's chunked path without its software: per chunk of CHUNK bytes, wait until
  * the peer has copied out chunk g-2 of my half, copy my chunk in PART bytes at a time
- * (publishing each part), then copy the peer's parts out as it publishes them (stores
- * non-temporal when `stream`, as oxcomm's copy-out from 16 MiB of output), then publish that.
- * `k` numbers the op. */
-static void two_copy(int me, const char *block, char *dst, int stream, long k) {
+ * (publishing each part), then copy the peer's parts out as it publishes them, then publish
+ * that. `how`: STREAM_OUT, non-temporal stores into the output (oxcomm's copy-out from 16 MiB
+ * of output); STREAM_IN, non-temporal stores into the half (oxcomm's copy-in of small steps).
+ * `k` numbers the op; the time spent copying in is added to `in_ns`. */
+#define STREAM_OUT 1
+#define STREAM_IN 2
+static void two_copy(int me, const char *block, char *dst, int how, long k, double *in_ns) {
     long chunks = (long)((half + CHUNK - 1) / CHUNK), parts = CHUNK / PART;
     for (long c = 0; c < chunks; c++) {
         long g = k * chunks + c; /* chunk number over all ops */
@@ -129,23 +134,47 @@ static void two_copy(int me, const char *block, char *dst, int stream, long k) {
         const char *theirs = shared + ((size_t)(1 - me) * 2 + (size_t)(g & 1)) * CHUNK;
         while (atomic_load_explicit(&ctl->rank[1 - me].copied_out, memory_order_acquire) < g - 1)
             __builtin_ia32_pause();
+        double t = now_ns();
         for (long j = 0; (size_t)j * PART < len; j++) {
             size_t off = (size_t)j * PART, n = len - off < PART ? len - off : PART;
-            copy32(mine + off, block + at + off, n, 0);
+            copy32(mine + off, block + at + off, n, how & STREAM_IN);
             atomic_store_explicit(&ctl->rank[me].parts_in, g * parts + j + 1, memory_order_release);
         }
+        *in_ns += now_ns() - t;
         for (long j = 0; (size_t)j * PART < len; j++) {
             size_t off = (size_t)j * PART, n = len - off < PART ? len - off : PART;
             while (atomic_load_explicit(&ctl->rank[1 - me].parts_in, memory_order_acquire) < g * parts + j + 1)
                 __builtin_ia32_pause();
-            copy32(dst + at + off, theirs + off, n, stream);
+            copy32(dst + at + off, theirs + off, n, how & STREAM_OUT);
         }
         atomic_store_explicit(&ctl->rank[me].copied_out, g + 1, memory_order_release);
     }
 }
 
-/* One process's side of a run: mode 0 cma (`piece`: bytes per call), 1 shm (`piece` nonzero:
- * stream out); own: copy the own block too (out of place). */
+/* The round trip of one cache line between the two processes (ns): how far apart the host
+ * placed the two vCPUs right now (this VM showed ~80-140 ns, and at times 250-540 ns, when
+ * every cross-core copy ran several times slower). */
+static double round_trip(int me, long *gen) {
+    enum { N = 20000 };
+    pin(me);
+    barrier(gen);
+    double t = now_ns();
+    for (long i = 1; i <= N; i++) {
+        if (me == 0) {
+            atomic_store(&ctl->ball, 2 * i - 1);
+            while (atomic_load(&ctl->ball) != 2 * i)
+                __builtin_ia32_pause();
+        } else {
+            while (atomic_load(&ctl->ball) != 2 * i - 1)
+                __builtin_ia32_pause();
+            atomic_store(&ctl->ball, 2 * i);
+        }
+    }
+    return (now_ns() - t) / N;
+}
+
+/* One process's side of a run: mode 0 cma (`piece`: bytes per call), 1 shm (`piece`: the
+ * `how` of two_copy); own: copy the own block too (out of place). */
 static void run(int me, int mode, size_t piece, int fresh, int own, long *gen) {
     pin(me);
     char *block = alloc(half), *out = alloc(half), *own_out = own ? alloc(half) : NULL;
@@ -155,7 +184,7 @@ static void run(int me, int mode, size_t piece, int fresh, int own, long *gen) {
     ctl->block[me] = (uint64_t)(uintptr_t)block;
     ctl->pid[me] = getpid();
     barrier(gen);
-    double sum = 0;
+    double sum = 0, in_ns = 0;
     for (long k = 0; k < WARMUP + OPS; k++) {
         if (fresh) memset(block, (int)(k & 0x7f), half);
         barrier(gen);
@@ -164,16 +193,18 @@ static void run(int me, int mode, size_t piece, int fresh, int own, long *gen) {
         if (mode == 0)
             cma_read(1 - me, out, piece);
         else
-            two_copy(me, block, out, piece != 0, k);
+            two_copy(me, block, out, (int)piece, k, &in_ns);
         double dt = now_ns() - t;
         barrier(gen);
         if (k >= WARMUP) sum += dt;
+        if (k == WARMUP - 1) in_ns = 0;
     }
     if (out[half - 1] != (fresh ? (char)((WARMUP + OPS - 1) & 0x7f) : (char)(0x11 + 1 - me))) {
         fprintf(stderr, "wrong data\n");
         exit(1);
     }
     ctl->ns[me] = sum / OPS;
+    ctl->in_ns[me] = in_ns / OPS;
     munmap(block, half);
     munmap(out, half);
     if (own) munmap(own_out, half);
@@ -195,14 +226,17 @@ static void measure(size_t mib, int mode, size_t piece, int fresh, int own) {
     double ns = ctl->ns[0] > ctl->ns[1] ? ctl->ns[0] : ctl->ns[1];
     char how[32];
     if (mode == 1)
-        snprintf(how, sizeof how, "%s", piece ? "stream out" : "plain out");
+        snprintf(how, sizeof how, "%s in, %s out", piece & STREAM_IN ? "stream" : "plain",
+                 piece & STREAM_OUT ? "stream" : "plain");
     else if (piece >= half)
         snprintf(how, sizeof how, "whole");
     else
         snprintf(how, sizeof how, "%zu KiB pieces", piece >> 10);
-    printf("%4zu MiB op, %3s %-15s %9s inputs%s: %8.1f us per op (%zu MiB each way), %5.2f GB/s (slower process)\n",
+    printf("%4zu MiB op, %3s %-26s %9s inputs%s: %8.1f us per op (%zu MiB each way), %5.2f GB/s (slower process)",
            mib, mode ? "shm" : "cma", how, fresh ? "fresh" : "unchanged", own ? " +own" : "", ns / 1e3, mib / 2,
            half / ns);
+    if (mode == 1) printf("; copy-in %.1f / %.1f us", ctl->in_ns[0] / 1e3, ctl->in_ns[1] / 1e3);
+    printf("\n");
     fflush(stdout);
 }
 
@@ -216,6 +250,16 @@ int main(int argc, char **argv) {
     memset(shared, 1, 4 * CHUNK);
     printf("# floor_cma: 2 processes pinned to cores 0/1, mean of %d ops after %d, THP %s\n", OPS, WARMUP,
            thp ? "madvised" : "not asked for");
+    atomic_store(&ctl->arrived, 0);
+    long gen = 0;
+    if (fork() == 0) {
+        long g = 0;
+        round_trip(1, &g);
+        _exit(0);
+    }
+    double rt = round_trip(0, &gen);
+    wait(NULL);
+    printf("# cache-line round trip between the two processes: %.0f ns\n", rt);
     for (int a = 1; a < argc; a++) {
         size_t mib = strtoul(argv[a], NULL, 10);
         half = mib << 19;
@@ -226,10 +270,8 @@ int main(int argc, char **argv) {
                 if (p == 0 || pieces[p] < half) measure(mib, 0, pieces[p], 1, 0);
             measure(mib, 0, half, 1, 1);
         }
-        if (shm) {
-            measure(mib, 1, 0, 1, 0);
-            measure(mib, 1, 1, 1, 0);
-        }
+        if (shm)
+            for (int how = 0; how < 4; how++) measure(mib, 1, (size_t)how, 1, 0);
     }
     return 0;
 }

@@ -82,12 +82,13 @@ pub(crate) fn all_gather<T: Element>(
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
         // Copy in, part by part. Others read a part of my half for chunk g only after I
         // publish it, and they finished with chunk g-2 (waited above).
-        let copy_in = copy_in_for(n * len, shm.each_rank_has_a_core());
+        let mut copy_in = copy_in_for(n * len, shm.each_rank_has_a_core());
         let elems = |at: &std::ops::Range<usize>| piece.start + at.start / size..piece.start + at.end / size;
         for (j, at) in parts(len).enumerate() {
-            copy_in(&mut shm.chunk_mut(half, at.start, at.len()), as_bytes(io.own(me, m, elems(&at))));
+            copy_in.copy(&mut shm.chunk_mut(half, at.start, at.len()), as_bytes(io.own(me, m, elems(&at))));
             publish_part(shm, g, j);
         }
+        copy_in.done();
         shm.publish(Counter::CopiedIn, g + 1);
         shm.publish(Counter::Reduced, g + 1);
         // Copy out, part by part, each as soon as its owner has it in.
