@@ -14,9 +14,9 @@
 //! is nothing to reduce: `Reduced` is published with `CopiedIn` so every counter moves in
 //! lockstep with the other direct ops.
 //!
-//! **Blocks from 512 KiB to 16 MiB** where every rank can read its peers: each rank exposes its
-//! block and reads every other rank's straight into its output (`single_copy.rs`): per rank
-//! (n−1)·B copied once.
+//! **Blocks from 512 KiB to 16 MiB** with `OXCOMM_SHM_SINGLE_COPY=1` (off by default) where
+//! every rank can read its peers: each rank exposes its block and reads every other rank's
+//! straight into its output (`single_copy.rs`): per rank (n−1)·B copied once.
 //!
 //! This rank's own block is copied from the input to the output once (out of place) or not
 //! at all (in place, [`GatherBuffers::InPlace`]).

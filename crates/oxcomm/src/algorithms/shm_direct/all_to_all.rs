@@ -24,9 +24,10 @@
 //! comes in (small), and step s copies piece s of every block in before it copies the peers'
 //! pieces s over them (large), so every piece leaves before it is overwritten: no extra pass.
 //!
-//! **Equal blocks from 512 KiB to 16 MiB** where every rank can read its peers: each rank
-//! exposes its send buffer and reads its block from every peer's straight into its receive
-//! buffer (`single_copy.rs`): per rank (n − 1)/n · S copied once. When a rank works in place
+//! **Equal blocks from 512 KiB to 16 MiB** with `OXCOMM_SHM_SINGLE_COPY=1` (off by default)
+//! where every rank can read its peers: each rank exposes its send buffer and reads its block
+//! from every peer's straight into its receive buffer (`single_copy.rs`): per rank
+//! (n − 1)/n · S copied once. When a rank works in place
 //! (its arrival payload says so), every rank takes the chunked exchange instead.
 //!
 //! **all_to_all_v**: ranks do not know each other's counts, so the arrival payload carries
