@@ -61,10 +61,11 @@ fn child_entry() {
         "chunks" => {
             // Exactly one chunk per rank (f32), and several with an odd remainder: the direct
             // paths' chunked steps, against every other algorithm of each op.
-            // With single copy on (where the host allows it), all_gather's and all_to_all's
-            // blocks from 512 KiB (131072 and 300001 elements of 4 or 8 bytes) move by it after
-            // the first such op, the others (and in-place all_to_all) through slots and the
-            // chunk buffers; with OXCOMM_SHM_SINGLE_COPY=0 everything goes through those.
+            // With single copy on (OXCOMM_SHM_SINGLE_COPY=1, where the host allows it),
+            // all_gather's and all_to_all's blocks from 512 KiB (131072 and 300001 elements of
+            // 4 or 8 bytes) move by it after the first such op, the others (and in-place
+            // all_to_all) through slots and the chunk buffers; by default everything goes
+            // through those.
             let t = CollectiveTester::new().counts(&[3001, 131_072, 300_001]).segments(&[1 << 20]);
             let mut bad = t.rank_rooted(&comm);
             bad.extend(t.rank_gather_scatter(&comm));
@@ -78,6 +79,21 @@ fn child_entry() {
             // half a chunk; broadcast, gather, scatter, all_gather, all_to_all(_v), in place
             // and apart, back to back.
             let t = CollectiveTester::new().counts(&[4097, 16_384, 40_961, 65_543]).segments(&[1 << 20]);
+            let mut bad = t.rank_rooted(&comm);
+            bad.extend(t.rank_gather_scatter(&comm));
+            bad.extend(t.rank_all_gather(&comm));
+            report(&comm, bad);
+        }
+        "stream_in" => {
+            // Chunk steps above the streaming size (256 KiB moved), which stream their
+            // copy-in only where the cores look far apart (OXCOMM_SHM_STREAM_IN=always forces
+            // it): a chunk and one element, and one and a half chunks with an odd tail (f32
+            // and f64: blocks of 512 KiB–2.3 MiB); every data-moving op, in place and apart,
+            // back to back.
+            let t = CollectiveTester::new()
+                .counts(&[131_073, 196_611])
+                .dtypes(&[oxcomm::DType::F32, oxcomm::DType::F64])
+                .segments(&[1 << 20]);
             let mut bad = t.rank_rooted(&comm);
             bad.extend(t.rank_gather_scatter(&comm));
             bad.extend(t.rank_all_gather(&comm));
@@ -219,13 +235,13 @@ fn can_read_parent() -> bool {
     got == 8 && word == PARENT_WORD
 }
 
-/// Runs the "chunks" role on `n` ranks, with single copy left on or turned off, and checks that
-/// every rank read from its peers directly exactly when it could.
+/// Runs the "chunks" role on `n` ranks, with single copy turned on or left off (its default),
+/// and checks that every rank read from its peers directly exactly when it could.
 fn run_chunks(n: usize, single_copy: bool) {
     let addr = (&PARENT_WORD as *const u64 as usize).to_string();
     let mut env = vec![(PARENT_WORD_AT, addr.as_str())];
-    if !single_copy {
-        env.push(("OXCOMM_SHM_SINGLE_COPY", "0"));
+    if single_copy {
+        env.push(("OXCOMM_SHM_SINGLE_COPY", "1"));
     }
     let mut job = spawn_job_with(n, "chunks", "60", &env);
     let results = job.wait_all(LIMIT);
@@ -408,27 +424,27 @@ fn shm_collectives_4_ranks() {
 }
 
 #[test]
-fn shm_chunked_rooted_and_movement_2_ranks() {
+fn shm_chunked_rooted_and_movement_with_single_copy_2_ranks() {
     run_chunks(2, true);
 }
 
 #[test]
-fn shm_chunked_rooted_and_movement_3_ranks() {
+fn shm_chunked_rooted_and_movement_with_single_copy_3_ranks() {
     run_chunks(3, true);
 }
 
 #[test]
-fn shm_chunked_rooted_and_movement_4_ranks() {
+fn shm_chunked_rooted_and_movement_with_single_copy_4_ranks() {
     run_chunks(4, true);
 }
 
 #[test]
-fn shm_chunked_rooted_and_movement_without_single_copy_2_ranks() {
+fn shm_chunked_rooted_and_movement_2_ranks() {
     run_chunks(2, false);
 }
 
 #[test]
-fn shm_chunked_rooted_and_movement_without_single_copy_3_ranks() {
+fn shm_chunked_rooted_and_movement_3_ranks() {
     run_chunks(3, false);
 }
 
@@ -443,8 +459,8 @@ fn shm_mid_sizes_move_part_by_part_3_ranks() {
 }
 
 #[test]
-fn shm_mid_sizes_move_part_by_part_without_single_copy_2_ranks() {
-    run_tester_with(2, "parts", &[("OXCOMM_SHM_SINGLE_COPY", "0")]);
+fn shm_mid_sizes_move_part_by_part_with_single_copy_2_ranks() {
+    run_tester_with(2, "parts", &[("OXCOMM_SHM_SINGLE_COPY", "1")]);
 }
 
 #[test]
@@ -452,6 +468,23 @@ fn shm_mid_sizes_by_whole_chunks_where_ranks_share_cores_2_ranks() {
     // Waits that do not spin are how the transport says ranks share cores: readers then wait
     // for each writer's whole chunk, and the copy-in does not stream (whatever this host has).
     run_tester_with(2, "parts", &[("OXCOMM_SHM_SPIN_US", "0")]);
+}
+
+#[test]
+fn shm_large_chunk_steps_stream_their_copy_in_where_cores_are_far_2_ranks() {
+    // Streamed copy-ins of whole chunks (what a rank does while the cores look far apart),
+    // with single copy off so all_gather and all_to_all take the chunks too.
+    run_tester_with(2, "stream_in", &[("OXCOMM_SHM_STREAM_IN", "always"), ("OXCOMM_SHM_SINGLE_COPY", "0")]);
+}
+
+#[test]
+fn shm_large_chunk_steps_stream_their_copy_in_where_cores_are_far_3_ranks() {
+    run_tester_with(3, "stream_in", &[("OXCOMM_SHM_STREAM_IN", "always"), ("OXCOMM_SHM_SINGLE_COPY", "0")]);
+}
+
+#[test]
+fn shm_large_chunk_steps_with_plain_copy_in_2_ranks() {
+    run_tester_with(2, "stream_in", &[("OXCOMM_SHM_STREAM_IN", "never"), ("OXCOMM_SHM_SINGLE_COPY", "0")]);
 }
 
 #[test]

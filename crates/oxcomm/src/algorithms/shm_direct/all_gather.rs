@@ -14,9 +14,9 @@
 //! is nothing to reduce: `Reduced` is published with `CopiedIn` so every counter moves in
 //! lockstep with the other direct ops.
 //!
-//! **Blocks from 512 KiB to 16 MiB** where every rank can read its peers: each rank exposes its
-//! block and reads every other rank's straight into its output (`single_copy.rs`): per rank
-//! (n−1)·B copied once.
+//! **Blocks from 512 KiB to 16 MiB** with `OXCOMM_SHM_SINGLE_COPY=1` (off by default) where
+//! every rank can read its peers: each rank exposes its block and reads every other rank's
+//! straight into its output (`single_copy.rs`): per rank (n−1)·B copied once.
 //!
 //! This rank's own block is copied from the input to the output once (out of place) or not
 //! at all (in place, [`GatherBuffers::InPlace`]).
@@ -82,12 +82,13 @@ pub(crate) fn all_gather<T: Element>(
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
         // Copy in, part by part. Others read a part of my half for chunk g only after I
         // publish it, and they finished with chunk g-2 (waited above).
-        let copy_in = copy_in_for(n * len, shm.each_rank_has_a_core());
+        let mut copy_in = copy_in_for(n * len, shm.each_rank_has_a_core());
         let elems = |at: &std::ops::Range<usize>| piece.start + at.start / size..piece.start + at.end / size;
         for (j, at) in parts(len).enumerate() {
-            copy_in(&mut shm.chunk_mut(half, at.start, at.len()), as_bytes(io.own(me, m, elems(&at))));
+            copy_in.copy(&mut shm.chunk_mut(half, at.start, at.len()), as_bytes(io.own(me, m, elems(&at))));
             publish_part(shm, g, j);
         }
+        copy_in.done();
         shm.publish(Counter::CopiedIn, g + 1);
         shm.publish(Counter::Reduced, g + 1);
         // Copy out, part by part, each as soon as its owner has it in.

@@ -24,9 +24,10 @@
 //! comes in (small), and step s copies piece s of every block in before it copies the peers'
 //! pieces s over them (large), so every piece leaves before it is overwritten: no extra pass.
 //!
-//! **Equal blocks from 512 KiB to 16 MiB** where every rank can read its peers: each rank
-//! exposes its send buffer and reads its block from every peer's straight into its receive
-//! buffer (`single_copy.rs`): per rank (n − 1)/n · S copied once. When a rank works in place
+//! **Equal blocks from 512 KiB to 16 MiB** with `OXCOMM_SHM_SINGLE_COPY=1` (off by default)
+//! where every rank can read its peers: each rank exposes its send buffer and reads its block
+//! from every peer's straight into its receive buffer (`single_copy.rs`): per rank
+//! (n − 1)/n · S copied once. When a rank works in place
 //! (its arrival payload says so), every rank takes the chunked exchange instead.
 //!
 //! **all_to_all_v**: ranks do not know each other's counts, so the arrival payload carries
@@ -130,7 +131,8 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
         let recvs = |r: usize| at_step(&recv[r], r);
         let parts_in = (0..n).map(|p| part_count(sends(p).len())).max().unwrap_or(0);
         let parts_out = (0..n).map(|r| part_count(recvs(r).len())).max().unwrap_or(0);
-        let copy_in = copy_in_for((0..n).map(|p| sends(p).len() + recvs(p).len()).sum(), shm.each_rank_has_a_core());
+        let mut copy_in =
+            copy_in_for((0..n).map(|p| sends(p).len() + recvs(p).len()).sum(), shm.each_rank_has_a_core());
         // Copy in, part by part: part j of every piece this rank sends, then publish it.
         for j in 0..parts_in {
             for p in 0..n {
@@ -143,10 +145,11 @@ pub(super) fn exchange(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, b: Blocks<'_>, lan
                 // Rank p reads this part only after I publish it, and every rank finished
                 // chunk g-2 (waited above), the last to read this half.
                 let mut to = shm.chunk_mut(half, lanes.offset(me, p, n) + at.start, at.len());
-                copy_in(&mut to, io.send(from));
+                copy_in.copy(&mut to, io.send(from));
             }
             publish_part(shm, g, j);
         }
+        copy_in.done();
         shm.publish(Counter::CopiedIn, g + 1);
         shm.publish(Counter::Reduced, g + 1);
         // Copy out, part by part, each as soon as its sender has it in (a sender that is

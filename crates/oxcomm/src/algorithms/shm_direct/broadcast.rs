@@ -55,11 +55,12 @@ pub(crate) fn broadcast<T: Element>(
             wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
             // As in all_reduce's copy-in, part by part, so that the readers follow.
             let src = as_bytes(part);
-            let copy_in = copy_in_for(len, shm.each_rank_has_a_core());
+            let mut copy_in = copy_in_for(len, shm.each_rank_has_a_core());
             for (j, at) in parts(len).enumerate() {
-                copy_in(&mut shm.chunk_mut(half, at.start, at.len()), &src[at]);
+                copy_in.copy(&mut shm.chunk_mut(half, at.start, at.len()), &src[at]);
                 publish_part(shm, g, j);
             }
+            copy_in.done();
             shm.publish(Counter::CopiedIn, g + 1);
             shm.publish(Counter::Reduced, g + 1);
             shm.publish(Counter::CopiedOut, g + 1);

@@ -65,6 +65,7 @@ mod all_gather;
 mod all_reduce;
 mod all_to_all;
 mod broadcast;
+mod copy_in;
 mod reduce_scatter;
 mod rooted;
 mod single_copy;
@@ -80,6 +81,7 @@ use crate::engine::{Ctx, PeerWatch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::shm::workspace::{Counter, ShmDirect, CHUNK_BYTES, HISTORY, SLOTS, SLOT_HEADER, SMALL_BYTES};
 use crate::wire::{Fingerprint, FP_BYTES, FP_WORDS};
+use copy_in::CopyIn;
 
 /// Per-communicator progress of the direct protocol (identical on every rank).
 #[derive(Debug, Default)]
@@ -137,14 +139,11 @@ const STREAM_IN_UNTIL: usize = 256 << 10;
 /// and plain stores were faster (2 ranks, inputs rewritten before every op;
 /// docs/perf_fresh_inputs.md). With more ranks than cores a reader often shares the writer's
 /// core and caches, where streaming only sends the lines to memory and back: 4 ranks on 2
-/// cores ran gather at 512 KiB–1 MiB 1.3–1.7× slower with it. A local choice: the readers do
-/// not depend on it.
-pub(super) fn copy_in_for(moved: usize, own_core: bool) -> fn(&mut [u8], &[u8]) {
-    if moved <= STREAM_IN_UNTIL && own_core {
-        crate::copy::copy_streaming
-    } else {
-        crate::copy::copy
-    }
+/// cores ran gather at 512 KiB–1 MiB 1.3–1.7× slower with it. Above it, plain stores unless
+/// the cores look far apart (`copy_in.rs`: then every copy-in streams for a while). A local
+/// choice: the readers do not depend on it.
+pub(super) fn copy_in_for(moved: usize, own_core: bool) -> CopyIn {
+    CopyIn::new(moved <= STREAM_IN_UNTIL && own_core, own_core)
 }
 
 /// Whether a buffer of `bytes` goes inline in the slot.

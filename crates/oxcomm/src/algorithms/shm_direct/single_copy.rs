@@ -20,8 +20,15 @@
 //! to 256 KiB blocks, and single copy wins from about 1 MiB (docs/benchmarks.md; a benchmark
 //! that sends the same unchanged buffer every time flatters single copy far below that). The
 //! rooted ops (gather, scatter, broadcast) lost at every size, so they do not use it.
-//! `OXCOMM_SHM_SINGLE_COPY=0` turns it off (set it alike on every rank; a rank with it off
-//! says no, so every rank keeps the chunked path).
+//!
+//! **Off by default** since the chunked path follows the writer part by part and watches for
+//! far cores (`copy_in.rs`): with fresh inputs on 2 ranks it then beat single copy at every
+//! block size this took, 1–16 MiB of all_gather output, both when the host placed the two
+//! vCPUs near (in place 1 MiB 33 µs against 55) and far apart (53 against 91), and
+//! `process_vm_readv` itself moves 5–7 GB/s here where the chunk scheme moves 8–10
+//! (`bench/floor_cma.c`; docs/perf_large_fresh.md). `OXCOMM_SHM_SINGLE_COPY=1` turns it on
+//! (set it alike on every rank; a rank without it says no, so every rank keeps the chunked
+//! path).
 
 use std::ops::Range;
 
@@ -55,7 +62,7 @@ pub(super) fn learn(ctx: &mut Ctx<'_>, d: &mut Direct<'_>, block: usize) -> Resu
         return Ok(());
     }
     let (n, me, shm) = (ctx.size, ctx.rank, d.shm);
-    let wanted = std::env::var("OXCOMM_SHM_SINGLE_COPY").map_or(true, |v| v != "0");
+    let wanted = std::env::var("OXCOMM_SHM_SINGLE_COPY").is_ok_and(|v| v.trim() == "1");
     let can = wanted && (0..n).filter(|r| *r != me).all(|r| shm.probe_peer(r));
     if shm.single_copy_verdict(me) == 0 {
         shm.publish_single_copy_verdict(if can { Verdict::Yes } else { Verdict::No } as u64);

@@ -1,0 +1,230 @@
+//! How a chunk step copies this rank's parts into its half: plain stores or non-temporal
+//! ones, chosen per step by this rank alone (readers do not depend on it), and the watch for
+//! cores that the host has placed far apart.
+//!
+//! **Far cores.** On the test VM (2 vCPUs) the host at times places the two vCPUs far apart:
+//! a cache line's round trip between them then takes 230–540 ns instead of 80–140, for
+//! seconds to minutes. Plain stores into the half must first take each line back from the
+//! reader that read it last; far apart, that ran at 2.3 GB/s instead of 20–35, and a 2-rank
+//! all_gather of 1 MiB took 250–330 µs instead of 33 (`bench/floor_cma.c`, which prints the
+//! round trip beside each scheme; docs/perf_large_fresh.md). Non-temporal stores skip taking
+//! the lines back: 23 µs for the same 512 KiB copy-in far apart. So a step that copies in
+//! with plain stores times its copy-in; after [`FAR_AFTER`] in a row below
+//! [`FAR_BELOW_BYTES_PER_US`] every copy-in of this process streams for the next [`FAR_FOR`],
+//! after which the steps try plain stores again. This is the only state: process-wide, since it is the cores' placement that it
+//! tracks, and a wrong guess costs speed, never correctness.
+//!
+//! `OXCOMM_SHM_STREAM_IN` (default `auto`: as above) set to `always` streams every copy-in
+//! where every rank has a core, `never` none above the size limit (`copy_in_for` in
+//! `shm_direct`); each rank reads its own, and the ranks need not agree.
+//!
+//! It does not watch where ranks share cores (`own_core` false): a rank preempted in its
+//! copy-in would look far, and there plain stores into lines a rank on the same core holds
+//! are the right choice anyway.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Plain copy-in rate (bytes per µs, = MB/s) below which a copy-in counts as slow: 4 GB/s.
+/// Far apart the test VM copied in at 2.3 GB/s; near, 20–35 GB/s from an input in the caches
+/// and 4–16 GB/s from one in memory (64 MiB ops), and the first op (pages not yet touched)
+/// now and then below 8.
+const FAR_BELOW_BYTES_PER_US: u64 = 4_000;
+
+/// Slow copy-ins in a row (no fast one between) that make the cores count as far apart: one
+/// slow copy-in is as often a first touch or a preemption.
+const FAR_AFTER: u32 = 2;
+
+/// Slow timed copy-ins since the last fast one.
+static SLOW_IN_A_ROW: AtomicU32 = AtomicU32::new(0);
+
+/// Copy-ins shorter than this are not timed (a clock read is tens of ns on this VM).
+const TIMED_FROM: usize = 64 << 10;
+
+/// How long copy-ins stream once the cores were found far apart, before plain stores are
+/// tried again (one slow step per this long: at most ~0.3% of the time far apart).
+const FAR_FOR: Duration = Duration::from_millis(100);
+
+/// What `OXCOMM_SHM_STREAM_IN` asks for (read once per process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setting {
+    /// Plain stores, and streaming while the cores look far apart (the default, `auto`).
+    Auto,
+    /// Streaming whenever every rank has a core (`always`).
+    Always,
+    /// Plain stores above the size limit, whatever the cores (`never`).
+    Never,
+}
+
+impl Setting {
+    fn parse(v: Option<&str>) -> Setting {
+        match v.map(str::trim) {
+            Some("always") => Setting::Always,
+            Some("never") => Setting::Never,
+            Some("auto") | Some("") | None => Setting::Auto,
+            Some(other) => {
+                tracing::warn!(target: "oxcomm::shm", value = other,
+                    "OXCOMM_SHM_STREAM_IN is auto, always or never; using auto");
+                Setting::Auto
+            }
+        }
+    }
+
+    fn get() -> Setting {
+        static SETTING: OnceLock<Setting> = OnceLock::new();
+        *SETTING.get_or_init(|| Setting::parse(std::env::var("OXCOMM_SHM_STREAM_IN").ok().as_deref()))
+    }
+}
+
+/// Nanoseconds after [`epoch`] until which copy-ins stream (0: not far, as far as we know).
+static FAR_UNTIL_NS: AtomicU64 = AtomicU64::new(0);
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn since_epoch(t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// One chunk step's copy-in (see the module docs): [`CopyIn::copy`] each part, then
+/// [`CopyIn::done`].
+pub(crate) struct CopyIn {
+    stream: bool,
+    /// When a plain copy-in that this step times began, and the bytes it has copied.
+    timed: Option<(Instant, usize)>,
+}
+
+impl CopyIn {
+    /// The copy-in of a step: `stream` where the size alone asks for non-temporal stores;
+    /// otherwise plain stores, unless the cores were found far apart less than [`FAR_FOR`] ago
+    /// (only where every rank has a core, `own_core`).
+    pub(super) fn new(stream: bool, own_core: bool) -> CopyIn {
+        if stream || !own_core {
+            return CopyIn { stream, timed: None };
+        }
+        match Setting::get() {
+            Setting::Always => return CopyIn { stream: true, timed: None },
+            Setting::Never => return CopyIn { stream: false, timed: None },
+            Setting::Auto => {}
+        }
+        let now = Instant::now();
+        if since_epoch(now) < FAR_UNTIL_NS.load(Ordering::Relaxed) {
+            return CopyIn { stream: true, timed: None };
+        }
+        CopyIn { stream: false, timed: Some((now, 0)) }
+    }
+
+    /// Whether this step's parts go in with non-temporal stores.
+    #[cfg(test)]
+    fn streams(&self) -> bool {
+        self.stream
+    }
+
+    /// Copies one part into the half.
+    pub(super) fn copy(&mut self, dst: &mut [u8], src: &[u8]) {
+        if self.stream {
+            crate::copy::copy_streaming(dst, src);
+        } else {
+            crate::copy::copy(dst, src);
+        }
+        if let Some((_, bytes)) = &mut self.timed {
+            *bytes += src.len();
+        }
+    }
+
+    /// Ends the step: the [`FAR_AFTER`]th timed plain copy-in in a row slower than
+    /// [`FAR_BELOW_BYTES_PER_US`] makes the copy-ins of the next [`FAR_FOR`] stream.
+    pub(super) fn done(self) {
+        let Some((start, bytes)) = self.timed else { return };
+        if bytes < TIMED_FROM {
+            return;
+        }
+        let now = Instant::now();
+        if !looks_far(bytes, now.saturating_duration_since(start)) {
+            SLOW_IN_A_ROW.store(0, Ordering::Relaxed);
+            return;
+        }
+        if SLOW_IN_A_ROW.fetch_add(1, Ordering::Relaxed) + 1 >= FAR_AFTER {
+            SLOW_IN_A_ROW.store(0, Ordering::Relaxed);
+            let until = since_epoch(now).saturating_add(FAR_FOR.as_nanos() as u64);
+            FAR_UNTIL_NS.store(until, Ordering::Relaxed);
+            tracing::debug!(target: "oxcomm::shm", bytes, took_ns = now.saturating_duration_since(start).as_nanos() as u64,
+                "plain copy-in slow: cores look far apart, streaming copy-ins for a while");
+        }
+    }
+}
+
+/// Whether a plain copy-in of `bytes` that took `took` says the cores are far apart.
+fn looks_far(bytes: usize, took: Duration) -> bool {
+    let us = took.as_micros().max(1) as u64;
+    (bytes as u64) / us < FAR_BELOW_BYTES_PER_US
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn far_apart_is_below_four_gb_per_s() {
+        // 512 KiB: 15 µs near (35 GB/s), 223 µs far apart (2.3 GB/s) on the test VM.
+        assert!(!looks_far(512 << 10, Duration::from_micros(15)));
+        assert!(looks_far(512 << 10, Duration::from_micros(223)));
+        assert!(!looks_far(512 << 10, Duration::from_micros(120)));
+        assert!(looks_far(512 << 10, Duration::from_micros(140)));
+        // A copy faster than the clock's microsecond is near.
+        assert!(!looks_far(64 << 10, Duration::ZERO));
+    }
+
+    #[test]
+    fn the_setting_reads_three_words_and_defaults_to_auto() {
+        assert_eq!(Setting::parse(None), Setting::Auto);
+        assert_eq!(Setting::parse(Some("auto")), Setting::Auto);
+        assert_eq!(Setting::parse(Some(" always ")), Setting::Always);
+        assert_eq!(Setting::parse(Some("never")), Setting::Never);
+        assert_eq!(Setting::parse(Some("sometimes")), Setting::Auto);
+    }
+
+    #[test]
+    fn sizes_that_ask_for_streaming_stream_and_shared_cores_never_watch() {
+        assert!(CopyIn::new(true, true).streams());
+        assert!(CopyIn::new(true, false).streams());
+        let shared = CopyIn::new(false, false);
+        assert!(!shared.streams() && shared.timed.is_none());
+    }
+
+    #[test]
+    fn a_slow_plain_copy_in_makes_the_next_ones_stream() {
+        if Setting::get() != Setting::Auto {
+            return; // OXCOMM_SHM_STREAM_IN set for this run: nothing is watched.
+        }
+        // Another test of this process may run a copy-in meanwhile: the state is only ever a
+        // speed choice, so this test sets it and reads it back without assuming it alone.
+        let slow = || CopyIn { stream: false, timed: Some((Instant::now() - Duration::from_millis(50), 1 << 20)) };
+        slow().done();
+        slow().done();
+        assert!(CopyIn::new(false, true).streams(), "streams after two slow plain copy-ins in a row");
+        assert!(!CopyIn::new(false, false).streams(), "never where ranks share cores");
+        FAR_UNTIL_NS.store(0, Ordering::Relaxed);
+        let plain = CopyIn::new(false, true);
+        assert!(!plain.streams() && plain.timed.is_some(), "plain and timed once the while is over");
+        let fast = CopyIn { stream: false, timed: Some((Instant::now(), 1 << 20)) };
+        fast.done();
+        assert!(!CopyIn::new(false, true).streams(), "a fast copy-in leaves plain stores on");
+    }
+
+    #[test]
+    fn copies_exactly_either_way() {
+        let src: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        for stream in [false, true] {
+            let mut dst = vec![0u8; src.len()];
+            let mut c = CopyIn { stream, timed: Some((Instant::now(), 0)) };
+            c.copy(&mut dst[..40_000], &src[..40_000]);
+            c.copy(&mut dst[40_000..], &src[40_000..]);
+            assert_eq!(c.timed.map(|t| t.1), Some(src.len()));
+            assert_eq!(dst, src);
+        }
+    }
+}
