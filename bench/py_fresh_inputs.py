@@ -7,8 +7,9 @@ a training step does (new gradients, new parameters), through oxcomm's Python Co
 nccl-tests-style benchmarks (`oxcomm bench`, bench/vs_openmpi.sh) send the same unchanged
 buffer every time, so a reader may find the sender's lines still in its own cache; that
 flatters single-copy reads (`process_vm_readv`) below a few MiB. This loop is how the limits
-of oxcomm's single copy were chosen (docs/benchmarks.md): run it with single copy on and off
-(`OXCOMM_SHM_SINGLE_COPY=0`), alternating. Each row: µs per iteration (the rewrite and the op,
+of oxcomm's single copy were chosen (docs/benchmarks.md), and why it is now off by default
+(docs/perf_large_fresh.md): run it with single copy on (`OXCOMM_SHM_SINGLE_COPY=1`) and off
+(the default), alternating. Each row: µs per iteration (the rewrite and the op,
 maximum over ranks) and the rewrite alone on rank 0. Sizes are the whole buffer (all_gather's
 output, all_to_all's send buffer, the root's buffer of gather and scatter). A benchmark, not a
 test.
@@ -75,7 +76,7 @@ def main():
             alone = (time.perf_counter() - start) / iters * 1e6
             rows.append((name, total, took[0], alone))
     if comm.rank == 0:
-        on = "off" if os.environ.get("OXCOMM_SHM_SINGLE_COPY") == "0" else "on"
+        on = "on" if os.environ.get("OXCOMM_SHM_SINGLE_COPY", "").strip() == "1" else "off"
         print(f"# {comm.size} ranks, single copy {on}")
         print(f"# {'op':>10} {'size(B)':>9} {'us/iter':>9} {'rewrite':>8}")
         for name, total, took, alone in rows:
