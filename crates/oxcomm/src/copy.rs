@@ -60,25 +60,38 @@ pub(crate) unsafe fn copy_raw(dst: *mut u8, src: *const u8, n: usize) {
 #[inline]
 pub(crate) fn copy_streaming(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "copy: destination and source lengths differ");
-    let n = src.len();
+    // SAFETY: both slices hold `src.len()` bytes, and a `&mut` cannot overlap a `&`.
+    unsafe { copy_raw_streaming(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
+}
+
+/// [`copy_streaming`] on raw pointers.
+///
+/// # Safety
+/// `dst` is valid for `n` writes, `src` for `n` reads, and the two ranges do not overlap.
+#[inline]
+pub(crate) unsafe fn copy_raw_streaming(dst: *mut u8, src: *const u8, n: usize) {
     if n < LOOP_FROM {
-        dst.copy_from_slice(src);
+        // SAFETY: the caller's contract (valid, non-overlapping ranges of `n` bytes).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: both slices hold `n ≥ LOOP_FROM` bytes and do not overlap (`&mut` and `&`);
-        // the AVX2 path runs only where the CPU has it, SSE2 is part of x86-64.
+        // SAFETY: the caller's contract, and `n ≥ LOOP_FROM`; the AVX2 path runs only where
+        // the CPU has it, SSE2 is part of x86-64.
         unsafe {
             if std::arch::is_x86_feature_detected!("avx2") {
-                x86::stream_avx2(dst.as_mut_ptr(), src.as_ptr(), n);
+                x86::stream_avx2(dst, src, n);
             } else {
-                x86::stream_sse2(dst.as_mut_ptr(), src.as_ptr(), n);
+                x86::stream_sse2(dst, src, n);
             }
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    dst.copy_from_slice(src);
+    // SAFETY: the caller's contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, n)
+    };
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -88,10 +88,11 @@ fn child_entry() {
             // Chunk steps above the streaming size (256 KiB moved), which stream their
             // copy-in only where the cores look far apart (OXCOMM_SHM_STREAM_IN=always forces
             // it): a chunk and one element, and one and a half chunks with an odd tail (f32
-            // and f64: blocks of 512 KiB–2.3 MiB); every data-moving op, in place and apart,
-            // back to back.
+            // and f64: blocks of 512 KiB–2.3 MiB); and slot payloads of 4–32 KiB, which stream
+            // from 4 KiB likewise (from 24 KiB always); every data-moving op, in place and
+            // apart, back to back.
             let t = CollectiveTester::new()
-                .counts(&[131_073, 196_611])
+                .counts(&[1_025, 6_145, 8_191, 131_073, 196_611])
                 .dtypes(&[oxcomm::DType::F32, oxcomm::DType::F64])
                 .segments(&[1 << 20]);
             let mut bad = t.rank_rooted(&comm);

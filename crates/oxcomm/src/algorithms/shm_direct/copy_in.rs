@@ -157,6 +157,38 @@ impl CopyIn {
     }
 }
 
+/// Slot payloads from this many bytes go in by non-temporal stores where every rank has a
+/// core: a 32 KiB block written fresh and read by the peer took 3.9 µs streamed against 5.8
+/// with plain stores, cores near; at 16 KiB plain stores won (2.1 against 2.3 µs), at 8 KiB
+/// by more (0.9 against 1.7) (`bench/floor_parts.c`, block = part).
+const SLOT_STREAM_FROM: usize = 24 << 10;
+
+/// Slot payloads from this many bytes also stream while the cores look far apart (see the
+/// module docs; the slots' lines, too, were last read by the peer).
+const SLOT_STREAM_FAR_FROM: usize = 4 << 10;
+
+/// Whether a slot payload of `len` bytes goes in by non-temporal stores: from
+/// [`SLOT_STREAM_FROM`] bytes where every rank has a core (`own_core`), and from
+/// [`SLOT_STREAM_FAR_FROM`] while the chunk steps' watch finds the cores far apart
+/// (`OXCOMM_SHM_STREAM_IN=always`: from [`SLOT_STREAM_FAR_FROM`] always; `never`: by size only).
+/// Slot writes are not timed themselves: too short for the clock to tell near from far.
+pub(super) fn slot_streams(len: usize, own_core: bool) -> bool {
+    if !own_core || len < SLOT_STREAM_FAR_FROM {
+        return false;
+    }
+    if len >= SLOT_STREAM_FROM {
+        return true;
+    }
+    match Setting::get() {
+        Setting::Always => true,
+        Setting::Never => false,
+        Setting::Auto => {
+            let until = FAR_UNTIL_NS.load(Ordering::Relaxed);
+            until != 0 && since_epoch(Instant::now()) < until
+        }
+    }
+}
+
 /// Whether a plain copy-in of `bytes` that took `took` says the cores are far apart.
 fn looks_far(bytes: usize, took: Duration) -> bool {
     let us = took.as_micros().max(1) as u64;
@@ -213,6 +245,15 @@ mod tests {
         let fast = CopyIn { stream: false, timed: Some((Instant::now(), 1 << 20)) };
         fast.done();
         assert!(!CopyIn::new(false, true).streams(), "a fast copy-in leaves plain stores on");
+    }
+
+    #[test]
+    fn slot_payloads_stream_from_24_kib_with_a_core_each_and_never_below_4_kib() {
+        assert!(slot_streams(SLOT_STREAM_FROM, true));
+        assert!(slot_streams(32 << 10, true));
+        assert!(!slot_streams(32 << 10, false), "never where ranks share cores");
+        assert!(!slot_streams(SLOT_STREAM_FAR_FROM - 1, true));
+        assert!(!slot_streams(64, true));
     }
 
     #[test]

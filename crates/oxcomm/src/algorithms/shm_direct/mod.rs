@@ -215,7 +215,8 @@ pub(super) fn arrive_for(
     header[FP_WORDS] = payload.len() as u64;
     // Every rank has stamped op k − EAGER (just checked), so none still reads op
     // k − SLOTS's slot, which this write replaces, nor op k − HISTORY's entry (module docs).
-    d.shm.write_slot(k, check, &header, payload);
+    let stream = copy_in::slot_streams(payload.len(), d.shm.each_rank_has_a_core());
+    d.shm.write_slot(k, check, &header, payload, stream);
     let ranks = match wait {
         Wait::Everyone => {
             arrive_wait(ctx, d.shm, fp, slot, stamp, 0..n)?;

@@ -313,7 +313,8 @@ impl ShmDirect {
     /// Writes this rank's slot and history entry of direct op `op` (slot `op % SLOTS`, entry
     /// `op % HISTORY`): `header` (the [`SLOT_HEADER`] bytes as little-endian words), its
     /// `check` word and `payload` (≤ [`SMALL_BYTES`]; inline when ≤ [`INLINE_BYTES`]), then
-    /// stamps the slot `op + 1` and wakes every other rank.
+    /// stamps the slot `op + 1` and wakes every other rank. `stream`: the payload goes in by
+    /// non-temporal stores (the caller's choice of speed; readers see the same bytes).
     ///
     /// The slot protocol of `algorithms/shm_direct/mod.rs` makes sure that no rank still reads
     /// the slot or the entry (a slot is rewritten [`SLOTS`] ops later, once every rank has read
@@ -322,7 +323,7 @@ impl ShmDirect {
     ///
     /// # Panics
     /// If `payload` is longer than [`SMALL_BYTES`].
-    pub fn write_slot(&self, op: u64, check: u64, header: &[u64; SLOT_HEADER / 8], payload: &[u8]) {
+    pub fn write_slot(&self, op: u64, check: u64, header: &[u64; SLOT_HEADER / 8], payload: &[u8], stream: bool) {
         assert!(payload.len() <= SMALL_BYTES, "slot payload of {} bytes over {SMALL_BYTES}", payload.len());
         let slot = (op % SLOTS as u64) as usize;
         let words = self.slot_words(self.rank, slot);
@@ -340,7 +341,13 @@ impl ShmDirect {
         // workspace; only this rank writes its slots, and no reader holds this slot's bytes
         // (slot protocol, see the module docs).
         unsafe {
-            crate::copy::copy_raw(self.slot_base(self.rank, slot).as_ptr().add(at), payload.as_ptr(), payload.len())
+            let dst = self.slot_base(self.rank, slot).as_ptr().add(at);
+            if stream {
+                // Fenced before it returns: the bytes are ordered before the stamp below.
+                crate::copy::copy_raw_streaming(dst, payload.as_ptr(), payload.len())
+            } else {
+                crate::copy::copy_raw(dst, payload.as_ptr(), payload.len())
+            }
         };
         words.stamp.store(op + 1, Ordering::Release);
         self.wake_sleepers();
