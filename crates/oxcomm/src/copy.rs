@@ -88,10 +88,10 @@ pub(crate) unsafe fn copy_raw_streaming(dst: *mut u8, src: *const u8, n: usize) 
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    // SAFETY: the caller's contract.
-    unsafe {
-        std::ptr::copy_nonoverlapping(src, dst, n)
-    };
+    {
+        // SAFETY: the caller's contract (valid, non-overlapping ranges of `n` bytes).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, n) }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
