@@ -167,7 +167,10 @@ const SLOT_STREAM_FROM: usize = 24 << 10;
 /// module docs; the slots' lines, too, were last read by the peer).
 const SLOT_STREAM_FAR_FROM: usize = 4 << 10;
 
-/// Whether a slot payload of `len` bytes goes in by non-temporal stores: from
+/// Whether a slot payload of `len` bytes that readers copy out (not one they reduce from: a
+/// 32 KiB `reduce` on 2 ranks with unchanged buffers took 6.9 µs with it streamed against 3.5,
+/// a `reduce_scatter` 5.2 against 4.4, while `broadcast` and `scatter` took half the time)
+/// goes in by non-temporal stores: from
 /// [`SLOT_STREAM_FROM`] bytes where every rank has a core (`own_core`), and from
 /// [`SLOT_STREAM_FAR_FROM`] while the chunk steps' watch finds the cores far apart
 /// (`OXCOMM_SHM_STREAM_IN=always`: from [`SLOT_STREAM_FAR_FROM`] always; `never`: by size only).

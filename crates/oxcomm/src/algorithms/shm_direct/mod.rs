@@ -80,7 +80,7 @@ pub(crate) use rooted::{gather, reduce, scatter};
 use crate::engine::{Ctx, PeerWatch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::shm::workspace::{Counter, ShmDirect, CHUNK_BYTES, HISTORY, SLOTS, SLOT_HEADER, SMALL_BYTES};
-use crate::wire::{Fingerprint, FP_BYTES, FP_WORDS};
+use crate::wire::{Fingerprint, OpKind, FP_BYTES, FP_WORDS};
 use copy_in::CopyIn;
 
 /// Per-communicator progress of the direct protocol (identical on every rank).
@@ -215,7 +215,9 @@ pub(super) fn arrive_for(
     header[FP_WORDS] = payload.len() as u64;
     // Every rank has stamped op k − EAGER (just checked), so none still reads op
     // k − SLOTS's slot, which this write replaces, nor op k − HISTORY's entry (module docs).
-    let stream = copy_in::slot_streams(payload.len(), d.shm.each_rank_has_a_core());
+    // Payloads that readers copy out may stream; those they reduce from do not (copy_in.rs).
+    let copied_out = !matches!(fp.kind, OpKind::AllReduce | OpKind::Reduce | OpKind::ReduceScatter);
+    let stream = copied_out && copy_in::slot_streams(payload.len(), d.shm.each_rank_has_a_core());
     d.shm.write_slot(k, check, &header, payload, stream);
     let ranks = match wait {
         Wait::Everyone => {
