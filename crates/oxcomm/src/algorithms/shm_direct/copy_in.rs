@@ -11,8 +11,8 @@
 //! the lines back: 23 µs for the same 512 KiB copy-in far apart. So a step that copies in
 //! with plain stores times its copy-in; after [`FAR_AFTER`] in a row below
 //! [`FAR_BELOW_BYTES_PER_US`] every copy-in of this process streams for the next [`FAR_FOR`],
-//! after which the steps try plain stores again. This is the only state: process-wide, since it is the cores' placement that it
-//! tracks, and a wrong guess costs speed, never correctness.
+//! after which the steps try plain stores again. This is the only state: process-wide, since
+//! it is the cores' placement that it tracks, and a wrong guess costs speed, never correctness.
 //!
 //! `OXCOMM_SHM_STREAM_IN` (default `auto`: as above) set to `always` streams every copy-in
 //! where every rank has a core, `never` none above the size limit (`copy_in_for` in
@@ -25,6 +25,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use crate::wire::OpKind;
 
 /// Plain copy-in rate (bytes per µs, = MB/s) below which a copy-in counts as slow: 4 GB/s.
 /// Far apart the test VM copied in at 2.3 GB/s; near, 20–35 GB/s from an input in the caches
@@ -167,16 +169,18 @@ const SLOT_STREAM_FROM: usize = 24 << 10;
 /// module docs; the slots' lines, too, were last read by the peer).
 const SLOT_STREAM_FAR_FROM: usize = 4 << 10;
 
-/// Whether a slot payload of `len` bytes that readers copy out (not one they reduce from: a
-/// 32 KiB `reduce` on 2 ranks with unchanged buffers took 6.9 µs with it streamed against 3.5,
-/// a `reduce_scatter` 5.2 against 4.4, while `broadcast` and `scatter` took half the time)
-/// goes in by non-temporal stores: from
+/// Whether the slot payload of `len` bytes of an op of `kind` goes in by non-temporal stores.
+/// Never for the reducing ops, whose readers reduce from the payload rather than copy it out:
+/// a 32 KiB `reduce` on 2 ranks with unchanged buffers took 6.9 µs with it streamed against
+/// 3.5, a `reduce_scatter` 5.2 against 4.4, while `broadcast` and `scatter` took half the
+/// time. For the others: from
 /// [`SLOT_STREAM_FROM`] bytes where every rank has a core (`own_core`), and from
 /// [`SLOT_STREAM_FAR_FROM`] while the chunk steps' watch finds the cores far apart
 /// (`OXCOMM_SHM_STREAM_IN=always`: from [`SLOT_STREAM_FAR_FROM`] always; `never`: by size only).
 /// Slot writes are not timed themselves: too short for the clock to tell near from far.
-pub(super) fn slot_streams(len: usize, own_core: bool) -> bool {
-    if !own_core || len < SLOT_STREAM_FAR_FROM {
+pub(super) fn slot_streams(kind: OpKind, len: usize, own_core: bool) -> bool {
+    let reduced_from = matches!(kind, OpKind::AllReduce | OpKind::Reduce | OpKind::ReduceScatter);
+    if reduced_from || !own_core || len < SLOT_STREAM_FAR_FROM {
         return false;
     }
     if len >= SLOT_STREAM_FROM {
@@ -252,11 +256,15 @@ mod tests {
 
     #[test]
     fn slot_payloads_stream_from_24_kib_with_a_core_each_and_never_below_4_kib() {
-        assert!(slot_streams(SLOT_STREAM_FROM, true));
-        assert!(slot_streams(32 << 10, true));
-        assert!(!slot_streams(32 << 10, false), "never where ranks share cores");
-        assert!(!slot_streams(SLOT_STREAM_FAR_FROM - 1, true));
-        assert!(!slot_streams(64, true));
+        let gather = OpKind::Gather;
+        assert!(slot_streams(gather, SLOT_STREAM_FROM, true));
+        assert!(slot_streams(gather, 32 << 10, true));
+        assert!(!slot_streams(gather, 32 << 10, false), "never where ranks share cores");
+        assert!(!slot_streams(gather, SLOT_STREAM_FAR_FROM - 1, true));
+        assert!(!slot_streams(gather, 64, true));
+        for kind in [OpKind::AllReduce, OpKind::Reduce, OpKind::ReduceScatter] {
+            assert!(!slot_streams(kind, 32 << 10, true), "never for {kind:?}, whose readers reduce");
+        }
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub(crate) use rooted::{gather, reduce, scatter};
 use crate::engine::{Ctx, PeerWatch};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::shm::workspace::{Counter, ShmDirect, CHUNK_BYTES, HISTORY, SLOTS, SLOT_HEADER, SMALL_BYTES};
-use crate::wire::{Fingerprint, OpKind, FP_BYTES, FP_WORDS};
+use crate::wire::{Fingerprint, FP_BYTES, FP_WORDS};
 use copy_in::CopyIn;
 
 /// Per-communicator progress of the direct protocol (identical on every rank).
@@ -130,8 +130,8 @@ const STREAM_IN_UNTIL: usize = 256 << 10;
 
 /// The copy of parts into this rank's half in a chunk step where this rank copies `moved`
 /// bytes in and out. Up to [`STREAM_IN_UNTIL`], when every rank has a core of its own
-/// (`own_core`: [`ShmDirect::each_rank_has_a_core`]): non-temporal stores (ending in a store fence, so every part is
-/// in memory before it is published). The half's lines sit in the readers' caches from the
+/// (`own_core`: [`ShmDirect::each_rank_has_a_core`]): non-temporal stores (ending in a store
+/// fence, so every part is in memory before it is published). The half's lines sit in the readers' caches from the
 /// last time they read it, and plain stores take each line back first; streaming skips that.
 /// Between two pinned threads (`bench/floor_parts.c`) a 128 KiB block in 16 KiB parts took
 /// 10.0 µs from the first store to the reader's last load instead of 20.0. Above it (a whole
@@ -139,7 +139,7 @@ const STREAM_IN_UNTIL: usize = 256 << 10;
 /// and plain stores were faster (2 ranks, inputs rewritten before every op;
 /// docs/perf_fresh_inputs.md). With more ranks than cores a reader often shares the writer's
 /// core and caches, where streaming only sends the lines to memory and back: 4 ranks on 2
-/// cores ran gather at 512 KiB–1 MiB 1.3–1.7× slower with it. Above it, plain stores unless
+/// cores ran gather at 512 KiB–1 MiB 1.3–1.7× slower with it. Otherwise plain stores, unless
 /// the cores look far apart (`copy_in.rs`: then every copy-in streams for a while). A local
 /// choice: the readers do not depend on it.
 pub(super) fn copy_in_for(moved: usize, own_core: bool) -> CopyIn {
@@ -215,9 +215,7 @@ pub(super) fn arrive_for(
     header[FP_WORDS] = payload.len() as u64;
     // Every rank has stamped op k − EAGER (just checked), so none still reads op
     // k − SLOTS's slot, which this write replaces, nor op k − HISTORY's entry (module docs).
-    // Payloads that readers copy out may stream; those they reduce from do not (copy_in.rs).
-    let copied_out = !matches!(fp.kind, OpKind::AllReduce | OpKind::Reduce | OpKind::ReduceScatter);
-    let stream = copied_out && copy_in::slot_streams(payload.len(), d.shm.each_rank_has_a_core());
+    let stream = copy_in::slot_streams(fp.kind, payload.len(), d.shm.each_rank_has_a_core());
     d.shm.write_slot(k, check, &header, payload, stream);
     let ranks = match wait {
         Wait::Everyone => {
