@@ -90,7 +90,8 @@ fn child_entry() {
             // it): a chunk and one element, and one and a half chunks with an odd tail (f32
             // and f64: blocks of 512 KiB–2.3 MiB); and slot payloads of 4–32 KiB, which stream
             // from 4 KiB likewise (from 24 KiB always); every data-moving op, in place and
-            // apart, back to back.
+            // apart, back to back. The reducing ops too: all_reduce and reduce stream their
+            // copy-in and their reduced slice, reduce_scatter its copy-in.
             let t = CollectiveTester::new()
                 .counts(&[1_025, 6_145, 8_191, 131_073, 196_611])
                 .dtypes(&[oxcomm::DType::F32, oxcomm::DType::F64])
@@ -98,6 +99,8 @@ fn child_entry() {
             let mut bad = t.rank_rooted(&comm);
             bad.extend(t.rank_gather_scatter(&comm));
             bad.extend(t.rank_all_gather(&comm));
+            bad.extend(t.rank_all_reduce(&comm));
+            bad.extend(t.rank_reduce_scatter(&comm));
             report(&comm, bad);
         }
         "chunks_f32" => {

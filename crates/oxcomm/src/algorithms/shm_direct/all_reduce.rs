@@ -28,9 +28,15 @@
 //! at 128 KiB, 31.5–47.4 to 20.9–28.6 µs at 256 KiB (docs/perf_mid_allreduce.md). Safety is
 //! unchanged: a chunk stays in half `g & 1`, which chunk `g` rewrites only after every rank is
 //! done with chunk `g − 2` and every chunk before.
+//!
+//! **Far cores.** Where the host places the cores far apart, the same writes (copy-in and the
+//! reduced slice) pay for every line the peer still holds however long ago it read it; both
+//! then go in by non-temporal stores, as the far-cores watch of `copy_in.rs` decides per
+//! chunk.
 
 use std::ops::Range;
 
+use super::copy_in::CopyIn;
 use super::{arrive, is_small, wait_counter, Direct};
 use crate::algorithms::schedule::chunk;
 use crate::algorithms::ReduceBuffers;
@@ -69,6 +75,10 @@ pub(super) fn chunk_place(g: u64, bytes: usize) -> usize {
 /// into its half): waits until its half is free (every rank published `CopiedOut` = g − 1),
 /// copies every other rank's slice into it, publishes `CopiedIn` = g + 1 and waits for every
 /// rank's.
+///
+/// Plain stores, timed by the far-cores watch (`copy_in.rs`), or non-temporal ones while the
+/// cores look far apart. Returns which: the caller's later writes into its half this chunk
+/// (the reduced slice) follow the same choice, since the peers read those lines last too.
 pub(super) fn copy_in_at<T: Element>(
     ctx: &mut Ctx<'_>,
     shm: &ShmDirect,
@@ -77,19 +87,23 @@ pub(super) fn copy_in_at<T: Element>(
     start: usize,
     len: usize,
     input: &[T],
-) -> Result<()> {
+) -> Result<bool> {
     let (n, me, size) = (ctx.size, ctx.rank, std::mem::size_of::<T>());
     // Half `g & 1` was last used by chunk g-2: everyone must be done reading it.
     wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
+    let mut copy_in = CopyIn::new(false, shm.each_rank_has_a_core());
     for r in (0..n).filter(|r| *r != me) {
         let s = slice(start, len, n, r);
         let off = at + (s.start - start) * size;
         // Others read slice r of my buffer only after I publish CopiedIn = g+1, and
         // they finished with chunk g-2 (waited above).
-        copy(&mut shm.chunk_mut((g & 1) as usize, off, s.len() * size), as_bytes(&input[s]));
+        copy_in.copy(&mut shm.chunk_mut((g & 1) as usize, off, s.len() * size), as_bytes(&input[s]));
     }
+    let streamed = copy_in.streams();
+    copy_in.done();
     shm.publish(Counter::CopiedIn, g + 1);
-    wait_counter(ctx, shm, Counter::CopiedIn, g + 1)
+    wait_counter(ctx, shm, Counter::CopiedIn, g + 1)?;
+    Ok(streamed)
 }
 
 /// The copy-out step of chunk `g` (the `len` elements of `output` at `start`, placed `at` bytes
@@ -162,7 +176,8 @@ pub(crate) fn all_reduce<'b, T: Element>(
         let at = chunk_place(g, part_len * size);
         let shm = d.shm;
         let slice = |r: usize| slice(start, part_len, n, r);
-        copy_in_at(ctx, shm, g, at, start, part_len, io.input(0..total))?;
+        let far = copy_in_at(ctx, shm, g, at, start, part_len, io.input(0..total))?;
+        let to_half = if far { crate::copy::copy_streaming } else { copy };
         let mine = slice(me);
         if !mine.is_empty() {
             let (off, len) = (at + (mine.start - start) * size, mine.len() * size);
@@ -183,7 +198,7 @@ pub(crate) fn all_reduce<'b, T: Element>(
                 for r in (0..n).filter(|r| *r != me) {
                     reduce::reduce_into(user, &theirs(r)[lo..hi], op);
                 }
-                copy(as_bytes_mut(&mut dst[lo..hi]), as_bytes(user));
+                to_half(as_bytes_mut(&mut dst[lo..hi]), as_bytes(user));
             }
         }
         shm.publish(Counter::Reduced, g + 1);

@@ -14,6 +14,13 @@
 //! after which the steps try plain stores again. This is the only state: process-wide, since
 //! it is the cores' placement that it tracks, and a wrong guess costs speed, never correctness.
 //!
+//! Every chunk step's copy-in takes part: all_gather's, broadcast's, the exchange's
+//! (all_to_all, gather, scatter), reduce_scatter's, and all_reduce's and reduce's, whose
+//! reduced slice, written into the half after the copy-in, follows the copy-in's choice (the
+//! peers read those lines last too). The workspace's pages are mapped when it is created
+//! (`transport/shm/segment.rs`): a page fault on a place's first use made near copy-ins look
+//! far.
+//!
 //! `OXCOMM_SHM_STREAM_IN` (default `auto`: as above) set to `always` streams every copy-in
 //! where every rank has a core, `never` none above the size limit (`copy_in_for` in
 //! `shm_direct`); each rank reads its own, and the ranks need not agree.
@@ -41,8 +48,10 @@ const FAR_AFTER: u32 = 2;
 /// Slow timed copy-ins since the last fast one.
 static SLOW_IN_A_ROW: AtomicU32 = AtomicU32::new(0);
 
-/// Copy-ins shorter than this are not timed (a clock read is tens of ns on this VM).
-const TIMED_FROM: usize = 64 << 10;
+/// Copy-ins shorter than this are not timed: at the rates above 16 KiB take 0.5–0.8 µs near
+/// and ~7 far apart, against a clock read of tens of ns on this VM. (A 2-rank all_reduce of
+/// 32 KiB copies in 16 KiB.)
+const TIMED_FROM: usize = 16 << 10;
 
 /// How long copy-ins stream once the cores were found far apart, before plain stores are
 /// tried again (one slow step per this long: at most ~0.3% of the time far apart).
@@ -120,8 +129,7 @@ impl CopyIn {
     }
 
     /// Whether this step's parts go in with non-temporal stores.
-    #[cfg(test)]
-    fn streams(&self) -> bool {
+    pub(super) fn streams(&self) -> bool {
         self.stream
     }
 
@@ -198,8 +206,8 @@ pub(super) fn slot_streams(kind: OpKind, len: usize, own_core: bool) -> bool {
 
 /// Whether a plain copy-in of `bytes` that took `took` says the cores are far apart.
 fn looks_far(bytes: usize, took: Duration) -> bool {
-    let us = took.as_micros().max(1) as u64;
-    (bytes as u64) / us < FAR_BELOW_BYTES_PER_US
+    let ns = took.as_nanos().max(1);
+    (bytes as u128) * 1000 / ns < u128::from(FAR_BELOW_BYTES_PER_US)
 }
 
 #[cfg(test)]
@@ -213,7 +221,9 @@ mod tests {
         assert!(looks_far(512 << 10, Duration::from_micros(223)));
         assert!(!looks_far(512 << 10, Duration::from_micros(120)));
         assert!(looks_far(512 << 10, Duration::from_micros(140)));
-        // A copy faster than the clock's microsecond is near.
+        // 16 KiB: 0.5–0.8 µs near, ~7 µs far; a copy faster than the clock's tick is near.
+        assert!(!looks_far(16 << 10, Duration::from_nanos(1_100)));
+        assert!(looks_far(16 << 10, Duration::from_micros(7)));
         assert!(!looks_far(64 << 10, Duration::ZERO));
     }
 

@@ -20,6 +20,7 @@
 //! each piece of it is saved (in L1) before source 0 overwrites it, unless I am rank 0.
 
 use super::all_reduce::REDUCE_PIECE_BYTES;
+use super::copy_in::CopyIn;
 use super::{arrive, is_small, wait_counter, Direct};
 use crate::algorithms::ScatterBuffers;
 use crate::copy::copy;
@@ -71,13 +72,16 @@ pub(crate) fn reduce_scatter<'b, T: Element>(
         let shm = d.shm;
         // Copy in. Half `half` was last used by chunk g-2: everyone must be done reading it.
         wait_counter(ctx, shm, Counter::CopiedOut, g.saturating_sub(1))?;
+        // Plain stores, or non-temporal ones while the cores look far apart (`copy_in.rs`).
+        let mut copy_in = CopyIn::new(false, shm.each_rank_has_a_core());
         for r in (0..n).filter(|r| *r != me) {
             let at = r * m + start;
             // Others read my buffer for chunk g only after I publish CopiedIn = g+1,
             // and they finished with chunk g-2 (waited above).
             let mut dst = shm.chunk_mut(half, piece_index(r, me) * k * size, k * size);
-            copy(&mut dst, as_bytes(io.input(at..at + k)));
+            copy_in.copy(&mut dst, as_bytes(io.input(at..at + k)));
         }
+        copy_in.done();
         shm.publish(Counter::CopiedIn, g + 1);
         wait_counter(ctx, shm, Counter::CopiedIn, g + 1)?;
         // Reduce, in L1-sized pieces.

@@ -30,8 +30,9 @@
 //! order. Large, per chunk: the reduce of the direct all-reduce, with only the root copying
 //! out: every rank copies every slice but its own into its half → reduces its 1/n slice in
 //! rank order 0..n, 16 KiB at a time (non-roots into their half, where the root reads it; the
-//! root straight into its buffer) → the root copies the other n − 1 reduced slices into its
-//! buffer. Per rank (n − 1)/n · S copied in, S read and S/n written by the reduction; the root
+//! root straight into its buffer; while the cores look far apart, a non-root reduces each
+//! piece in L1 and streams it into its half, as `copy_in.rs` explains) → the root copies the
+//! other n − 1 reduced slices into its buffer. Per rank (n − 1)/n · S copied in, S read and S/n written by the reduction; the root
 //! also copies (n − 1)/n · S out, so its critical path per chunk is about 3 · C.
 //!
 //! Why not let the root reduce everyone's published chunk alone (each rank copies its chunk
@@ -44,7 +45,7 @@ use super::all_reduce::{copy_in_at, copy_out_at, reduce_slots, slice, REDUCE_PIE
 use super::all_to_all::{exchange, steps, Blocks, Lanes};
 use super::{arrive, arrive_for, is_small, Direct, Wait};
 use crate::algorithms::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
-use crate::copy::copy;
+use crate::copy::{copy, copy_streaming};
 use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::engine::Ctx;
 use crate::error::Result;
@@ -174,13 +175,18 @@ pub(crate) fn reduce<'b, T: Element>(
     // In place, the root's own piece is saved before the result overwrites it in its buffer.
     let in_place = matches!(io, ReduceBuffers::InPlace(_));
     let mut own: Vec<T> = if me == root && in_place { vec![T::default(); piece] } else { Vec::new() };
+    // A non-root's reduced piece, while the cores look far apart.
+    let mut staged: Vec<T> = Vec::new();
     for start in (0..total).step_by(per_chunk) {
         let part_len = (start + per_chunk).min(total) - start;
         let g = d.state.chunks;
         let half = (g & 1) as usize;
         let shm = d.shm;
         let slice = |r: usize| slice(start, part_len, n, r);
-        copy_in_at(ctx, shm, g, 0, start, part_len, io.input(0..total))?;
+        let far = copy_in_at(ctx, shm, g, 0, start, part_len, io.input(0..total))?;
+        if far && me != root && staged.is_empty() {
+            staged = vec![T::default(); piece];
+        }
         let mine = slice(me);
         let (off, len) = ((mine.start - start) * size, mine.len() * size);
         // The other ranks' slices `me` were published for chunk g and are not
@@ -214,7 +220,15 @@ pub(crate) fn reduce<'b, T: Element>(
                 let mut own = shm.chunk_mut(half, off, len);
                 let dst: &mut [T] = bytemuck::cast_slice_mut(&mut own);
                 let mine_now = io.input(at);
-                reduce_in_rank_order(&mut dst[lo..hi], n, |r| if r == me { mine_now } else { &theirs(r)[lo..hi] }, op);
+                let src = |r: usize| if r == me { mine_now } else { &theirs(r)[lo..hi] };
+                if far {
+                    // Far apart, reduced in L1 and streamed into the half (`copy_in.rs`).
+                    let piece = &mut staged[..hi - lo];
+                    reduce_in_rank_order(piece, n, src, op);
+                    copy_streaming(as_bytes_mut(&mut dst[lo..hi]), as_bytes(piece));
+                } else {
+                    reduce_in_rank_order(&mut dst[lo..hi], n, src, op);
+                }
             }
         }
         shm.publish(Counter::Reduced, g + 1);

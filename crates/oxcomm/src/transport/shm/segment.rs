@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use rustix::fd::OwnedFd;
 use rustix::io::Errno;
-use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
+use rustix::mm::{madvise, mmap, munmap, Advice, MapFlags, ProtFlags};
 use rustix::shm;
 
 use super::layout::{Bell, WORKSPACE_BYTES};
@@ -283,6 +283,7 @@ impl Segment {
             let v = slot.map_or(NO_SLOT, |s| s as u32);
             seg.table_entry(p).store(v, Ordering::Relaxed);
         }
+        seg.populate_workspace(true);
         // Bell and ring control blocks are zero (fresh file), their valid initial state.
         seg.header().publish(&layout, owner_rank, seg.owner_pid);
         Ok(seg)
@@ -362,7 +363,20 @@ impl Segment {
             other => return Err(seg.reject(format!("bad magic {other:#018x} (expected {MAGIC:#018x})"))),
         }
         seg.validate(owner, world)?;
+        seg.populate_workspace(false);
         Ok(Ok(seg))
+    }
+
+    /// Maps the workspace's pages now (the owner writable, a peer, which only reads it,
+    /// readable), so that no direct op pays a page fault on its first touch of a page. Those
+    /// faults made the first copy-ins into each place of a chunk half slow enough for the
+    /// far-cores watch (`algorithms/shm_direct/copy_in.rs`) to take near cores for far ones.
+    /// Best effort: kernels before 5.14 lack the advice, and the pages then fault in on use.
+    fn populate_workspace(&self, owner: bool) {
+        let advice = if owner { Advice::LinuxPopulateWrite } else { Advice::LinuxPopulateRead };
+        // SAFETY: the workspace range lies inside this live mapping (`workspace`); populating
+        // page tables changes no byte of it.
+        let _ = unsafe { madvise(self.workspace().as_ptr().cast::<c_void>(), WORKSPACE_BYTES, advice) };
     }
 
     fn reject(&self, what: String) -> Error {
