@@ -89,9 +89,9 @@ fn child_entry() {
             // copy-in only where the cores look far apart (OXCOMM_SHM_STREAM_IN=always forces
             // it): a chunk and one element, and one and a half chunks with an odd tail (f32
             // and f64: blocks of 512 KiB–2.3 MiB); and slot payloads of 4–32 KiB, which stream
-            // from 4 KiB likewise (from 24 KiB always); every data-moving op, in place and
-            // apart, back to back. The reducing ops too: all_reduce and reduce stream their
-            // copy-in and their reduced slice, reduce_scatter its copy-in.
+            // from 4 KiB likewise; every data-moving op, in place and apart, back to back. The
+            // reducing ops too: all_reduce and reduce stream their copy-in and their reduced
+            // slice, reduce_scatter its copy-in, and all three their slot payloads.
             let t = CollectiveTester::new()
                 .counts(&[1_025, 6_145, 8_191, 131_073, 196_611])
                 .dtypes(&[oxcomm::DType::F32, oxcomm::DType::F64])

@@ -1,10 +1,10 @@
-//! How a chunk step copies this rank's parts into its half: plain stores or non-temporal
-//! ones, chosen per step by this rank alone (readers do not depend on it), and the watch for
-//! cores that the host has placed far apart.
+//! How a chunk step copies this rank's parts into its half, and an arrival its payload into
+//! its slot: plain stores or non-temporal ones, chosen per copy by this rank alone (readers do
+//! not depend on it), and the watch for cores that the host has placed far apart.
 //!
 //! **Far cores.** On the test VM (2 vCPUs) the host at times places the two vCPUs far apart:
-//! a cache line's round trip between them then takes 230–540 ns instead of 80–140, for
-//! seconds to minutes. Plain stores into the half must first take each line back from the
+//! a cache line's round trip between them then takes 230–540 ns instead of 80–140 (or ~40
+//! where the two vCPUs share a core), for seconds to minutes. Plain stores into the half must first take each line back from the
 //! reader that read it last; far apart, that ran at 2.3 GB/s instead of 20–35, and a 2-rank
 //! all_gather of 1 MiB took 250–330 µs instead of 33 (`bench/floor_cma.c`, which prints the
 //! round trip beside each scheme; docs/perf_large_fresh.md). Non-temporal stores skip taking
@@ -17,9 +17,11 @@
 //! Every chunk step's copy-in takes part: all_gather's, broadcast's, the exchange's
 //! (all_to_all, gather, scatter), reduce_scatter's, and all_reduce's and reduce's, whose
 //! reduced slice, written into the half after the copy-in, follows the copy-in's choice (the
-//! peers read those lines last too). The workspace's pages are mapped when it is created
-//! (`transport/shm/segment.rs`): a page fault on a place's first use made near copy-ins look
-//! far.
+//! peers read those lines last too). So do the slot payloads ([`CopyIn::for_slot`]): one in
+//! [`SLOT_TIMED_EVERY`] from [`TIMED_FROM`] bytes is timed, so that small ops alone find far
+//! cores, and while far apart every payload from [`SLOT_STREAM_FAR_FROM`] bytes streams. The
+//! workspace's pages are mapped when it is created (`transport/shm/segment.rs`): a page fault
+//! on a place's first use made near copy-ins look far.
 //!
 //! `OXCOMM_SHM_STREAM_IN` (default `auto`: as above) set to `always` streams every copy-in
 //! where every rank has a core, `never` none above the size limit (`copy_in_for` in
@@ -48,10 +50,9 @@ const FAR_AFTER: u32 = 2;
 /// Slow timed copy-ins since the last fast one.
 static SLOW_IN_A_ROW: AtomicU32 = AtomicU32::new(0);
 
-/// Copy-ins shorter than this are not timed: at the rates above 16 KiB take 0.5–0.8 µs near
-/// and ~7 far apart, against a clock read of tens of ns on this VM. (A 2-rank all_reduce of
-/// 32 KiB copies in 16 KiB.)
-const TIMED_FROM: usize = 16 << 10;
+/// Copy-ins (and slot payloads) shorter than this are not timed: at the rates above 8 KiB
+/// take 0.25–0.4 µs near and ~3.5 far apart, against a clock read of tens of ns on this VM.
+const TIMED_FROM: usize = 8 << 10;
 
 /// How long copy-ins stream once the cores were found far apart, before plain stores are
 /// tried again (one slow step per this long: at most ~0.3% of the time far apart).
@@ -108,6 +109,11 @@ pub(crate) struct CopyIn {
     timed: Option<(Instant, usize)>,
 }
 
+/// Whether the cores were found far apart less than [`FAR_FOR`] before `now`.
+fn far_at(now: Instant) -> bool {
+    since_epoch(now) < FAR_UNTIL_NS.load(Ordering::Relaxed)
+}
+
 impl CopyIn {
     /// The copy-in of a step: `stream` where the size alone asks for non-temporal stores;
     /// otherwise plain stores, unless the cores were found far apart less than [`FAR_FOR`] ago
@@ -122,10 +128,26 @@ impl CopyIn {
             Setting::Auto => {}
         }
         let now = Instant::now();
-        if since_epoch(now) < FAR_UNTIL_NS.load(Ordering::Relaxed) {
+        if far_at(now) {
             return CopyIn { stream: true, timed: None };
         }
         CopyIn { stream: false, timed: Some((now, 0)) }
+    }
+
+    /// The copy of the slot payload of direct op `op`, `len` bytes of an op of `kind`:
+    /// streamed as [`slot_streams`] says; where it goes in by plain stores, every
+    /// [`SLOT_TIMED_EVERY`]th from [`TIMED_FROM`] bytes is timed for the watch (the small
+    /// ops alone, with no chunk step, must find far cores too).
+    pub(super) fn for_slot(kind: OpKind, len: usize, own_core: bool, op: u64) -> CopyIn {
+        if !own_core || len < SLOT_STREAM_FAR_FROM {
+            return CopyIn { stream: false, timed: None };
+        }
+        let setting = Setting::get();
+        let now = (setting == Setting::Auto).then(Instant::now);
+        let far = now.is_some_and(far_at);
+        let stream = slot_streams(kind, len, setting, far);
+        let timed = !stream && len >= TIMED_FROM && op % SLOT_TIMED_EVERY == 0;
+        CopyIn { stream, timed: now.filter(|_| timed).map(|t| (t, 0)) }
     }
 
     /// Whether this step's parts go in with non-temporal stores.
@@ -177,30 +199,29 @@ const SLOT_STREAM_FROM: usize = 24 << 10;
 /// module docs; the slots' lines, too, were last read by the peer).
 const SLOT_STREAM_FAR_FROM: usize = 4 << 10;
 
-/// Whether the slot payload of `len` bytes of an op of `kind` goes in by non-temporal stores.
-/// Never for the reducing ops, whose readers reduce from the payload rather than copy it out:
-/// a 32 KiB `reduce` on 2 ranks with unchanged buffers took 6.9 µs with it streamed against
-/// 3.5, a `reduce_scatter` 5.2 against 4.4, while `broadcast` and `scatter` took half the
-/// time. For the others: from
-/// [`SLOT_STREAM_FROM`] bytes where every rank has a core (`own_core`), and from
-/// [`SLOT_STREAM_FAR_FROM`] while the chunk steps' watch finds the cores far apart
-/// (`OXCOMM_SHM_STREAM_IN=always`: from [`SLOT_STREAM_FAR_FROM`] always; `never`: by size only).
-/// Slot writes are not timed themselves: too short for the clock to tell near from far.
-pub(super) fn slot_streams(kind: OpKind, len: usize, own_core: bool) -> bool {
+/// One slot write in this many (by op number) is timed: a sample every few ops finds far
+/// cores within a few ops, for a fraction of the clock reads.
+const SLOT_TIMED_EVERY: u64 = 4;
+
+/// Whether the slot payload of `len` bytes (at least [`SLOT_STREAM_FAR_FROM`], every rank
+/// with a core) of an op of `kind` goes in by non-temporal stores, the cores being `far`
+/// apart or not (as the watch found them; `setting` is `OXCOMM_SHM_STREAM_IN`).
+///
+/// While far apart, every op's payload streams: the plain stores would take back every line
+/// the peers read last time, while reading lines a far core wrote costs no more than reading
+/// memory (a 2-rank all_reduce of 16–32 KiB far apart took 7.2–9.6 µs with its payload
+/// streamed, 12.6–29.4 plain; near 3.8–7.0, docs/perf_large_fresh.md). Near, the copy-out ops' payloads stream from
+/// [`SLOT_STREAM_FROM`] bytes; the reducing ops' never, since their readers reduce from the
+/// payload rather than copy it out: a 32 KiB `reduce` on 2 ranks with unchanged buffers took
+/// 6.9 µs with it streamed against 3.5, a `reduce_scatter` 5.2 against 4.4, while `broadcast`
+/// and `scatter` took half the time. `always` streams every op's from
+/// [`SLOT_STREAM_FAR_FROM`] bytes, `never` only the copy-out ops' by size.
+fn slot_streams(kind: OpKind, len: usize, setting: Setting, far: bool) -> bool {
     let reduced_from = matches!(kind, OpKind::AllReduce | OpKind::Reduce | OpKind::ReduceScatter);
-    if reduced_from || !own_core || len < SLOT_STREAM_FAR_FROM {
-        return false;
-    }
-    if len >= SLOT_STREAM_FROM {
-        return true;
-    }
-    match Setting::get() {
+    match setting {
         Setting::Always => true,
-        Setting::Never => false,
-        Setting::Auto => {
-            let until = FAR_UNTIL_NS.load(Ordering::Relaxed);
-            until != 0 && since_epoch(Instant::now()) < until
-        }
+        Setting::Auto if far => true,
+        Setting::Auto | Setting::Never => !reduced_from && len >= SLOT_STREAM_FROM,
     }
 }
 
@@ -265,16 +286,35 @@ mod tests {
     }
 
     #[test]
-    fn slot_payloads_stream_from_24_kib_with_a_core_each_and_never_below_4_kib() {
-        let gather = OpKind::Gather;
-        assert!(slot_streams(gather, SLOT_STREAM_FROM, true));
-        assert!(slot_streams(gather, 32 << 10, true));
-        assert!(!slot_streams(gather, 32 << 10, false), "never where ranks share cores");
-        assert!(!slot_streams(gather, SLOT_STREAM_FAR_FROM - 1, true));
-        assert!(!slot_streams(gather, 64, true));
+    fn slot_payloads_stream_near_from_24_kib_and_far_apart_all() {
+        let (gather, auto) = (OpKind::Gather, Setting::Auto);
+        assert!(slot_streams(gather, SLOT_STREAM_FROM, auto, false));
+        assert!(!slot_streams(gather, SLOT_STREAM_FROM - 1, auto, false));
+        assert!(slot_streams(gather, SLOT_STREAM_FAR_FROM, auto, true));
+        assert!(slot_streams(gather, SLOT_STREAM_FAR_FROM, Setting::Always, false));
+        assert!(!slot_streams(gather, SLOT_STREAM_FROM - 1, Setting::Never, true));
         for kind in [OpKind::AllReduce, OpKind::Reduce, OpKind::ReduceScatter] {
-            assert!(!slot_streams(kind, 32 << 10, true), "never for {kind:?}, whose readers reduce");
+            assert!(!slot_streams(kind, 32 << 10, auto, false), "near never for {kind:?}, whose readers reduce");
+            assert!(!slot_streams(kind, 32 << 10, Setting::Never, true));
+            assert!(slot_streams(kind, SLOT_STREAM_FAR_FROM, auto, true), "far apart every op's payload streams");
         }
+    }
+
+    #[test]
+    fn slot_copies_below_4_kib_or_on_shared_cores_are_plain_and_untimed() {
+        for (len, own_core) in [(64, true), (SLOT_STREAM_FAR_FROM - 1, true), (32 << 10, false)] {
+            let c = CopyIn::for_slot(OpKind::Broadcast, len, own_core, 0);
+            assert!(!c.streams() && c.timed.is_none(), "{len} B, own core {own_core}");
+        }
+        if Setting::get() != Setting::Auto {
+            return; // OXCOMM_SHM_STREAM_IN set for this run: nothing is timed.
+        }
+        // Plain stores from TIMED_FROM are timed one op in SLOT_TIMED_EVERY (unless another
+        // test of this process just found the cores far, which only makes them stream).
+        let c = CopyIn::for_slot(OpKind::AllReduce, TIMED_FROM, true, SLOT_TIMED_EVERY);
+        assert!(c.streams() || c.timed.is_some());
+        assert!(CopyIn::for_slot(OpKind::AllReduce, TIMED_FROM, true, SLOT_TIMED_EVERY + 1).timed.is_none());
+        assert!(CopyIn::for_slot(OpKind::AllReduce, TIMED_FROM - 1, true, 0).timed.is_none());
     }
 
     #[test]

@@ -215,8 +215,9 @@ pub(super) fn arrive_for(
     header[FP_WORDS] = payload.len() as u64;
     // Every rank has stamped op k − EAGER (just checked), so none still reads op
     // k − SLOTS's slot, which this write replaces, nor op k − HISTORY's entry (module docs).
-    let stream = copy_in::slot_streams(fp.kind, payload.len(), d.shm.each_rank_has_a_core());
-    d.shm.write_slot(k, check, &header, payload, stream);
+    let mut copy = CopyIn::for_slot(fp.kind, payload.len(), d.shm.each_rank_has_a_core(), k);
+    d.shm.write_slot(k, check, &header, payload, |dst, src| copy.copy(dst, src));
+    copy.done();
     let ranks = match wait {
         Wait::Everyone => {
             arrive_wait(ctx, d.shm, fp, slot, stamp, 0..n)?;

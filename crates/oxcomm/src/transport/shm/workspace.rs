@@ -313,8 +313,10 @@ impl ShmDirect {
     /// Writes this rank's slot and history entry of direct op `op` (slot `op % SLOTS`, entry
     /// `op % HISTORY`): `header` (the [`SLOT_HEADER`] bytes as little-endian words), its
     /// `check` word and `payload` (≤ [`SMALL_BYTES`]; inline when ≤ [`INLINE_BYTES`]), then
-    /// stamps the slot `op + 1` and wakes every other rank. `stream`: the payload goes in by
-    /// non-temporal stores (the caller's choice of speed; readers see the same bytes).
+    /// stamps the slot `op + 1` and wakes every other rank. `copy(dst, payload)` puts the
+    /// payload in (the caller's choice of stores and of timing them; it must copy every byte,
+    /// and a copy by non-temporal stores must end with a store fence, as
+    /// `copy::copy_streaming` does, so the bytes are ordered before the stamp).
     ///
     /// The slot protocol of `algorithms/shm_direct/mod.rs` makes sure that no rank still reads
     /// the slot or the entry (a slot is rewritten [`SLOTS`] ops later, once every rank has read
@@ -323,7 +325,14 @@ impl ShmDirect {
     ///
     /// # Panics
     /// If `payload` is longer than [`SMALL_BYTES`].
-    pub fn write_slot(&self, op: u64, check: u64, header: &[u64; SLOT_HEADER / 8], payload: &[u8], stream: bool) {
+    pub fn write_slot(
+        &self,
+        op: u64,
+        check: u64,
+        header: &[u64; SLOT_HEADER / 8],
+        payload: &[u8],
+        copy: impl FnOnce(&mut [u8], &[u8]),
+    ) {
         assert!(payload.len() <= SMALL_BYTES, "slot payload of {} bytes over {SMALL_BYTES}", payload.len());
         let slot = (op % SLOTS as u64) as usize;
         let words = self.slot_words(self.rank, slot);
@@ -337,18 +346,13 @@ impl ShmDirect {
         let at = if payload.len() <= INLINE_BYTES { SLOT_INLINE } else { SLOT_PAYLOAD };
         // SAFETY: `at + payload.len()` lies inside this rank's slot (asserted length, layout
         // constants: the inline room is `INLINE_BYTES` from `SLOT_INLINE`, the other
-        // `SMALL_BYTES` from `SLOT_PAYLOAD`); the payload is ordinary memory, not in the
-        // workspace; only this rank writes its slots, and no reader holds this slot's bytes
-        // (slot protocol, see the module docs).
-        unsafe {
-            let dst = self.slot_base(self.rank, slot).as_ptr().add(at);
-            if stream {
-                // Fenced before it returns: the bytes are ordered before the stamp below.
-                crate::copy::copy_raw_streaming(dst, payload.as_ptr(), payload.len())
-            } else {
-                crate::copy::copy_raw(dst, payload.as_ptr(), payload.len())
-            }
-        };
+        // `SMALL_BYTES` from `SLOT_PAYLOAD`), past the words written above; the payload is
+        // ordinary memory, not in the workspace; only this rank writes its slots, and no
+        // reader holds this slot's bytes (slot protocol, see the module docs), so the slice is
+        // this call's alone until the stamp below.
+        let dst =
+            unsafe { std::slice::from_raw_parts_mut(self.slot_base(self.rank, slot).as_ptr().add(at), payload.len()) };
+        copy(dst, payload);
         words.stamp.store(op + 1, Ordering::Release);
         self.wake_sleepers();
     }
