@@ -35,10 +35,19 @@
 # Ratio columns: oxcomm's busbw / the peer's (= the peer's time / oxcomm's; above 1 = oxcomm
 # faster), at every size. The summary line gives each mode's worst ratio over 8 KiB-2 MiB.
 # Other load on the host changes every number a lot: check `uptime` first.
+#
+# PLACEMENT=1 tags every round with where the host placed the two vCPUs: bench/floor_cma.c
+# (built here) measures a cache line's round trip between two pinned processes before and after
+# the round; below 60 ns they share a core ("smt"), below 180 ns they are near ("near"), else far
+# apart ("far"; docs/perf_far_cores.md). The 2-core test VM moves between the three within
+# minutes, and far apart every program slows down (oxcomm's mid all_reduce by 1.3-1.8x, oneCCL's
+# by ~1.2x). A round whose two probes disagree is left out, and the table is printed once per
+# placement seen, from that placement's rounds alone (ROUNDS=20 catches a few of each).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
+PLACEMENT=${PLACEMENT:-0}
 TARGET=${CARGO_TARGET_DIR:-target}
 OUT=${OUT:-$TARGET/vs_oneccl}
 N=2
@@ -96,11 +105,20 @@ run_ccl() { # $1: extra flag (--oop or nothing)
     ) || echo "# oneCCL run failed (round $round${1:+, $1}): see $OUT/ccl.err" >&2
 }
 
+# The vCPUs' placement now (PLACEMENT=1): smt, near or far.
+if [ "$PLACEMENT" = 1 ]; then gcc -O2 -o "$OUT/floor_cma" bench/floor_cma.c; fi
+placement() {
+    MODES=none "$OUT/floor_cma" 1 | sed -n 's/.*round trip between the two processes: \([0-9]*\) ns.*/\1/p' |
+        awk '{ print ($1 < 60) ? "smt" : ($1 < 180) ? "near" : "far" }'
+}
+
 : >"$OUT/ccl.txt"
 : >"$OUT/ccl.err"
 : >"$OUT/ompi.txt"
 : >"$OUT/oxcomm.txt"
+: >"$OUT/placement.txt"
 for round in $(seq "$ROUNDS"); do
+    if [ "$PLACEMENT" = 1 ]; then before=$(placement); fi
     if [ "$HAVE_CCL" = 1 ]; then
         run_ccl --oop | sed "s/^/$round /" >>"$OUT/ccl.txt"
         run_ccl | sed "s/^/$round /" >>"$OUT/ccl.txt"
@@ -112,9 +130,11 @@ for round in $(seq "$ROUNDS"); do
         "$OXCOMM" bench --transport shm --world-size "$N" --op all_reduce --dtype f32 --redop sum "${ARGS[@]}" \
             --quiet | sed "s/^/$round /" >>"$OUT/oxcomm.txt"
     done
+    if [ "$PLACEMENT" = 1 ]; then echo "$round $before $(placement)" >>"$OUT/placement.txt"; fi
 done
 
 echo "# raw tables (each line prefixed with its round): $OUT/ccl.txt, $OUT/ompi.txt, $OUT/oxcomm.txt"
+table() { # $1: the folder of the three raw tables
 # ccl lines: round op nranks size count time_us algbw busbw (op allreduce_oop or allreduce).
 # ompi/oxcomm data lines: round, then $1 size ... $6 oop time, $9 oop #wrong, $10 ip time, $13 ip #wrong.
 awk -v n="$N" '
@@ -150,4 +170,22 @@ awk -v n="$N" '
         }
         for (p in worst) if (worst[p] == 1e9) worst[p] = "-"; else worst[p] = sprintf("%.2f", worst[p]);
         printf "# summary, worst busbw ratio over 8 KiB-2 MiB: oxcomm/oneCCL %s (out of place), %s (in place); oxcomm/ompi %s, %s\n", worst["ccl", 0], worst["ccl", 1], worst["ompi", 0], worst["ompi", 1];
-    }' "$OUT/ccl.txt" "$OUT/ompi.txt" "$OUT/oxcomm.txt"
+    }' "$1/ccl.txt" "$1/ompi.txt" "$1/oxcomm.txt"
+}
+
+if [ "$PLACEMENT" != 1 ]; then
+    table "$OUT"
+    exit 0
+fi
+echo "# placement per round (before, after): $OUT/placement.txt; rounds whose two probes differ are left out"
+for place in smt near far; do
+    rounds=$(awk -v p="$place" '$2 == p && $3 == p { printf "%s ", $1 }' "$OUT/placement.txt")
+    if [ -z "$rounds" ]; then continue; fi
+    mkdir -p "$OUT/$place"
+    for f in ccl ompi oxcomm; do
+        awk -v keep="$rounds" 'BEGIN { split(keep, r, " "); for (i in r) want[r[i]] = 1 } $1 in want' "$OUT/$f.txt" >"$OUT/$place/$f.txt"
+    done
+    echo "#"
+    echo "# ===== vCPUs $place: $(echo "$rounds" | wc -w) rounds ($rounds)"
+    table "$OUT/$place"
+done

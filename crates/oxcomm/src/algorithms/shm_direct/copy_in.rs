@@ -50,9 +50,13 @@ const FAR_AFTER: u32 = 2;
 /// Slow timed copy-ins since the last fast one.
 static SLOW_IN_A_ROW: AtomicU32 = AtomicU32::new(0);
 
-/// Copy-ins (and slot payloads) shorter than this are not timed: at the rates above 8 KiB
-/// take 0.25–0.4 µs near and ~3.5 far apart, against a clock read of tens of ns on this VM.
-const TIMED_FROM: usize = 8 << 10;
+/// Copy-ins (and slot payloads) shorter than this are not timed: at the rates above 16 KiB
+/// take 0.5–0.8 µs near and ~7 far apart, against a clock read of tens of ns on this VM. With
+/// slot payloads timed from 8 KiB, an A/B near showed all_gather and all_to_all of 4–16 KiB
+/// 1.1–1.4× slower (not pinned down: a near copy taken for a far one streams this rank's
+/// payloads for [`FAR_FOR`]), while far apart an 8 KiB all_reduce gained only 1.2× from
+/// streaming (docs/perf_far_cores.md).
+const TIMED_FROM: usize = 16 << 10;
 
 /// How long copy-ins stream once the cores were found far apart, before plain stores are
 /// tried again (one slow step per this long: at most ~0.3% of the time far apart).
@@ -89,17 +93,11 @@ impl Setting {
     }
 }
 
-/// Nanoseconds after [`epoch`] until which copy-ins stream (0: not far, as far as we know).
+/// The host's coarse monotonic clock ([`crate::clock::monotonic_ns`], a few ms per tick) until
+/// which copy-ins stream (0: not far, as far as we know). Coarse, because every slot write from
+/// 4 KiB reads it: the precise clock cost 5–8% of a 4 KiB op on this VM; the timing of a copy
+/// itself takes the precise one.
 static FAR_UNTIL_NS: AtomicU64 = AtomicU64::new(0);
-
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-fn since_epoch(t: Instant) -> u64 {
-    u64::try_from(t.saturating_duration_since(epoch()).as_nanos()).unwrap_or(u64::MAX)
-}
 
 /// One chunk step's copy-in (see the module docs): [`CopyIn::copy`] each part, then
 /// [`CopyIn::done`].
@@ -109,9 +107,10 @@ pub(crate) struct CopyIn {
     timed: Option<(Instant, usize)>,
 }
 
-/// Whether the cores were found far apart less than [`FAR_FOR`] before `now`.
-fn far_at(now: Instant) -> bool {
-    since_epoch(now) < FAR_UNTIL_NS.load(Ordering::Relaxed)
+/// Whether the cores were found far apart less than [`FAR_FOR`] ago.
+fn far_now() -> bool {
+    let until = FAR_UNTIL_NS.load(Ordering::Relaxed);
+    until != 0 && crate::clock::monotonic_ns() < until
 }
 
 impl CopyIn {
@@ -127,11 +126,10 @@ impl CopyIn {
             Setting::Never => return CopyIn { stream: false, timed: None },
             Setting::Auto => {}
         }
-        let now = Instant::now();
-        if far_at(now) {
+        if far_now() {
             return CopyIn { stream: true, timed: None };
         }
-        CopyIn { stream: false, timed: Some((now, 0)) }
+        CopyIn { stream: false, timed: Some((Instant::now(), 0)) }
     }
 
     /// The copy of the slot payload of direct op `op`, `len` bytes of an op of `kind`:
@@ -143,11 +141,10 @@ impl CopyIn {
             return CopyIn { stream: false, timed: None };
         }
         let setting = Setting::get();
-        let now = (setting == Setting::Auto).then(Instant::now);
-        let far = now.is_some_and(far_at);
-        let stream = slot_streams(kind, len, setting, far);
-        let timed = !stream && len >= TIMED_FROM && op % SLOT_TIMED_EVERY == 0;
-        CopyIn { stream, timed: now.filter(|_| timed).map(|t| (t, 0)) }
+        let auto = setting == Setting::Auto;
+        let stream = slot_streams(kind, len, setting, auto && far_now());
+        let timed = auto && !stream && len >= TIMED_FROM && op % SLOT_TIMED_EVERY == 0;
+        CopyIn { stream, timed: timed.then(|| (Instant::now(), 0)) }
     }
 
     /// Whether this step's parts go in with non-temporal stores.
@@ -181,7 +178,7 @@ impl CopyIn {
         }
         if SLOW_IN_A_ROW.fetch_add(1, Ordering::Relaxed) + 1 >= FAR_AFTER {
             SLOW_IN_A_ROW.store(0, Ordering::Relaxed);
-            let until = since_epoch(now).saturating_add(FAR_FOR.as_nanos() as u64);
+            let until = crate::clock::monotonic_ns().saturating_add(FAR_FOR.as_nanos() as u64);
             FAR_UNTIL_NS.store(until, Ordering::Relaxed);
             tracing::debug!(target: "oxcomm::shm", bytes, took_ns = now.saturating_duration_since(start).as_nanos() as u64,
                 "plain copy-in slow: cores look far apart, streaming copy-ins for a while");
