@@ -4,15 +4,16 @@
 //!
 //! **Far cores.** On the test VM (2 vCPUs) the host at times places the two vCPUs far apart:
 //! a cache line's round trip between them then takes 230–540 ns instead of 80–140 (or ~40
-//! where the two vCPUs share a core), for seconds to minutes. Plain stores into the half must first take each line back from the
-//! reader that read it last; far apart, that ran at 2.3 GB/s instead of 20–35, and a 2-rank
-//! all_gather of 1 MiB took 250–330 µs instead of 33 (`bench/floor_cma.c`, which prints the
-//! round trip beside each scheme; docs/perf_large_fresh.md). Non-temporal stores skip taking
-//! the lines back: 23 µs for the same 512 KiB copy-in far apart. So a step that copies in
-//! with plain stores times its copy-in; after [`FAR_AFTER`] in a row below
-//! [`FAR_BELOW_BYTES_PER_US`] every copy-in of this process streams for the next [`FAR_FOR`],
-//! after which the steps try plain stores again. This is the only state: process-wide, since
-//! it is the cores' placement that it tracks, and a wrong guess costs speed, never correctness.
+//! where the two vCPUs share a core), for seconds to minutes. Plain stores into the half must
+//! first take each line back from the reader that read it last; far apart, that ran at 2.3
+//! GB/s instead of 20–35, and a 2-rank all_gather of 1 MiB took 250–330 µs instead of 33
+//! (`bench/floor_cma.c`, which prints the round trip beside each scheme;
+//! docs/perf_large_fresh.md). Non-temporal stores skip taking the lines back: 23 µs for the
+//! same 512 KiB copy-in far apart. So a step that copies in with plain stores times its
+//! copy-in; after [`FAR_AFTER`] in a row below [`FAR_BELOW_BYTES_PER_US`] every copy-in of
+//! this process streams for the next [`FAR_FOR`], after which the steps try plain stores
+//! again. This is the only state: process-wide, since it is the cores' placement that it
+//! tracks, and a wrong guess costs speed, never correctness.
 //!
 //! Every chunk step's copy-in takes part: all_gather's, broadcast's, the exchange's
 //! (all_to_all, gather, scatter), reduce_scatter's, and all_reduce's and reduce's, whose
@@ -95,8 +96,8 @@ impl Setting {
 
 /// The host's coarse monotonic clock ([`crate::clock::monotonic_ns`], a few ms per tick) until
 /// which copy-ins stream (0: not far, as far as we know). Coarse, because every slot write from
-/// 4 KiB reads it: the precise clock cost 5–8% of a 4 KiB op on this VM; the timing of a copy
-/// itself takes the precise one.
+/// 4 KiB reads it: on the precise clock, 4–8 KiB ops ran 5–10% slower near (an A/B of the two
+/// builds, docs/perf_far_cores.md); the timing of a copy itself takes the precise one.
 static FAR_UNTIL_NS: AtomicU64 = AtomicU64::new(0);
 
 /// One chunk step's copy-in (see the module docs): [`CopyIn::copy`] each part, then
@@ -207,11 +208,11 @@ const SLOT_TIMED_EVERY: u64 = 4;
 /// While far apart, every op's payload streams: the plain stores would take back every line
 /// the peers read last time, while reading lines a far core wrote costs no more than reading
 /// memory (a 2-rank all_reduce of 16–32 KiB far apart took 7.2–9.6 µs with its payload
-/// streamed, 12.6–29.4 plain; near 3.8–7.0, docs/perf_large_fresh.md). Near, the copy-out ops' payloads stream from
-/// [`SLOT_STREAM_FROM`] bytes; the reducing ops' never, since their readers reduce from the
-/// payload rather than copy it out: a 32 KiB `reduce` on 2 ranks with unchanged buffers took
-/// 6.9 µs with it streamed against 3.5, a `reduce_scatter` 5.2 against 4.4, while `broadcast`
-/// and `scatter` took half the time. `always` streams every op's from
+/// streamed, 12.6–29.4 plain; near 3.8–7.0, docs/perf_far_cores.md). Near, the copy-out ops'
+/// payloads stream from [`SLOT_STREAM_FROM`] bytes; the reducing ops' never, since their
+/// readers reduce from the payload rather than copy it out: a 32 KiB `reduce` on 2 ranks with
+/// unchanged buffers took 6.9 µs with it streamed against 3.5, a `reduce_scatter` 5.2 against
+/// 4.4, while `broadcast` and `scatter` took half the time. `always` streams every op's from
 /// [`SLOT_STREAM_FAR_FROM`] bytes, `never` only the copy-out ops' by size.
 fn slot_streams(kind: OpKind, len: usize, setting: Setting, far: bool) -> bool {
     let reduced_from = matches!(kind, OpKind::AllReduce | OpKind::Reduce | OpKind::ReduceScatter);

@@ -32,8 +32,9 @@
 //! rank order 0..n, 16 KiB at a time (non-roots into their half, where the root reads it; the
 //! root straight into its buffer; while the cores look far apart, a non-root reduces each
 //! piece in L1 and streams it into its half, as `copy_in.rs` explains) → the root copies the
-//! other n − 1 reduced slices into its buffer. Per rank (n − 1)/n · S copied in, S read and S/n written by the reduction; the root
-//! also copies (n − 1)/n · S out, so its critical path per chunk is about 3 · C.
+//! other n − 1 reduced slices into its buffer. Per rank (n − 1)/n · S copied in, S read and
+//! S/n written by the reduction; the root also copies (n − 1)/n · S out, so its critical path
+//! per chunk is about 3 · C.
 //!
 //! Why not let the root reduce everyone's published chunk alone (each rank copies its chunk
 //! in, the root reads n − 1 chunks and reduces)? That costs the root C + (n − 1) · C per chunk
