@@ -169,11 +169,12 @@ impl Backend for NativeBackend {
     ) -> Result<Route> {
         // The direct path wins wherever it applies (`plan::choose`'s first rule), whatever the
         // size: taken here before the size rules, as an 8-byte op's whole route.
-        if forced.is_none() && self.has_direct(group) && plan::candidates(kind).contains(&Algorithm::ShmDirect) {
+        let direct = self.has_direct(group);
+        if forced.is_none() && direct && plan::candidates(kind).contains(&Algorithm::ShmDirect) {
             let a = Algorithm::ShmDirect;
             return Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) });
         }
-        let a = plan::choose(kind, bytes, count, group.size(), forced, self.has_direct(group), group.layout.is_some())?;
+        let a = plan::choose(kind, bytes, count, group.size(), forced, direct, group.layout.is_some())?;
         Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) })
     }
 
