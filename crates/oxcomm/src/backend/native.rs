@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::{concat, split_back, unpack_gathered, Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route};
+use super::native_ft::FtState;
+use super::{concat, split_back, unpack_gathered, Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route, Shrunk};
 use crate::algorithms::dispatch::Direct;
 use crate::algorithms::{self, dispatch, plan, Algorithm};
 use crate::buffers::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
@@ -22,24 +23,28 @@ use crate::dtype::Element;
 #[cfg(target_os = "linux")]
 use crate::engine::PeerWatch;
 use crate::engine::{Ctx, Xfer};
-use crate::error::{ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::ReduceOp;
 use crate::transport::{Doorbell, Link, Transport};
 use crate::wire::{Fingerprint, OpKind, FP_BYTES};
 
 /// What one op locks while it runs.
-struct State {
+pub(super) struct State {
     /// Links indexed by world rank (`None` at this rank, and once closed).
-    links: Vec<Option<Box<dyn Link>>>,
+    pub(super) links: Vec<Option<Box<dyn Link>>>,
     scratch: Vec<u64>,
     #[cfg(target_os = "linux")]
     direct_state: crate::algorithms::shm_direct::DirectState,
+    /// Revocation, agreement, control messages (`native_ft.rs`).
+    pub(super) ft: FtState,
 }
 
 /// oxcomm's links and algorithms, as a [`Backend`].
 pub(crate) struct NativeBackend {
-    transport: Transport,
-    bell: Arc<dyn Doorbell>,
+    /// This rank in the world of the links.
+    pub(super) rank: usize,
+    pub(super) transport: Transport,
+    pub(super) bell: Arc<dyn Doorbell>,
     state: Mutex<State>,
     /// The clock reading ([`OpEnv::now_ns`]) the heartbeat was last stamped at: an op stamps
     /// it only when the coarse clock has moved on since (see [`NativeBackend::beat`]).
@@ -50,16 +55,19 @@ pub(crate) struct NativeBackend {
 }
 
 impl NativeBackend {
-    /// A backend over ready links (`links[p]`: the link to world rank `p`, `None` at this rank)
-    /// that ring `bell`.
+    /// A backend of world rank `rank` over ready links (`links[p]`: the link to world rank
+    /// `p`, `None` at this rank) that ring `bell`.
     pub(crate) fn new(
+        rank: usize,
         links: Vec<Option<Box<dyn Link>>>,
         bell: Arc<dyn Doorbell>,
         transport: Transport,
         #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::workspace::ShmDirect>,
     ) -> NativeBackend {
         bell.heartbeat();
+        let ft = FtState::new(bell.ctrl_count());
         NativeBackend {
+            rank,
             transport,
             bell,
             beat_at: AtomicU64::new(0),
@@ -68,6 +76,7 @@ impl NativeBackend {
                 scratch: Vec::new(),
                 #[cfg(target_os = "linux")]
                 direct_state: Default::default(),
+                ft,
             }),
             #[cfg(target_os = "linux")]
             direct,
@@ -79,14 +88,17 @@ impl NativeBackend {
     /// scheduler tick (a few ms), so back-to-back ops stamp it once per tick instead of
     /// reading the clock again each; a peer names a rank frozen only after 500 ms without a
     /// stamp (`engine::FROZEN_AFTER`), and a wait stamps it as it goes.
-    fn beat(&self, now: u64) {
+    fn beat(&self, now: u64, fp: &Fingerprint) {
         if self.beat_at.load(Ordering::Relaxed) != now {
             self.beat_at.store(now, Ordering::Relaxed);
             self.bell.heartbeat();
+            // The op this rank was last seen in, for a peer that suspects it (one store per
+            // tick too; a wait stamps its own op as it goes).
+            self.bell.set_op(fp.op_word());
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -114,12 +126,16 @@ impl NativeBackend {
         route: Route,
         f: impl FnOnce(&mut Ctx<'_>, Option<&mut Direct<'_>>) -> Result<R>,
     ) -> Result<R> {
-        self.beat(env.now_ns);
+        self.beat(env.now_ns, env.fp);
         let mut state = self.lock();
         #[cfg(target_os = "linux")]
-        let State { links, scratch, direct_state } = &mut *state;
+        let State { links, scratch, direct_state, ft } = &mut *state;
         #[cfg(not(target_os = "linux"))]
-        let State { links, scratch } = &mut *state;
+        let State { links, scratch, ft } = &mut *state;
+        let ctrl_seen = ft.ctrl_seen;
+        let (rank, epoch) = (self.rank, ft.epoch);
+        let cell = RefCell::new(&mut *ft);
+        let hook = |links: &mut [Option<Box<dyn Link>>]| cell.borrow_mut().poll(rank, epoch, links);
         let mut ctx = Ctx::new(
             env.group.rank,
             env.group.members,
@@ -131,6 +147,10 @@ impl NativeBackend {
             scratch,
         );
         ctx.cancel = Some(env.cancel);
+        ctx.op_word = env.fp.op_word();
+        ctx.suspect_after = env.suspect_after;
+        ctx.ctrl_seen = ctrl_seen;
+        ctx.ft = Some(&hook);
         #[cfg(target_os = "linux")]
         let mut direct =
             self.direct.as_ref().filter(|_| env.group.id == 0).map(|shm| Direct { shm, state: direct_state });
@@ -142,10 +162,31 @@ impl NativeBackend {
         {
             ctx.watch = direct.as_ref().map(|d| d.shm as &dyn PeerWatch);
         }
-        if route.agree {
-            algorithms::star::agree(&mut ctx, env.fp)?;
+        let result = match route.agree {
+            true => algorithms::star::agree(&mut ctx, env.fp).and_then(|()| f(&mut ctx, direct.as_mut())),
+            false => f(&mut ctx, direct.as_mut()),
+        };
+        let seen = ctx.ctrl_seen;
+        drop(ctx);
+        drop(cell);
+        ft.ctrl_seen = seen;
+        // An op that completed while a control message came (a peer revoked the communicator
+        // and gave up on this op, as a rank that was frozen finds when it resumes) fails: it
+        // must not complete on this rank when its peers have abandoned it. One load when no
+        // message came.
+        let count = self.bell.ctrl_count();
+        if count != seen && result.is_ok() {
+            ft.ctrl_seen = count;
+            ft.poll(self.rank, ft.epoch, links)?;
         }
-        f(&mut ctx, direct.as_mut())
+        if let Err(e) = &result {
+            if e.kind() == ErrorKind::PeerGone {
+                // A peer that revoked and then left (its thread or process ended) closed its
+                // links behind its revocation: the revocation says why.
+                ft.poll(self.rank, ft.epoch, links)?;
+            }
+        }
+        result
     }
 }
 
@@ -178,13 +219,24 @@ impl Backend for NativeBackend {
         Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) })
     }
 
-    fn close(&self, culprit: Option<(usize, ErrorKind)>) {
-        let mut state = self.lock();
-        for l in state.links.iter_mut() {
-            if let Some(mut link) = l.take() {
-                link.close(culprit);
-            }
-        }
+    fn revoke(&self, cause: &Error) {
+        self.ft_revoke(cause);
+    }
+
+    fn agree(&self, env: &mut OpEnv<'_>, flag: u64) -> Result<(u64, Vec<usize>)> {
+        self.ft_agree(env, flag)
+    }
+
+    fn shrink(&self, env: &mut OpEnv<'_>) -> Result<Shrunk> {
+        self.ft_shrink(env)
+    }
+
+    fn known_failed(&self) -> Vec<usize> {
+        self.lock().ft.failed.iter().copied().collect()
+    }
+
+    fn fault_tolerance(&self) -> Result<()> {
+        Ok(())
     }
 
     fn group_needs_op(&self) -> bool {

@@ -402,6 +402,12 @@ impl Job {
         self.ranks[rank].signal(signal);
     }
 
+    /// Waits until rank `rank` prints a line that satisfies `pred` and returns it; fails the
+    /// test after `limit`.
+    pub fn wait_line(&mut self, rank: usize, limit: Duration, pred: impl Fn(&str) -> bool) -> Line {
+        self.ranks[rank].wait_line(limit, pred)
+    }
+
     /// Fails the test if a rank has exited.
     pub fn assert_running(&mut self) {
         for (r, p) in self.ranks.iter_mut().enumerate() {
