@@ -1,0 +1,190 @@
+"""Issuing a group's ops in order: the one path every op body of :mod:`.ops` goes through.
+
+This module owns the order of a group's ops: a blocking call runs on the calling thread when no
+async op of the group is in flight, else behind them; async ops (and, in a coalescing region
+torch opened, its held-back point-to-point ops) go to the group's waiter (:mod:`.work`) in
+issue order; device ops queue their copies out behind the op (:mod:`oxcomm._cuda.staging`). It
+does not know what an op computes or which arguments it takes (:mod:`.ops`, :mod:`.forms`).
+
+The interface with the op bodies: ``_run(call, opts, start, result, finish, device)`` for a
+collective (``start(async_op)`` issues the oxcomm op and returns its native Work, or None when
+blocking; ``result`` is what the Work's future holds; ``finish`` runs once after completion),
+``_p2p(...)`` for a point-to-point op, ``_drain()`` before an op with no async form.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from oxcomm._cuda import staging as _staging
+
+from .work import _DONE, _NOTHING, _done, _Op, _Waiter, _Work
+
+
+def _last(works, asynchronous):
+    """The native Work of a call made of several native ops (one per dtype): the one op's
+    own, or one that waits for each (raising the first error)."""
+    if not asynchronous:
+        return None
+    return works[0] if len(works) == 1 else _AllNative(works)
+
+
+class _AllNative:
+    """Native-like Work over several native Works (``wait``; ``synchronize`` where they have it)."""
+
+    def __init__(self, works):
+        self.works = works
+
+    def wait(self, timeout=None):
+        for w in self.works:
+            w.wait()
+        return True
+
+    def synchronize(self):
+        for w in self.works:
+            getattr(w, "synchronize", w.wait)()
+
+
+class _AllOf:
+    """A native-like Work over the futures of a coalescing region's ops: ``wait`` returns when
+    all are done and raises the first one's error (the waiter completes them in order, so by
+    the time it waits on this they are done)."""
+
+    def __init__(self, futures):
+        self.futures = futures
+
+    def wait(self, timeout=None):
+        for f in self.futures:
+            f.wait()
+        return True
+
+
+class _Issuer:
+    """The issue machinery of a group; :class:`.ops._Calls` adds the op bodies on top.
+
+    ``self.comm`` is the group's :class:`oxcomm.Communicator` (rank and size as torch's).
+    """
+
+    def _setup(self, comm):
+        self.comm = comm
+        self._native = comm._c
+        self._waiter = _Waiter()
+        # The coalescing region torch opened (``_start_coalescing``): None outside one, else
+        # (every op issued in it, the point-to-point ops not yet handed to the waiter).
+        self._region = None
+
+    @property
+    def supports_coalescing(self):
+        # torch opens coalescing regions on the group itself (a ProcessGroup subclass); the
+        # c10d Backend subclass of a mixed spec is reached through torch's C++ group instead.
+        return isinstance(self, dist.ProcessGroup)
+
+    def _run(self, op, opts, start, result, finish=None, device=False):
+        """Issue the oxcomm op ``start(async_op)`` and return torch's Work for it.
+
+        A blocking call (``opts.asyncOp`` false) runs here, unless an earlier async op of this
+        group is still in flight: then it is issued async behind it and waited, so that oxcomm
+        sees ops in the order torch issued them. ``device``: the op's tensors are device
+        tensors (then ``finish`` of an async op is queued on the device behind the op, and the
+        Work's ``wait`` has NCCL's stream semantics).
+        """
+        asynchronous = opts is None or getattr(opts, "asyncOp", True)
+        if not asynchronous and self._waiter.idle():
+            # (on device tensors, the op returns with the caller's current stream waiting for
+            # it, so ``finish`` queued now on that stream runs after it)
+            start(False)
+            if finish is not None:
+                finish()
+            # torch's blocking calls only wait() on it: one completed Work serves them all.
+            return _DONE
+        if device:
+            with _staging.then(finish):
+                native = start(True)
+            fut = torch.futures.Future()
+            self._submit(_Op(native, result, None, fut, op))
+            work = _Work(result, fut, native)
+            if not asynchronous:
+                work.wait()
+            return work
+        try:
+            native = start(True)
+        except (TypeError, NotImplementedError) as e:
+            if "async" not in str(e):
+                raise
+            # an op oxcomm runs only blocking: behind the in-flight ones, then here
+            self._drain()
+            start(False)
+            if finish is not None:
+                finish()
+            return _done(result)
+        fut = torch.futures.Future()
+        self._submit(_Op(native, result, finish, fut, op))
+        work = _Work(result, fut)
+        if not asynchronous:
+            work.wait()
+        return work
+
+    def _drain(self):
+        """Wait until this group's async ops are done (before an op that has no async form)."""
+        if not self._waiter.idle():
+            fut = torch.futures.Future()
+            self._waiter.submit(_Op(_NOTHING, [], None, fut, "drain"))
+            fut.wait()
+
+    def _p2p(self, name, start, result, finish, device, any_source=False):
+        if device:
+            # the copy out of a scratch tensor goes on the device behind the op's own copies
+            with _staging.then(finish):
+                native = start()
+            finish = None
+        else:
+            native = start()
+        fut = torch.futures.Future()
+        self._submit(_Op(native, result, finish, fut, name), batch=True)
+        return _Work(result, fut, native if device else None, native.source_rank if any_source else None)
+
+    def _submit(self, op, batch=False):
+        """Hand ``op`` to the waiter, or, in a coalescing region, keep a point-to-point op
+        (``batch``) back until the region ends: the waiter's first wait starts the pending
+        isend/irecv as one native batch, so they must all be issued before it."""
+        region = self._region
+        if region is None:
+            self._waiter.submit(op)
+            return
+        ops, held = region
+        ops.append(op)
+        if batch:
+            held.append(op)
+            return
+        self._release(held)
+        self._waiter.submit(op)
+
+    def _release(self, held):
+        for op in held:
+            self._waiter.submit(op)
+        held.clear()
+
+    def _start_coalescing(self, device=None):
+        """torch's ``_coalescing_manager`` (and ``batch_isend_irecv``) opens a region: the
+        isend/irecv issued in it run as one oxcomm batch; its all_reduce,
+        all_gather_into_tensor and reduce_scatter_tensor calls reach this group as one
+        ``*_coalesced`` call (torch gathers them)."""
+        if self._region is not None:
+            raise RuntimeError("oxcomm: _start_coalescing: a coalescing region is already open on this group")
+        self._region = ([], [])
+
+    def _end_coalescing(self, device=None):
+        """Close the region: its held point-to-point ops start (one batch) and the Work
+        returned completes when every op of the region has (torch keeps only this Work)."""
+        region, self._region = self._region, None
+        if region is None:
+            raise RuntimeError("oxcomm: _end_coalescing without _start_coalescing")
+        ops, held = region
+        self._release(held)
+        if not ops:
+            return _done([])
+        fut = torch.futures.Future()
+        self._waiter.submit(_Op(_AllOf([o.future for o in ops]), [], None, fut, "coalesced"))
+        return _Work([], fut)
+
