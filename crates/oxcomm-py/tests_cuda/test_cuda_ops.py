@@ -682,13 +682,14 @@ def case_issue37_blocking_all_reduce_behind_a_queued_device_op():
     count = 4096
     x = tg.tensor(data(torch.float32, count, rank))
     h = _as_host(data(torch.float32, count, rank, salt=1) * 10)
-    if rank == 1:
-        tg.delay(0.3)
+    dist.all_reduce(_as_host(torch.zeros(1)))  # (the fast path takes a tensor class and dtype seen before)
+    if rank == 0:
+        tg.synchronize()  # the device op can start at once ...
+    else:
+        tg.delay(1.0)  # ... here it waits for its input for a second
     w = comm.all_reduce(x, async_op=True)
     if rank == 0:
-        deadline = time.monotonic() + 30
-        while comm._st.lane._queue and time.monotonic() < deadline:
-            time.sleep(0.001)
+        time.sleep(0.3)  # its host collective has started by now
     dist.all_reduce(h)
     w.wait()
     got = tg.host(x)
