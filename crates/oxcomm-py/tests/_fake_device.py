@@ -5,8 +5,8 @@ device tensors) sees the device only through ``oxcomm._cuda.device.Device``. :cl
 is that interface on a CPU machine, built to fail where a GPU would:
 
 - **Streams run late and concurrently.** Each stream is a queue served by its own thread, which
-  sleeps a seeded random time (0 to ``max_delay`` seconds, half the items not at all) before each
-  item; streams are ordered only by events (:meth:`~FakeDevice.record`, :meth:`~FakeDevice.wait`),
+  sleeps a seeded random time before some of its items (a quarter, up to ``max_delay`` seconds
+  each); streams are ordered only by events (:meth:`~FakeDevice.record`, :meth:`~FakeDevice.wait`),
   so two streams' work interleaves and a missing stream wait shows as a wrong answer.
 - **Copies in progress are garbage.** A copy first fills its destination with :data:`MARKER`
   bytes, sleeps, then copies; pinned buffers and ``torch.empty`` start as marker bytes. A host
@@ -110,7 +110,7 @@ class Stream:
         return f"<fake stream {self.name}: {self.done}/{self.pushed}>"
 
     def _delay(self):
-        if self._rng.random() < 0.5:
+        if self._rng.random() >= self.fake.delayed:
             return 0.0
         return self._rng.uniform(0.0, self.fake.max_delay)
 
@@ -294,12 +294,14 @@ class _HostReads(TorchFunctionMode):
 
 class FakeDevice(_device.Device):
     """The fake device of one process (see the module docs). ``seed`` seeds every stream's
-    delays; ``index`` is the device's index; ``max_delay`` the longest delay in seconds."""
+    delays; ``index`` is the device's index; ``delayed`` the share of a stream's items that wait
+    before they run, a random time up to ``max_delay`` seconds (two items of one stream, or a
+    copy's start and end, are ``2 · max_delay`` apart at most)."""
 
     name = "fake"
 
-    def __init__(self, seed, index=1, max_delay=1e-3):
-        self.seed, self.index, self.max_delay = seed, index, max_delay
+    def __init__(self, seed, index=1, max_delay=1e-3, delayed=0.25):
+        self.seed, self.index, self.max_delay, self.delayed = seed, index, max_delay, delayed
         self.key_ = Key(index)
         self.cv = threading.Condition()
         self.errors = []

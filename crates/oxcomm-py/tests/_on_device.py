@@ -35,6 +35,8 @@ from oxcomm._cuda import device as _device
 
 #: The seed the fake device starts from (a test sets it per run; the rank is added).
 SEED_ENV = "OXCOMM_FAKE_SEED"
+#: The fake device's longest delay before a stream's item, in microseconds (default 300).
+DELAY_ENV = "OXCOMM_FAKE_MAX_DELAY_US"
 
 _TARGET = []
 
@@ -118,7 +120,8 @@ class FakeTarget(Target):
 
         rank = int(os.environ.get("RANK", "0"))
         self.seed = int(os.environ.get(SEED_ENV, "1")) * 1000 + rank
-        self.fake = FakeDevice(self.seed)
+        delay = float(os.environ.get(DELAY_ENV, "300")) * 1e-6
+        self.fake = FakeDevice(self.seed, max_delay=delay)
         self.device = torch.device("cpu")
         _device.use_device(self.fake)
         self.fake.use(self.fake.key_)
