@@ -133,7 +133,7 @@ class FakeTarget(Target):
         values = values.clone()
         x = torch.full_like(values, 77)
         stream = self.fake.current_stream(None)
-        self.fake.sleep(stream, 1e-3)
+        self.fake.sleep(stream, 2e-4)
         self.fake.launch(stream, lambda: x.copy_(values))
         return x
 

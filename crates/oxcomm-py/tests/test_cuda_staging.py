@@ -41,6 +41,15 @@ def test_pool_reuses_buffers_and_grows_to_the_largest():
     assert pool.take(700) is b and b.released == "ev"
 
 
+def test_pool_keeps_at_most_its_cap(monkeypatch):
+    monkeypatch.setattr(_pool, "KEEP_BYTES", 4 * _pool.GRAIN)
+    pool = _pool.PinnedPool(_HostOnly())
+    small, big = pool.take(_pool.GRAIN), pool.take(10 * _pool.GRAIN)
+    pool.give([small, big], None)
+    assert pool._free == [small]  # the big one dropped: over the cap
+    assert pool.take(100) is small
+
+
 def test_layout_aligns_every_part():
     offsets, total = _pool.layout([10, 0, 300, 4])
     assert offsets == [0, 256, 256, 768] and total == 1024

@@ -47,9 +47,27 @@ def pytest_report_header(config):
     return f"oxcomm CUDA tests: on the fake device (no CUDA here), seeds {seeds()}"
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "worlds(*sizes): run on each number of ranks (on the fake device, "
+                            "the first size with every seed, the others with the first seed)")
+    config.addinivalue_line("markers", "one_seed: on the fake device, run with the first seed only")
+
+
 def pytest_generate_tests(metafunc):
-    if "seed" in metafunc.fixturenames:
-        metafunc.parametrize("seed", seeds(), ids=lambda s: "cuda" if s is None else f"seed{s}")
+    """``seed`` (and ``world``, for a test marked ``worlds``): on the fake device every seed for
+    the first world size, the first seed for the others and for a test marked ``one_seed``."""
+    if "seed" not in metafunc.fixturenames:
+        return
+    all_seeds = seeds()
+    first = all_seeds[:1]
+    mark = metafunc.definition.get_closest_marker("worlds")
+    one = metafunc.definition.get_closest_marker("one_seed") is not None
+    name = lambda s: "cuda" if s is None else f"seed{s}"  # noqa: E731
+    if mark is None:
+        metafunc.parametrize("seed", first if one else all_seeds, ids=name)
+        return
+    runs = [(w, s) for k, w in enumerate(mark.args) for s in (all_seeds if k == 0 and not one else first)]
+    metafunc.parametrize("world,seed", runs, ids=[f"{w}ranks-{name(s)}" for w, s in runs])
 
 
 def run(world, target, seed, *, timeout, env=None):

@@ -135,6 +135,7 @@ def case_steps():
     return out
 
 
+@pytest.mark.one_seed
 def test_kernels_on_the_device_give_the_cpu_bits(seed):
     res = run(1, "test_cuda_onebit:case_kernels", seed, timeout=240)
     print("1-bit kernels:", res[0]["kernels"])
@@ -142,6 +143,7 @@ def test_kernels_on_the_device_give_the_cpu_bits(seed):
         assert all(v == "triton" for v in res[0]["kernels"].values()), res[0]["kernels"]
 
 
+@pytest.mark.one_seed
 def test_worker_and_server_steps_on_the_device_give_the_cpu_rows(seed):
     res = run(1, "test_cuda_onebit:case_steps", seed, timeout=240)
     assert res[0] == {"None": True, "torch": True}
@@ -269,7 +271,8 @@ def case_device_matches_host():
     return stats
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.worlds(2, 3)
+@pytest.mark.one_seed
 def test_device_matches_host(world, seed):
     stats = run(world, "test_cuda_onebit:case_device_matches_host", seed, timeout=300)
     assert all(s["compared"] > 0 for s in stats)
@@ -315,12 +318,14 @@ def case_native():
     return stats
 
 
+@pytest.mark.one_seed
 def test_native_group_one_rank(seed):
     stats = run(1, "test_cuda_onebit:case_native", seed, timeout=120)
     assert "refused" not in stats[0], stats[0]
     assert stats[0]["compared"] > 0
 
 
+@pytest.mark.one_seed
 def test_native_group_2_ranks(seed):
     stats = run(2, "test_cuda_onebit:case_native", seed, timeout=120)
     if any("refused" in s for s in stats) and on_cuda() and torch.cuda.device_count() < 2:

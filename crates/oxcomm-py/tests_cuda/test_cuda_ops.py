@@ -202,7 +202,9 @@ def case_torch_ops():
     dist = _init()
     rank, n = dist.get_rank(), dist.get_world_size()
     checked = []
-    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+    # (bfloat16 on CUDA only: on the fake device its staging is float32's with another item size)
+    dtypes = (torch.float32, torch.bfloat16, torch.int64) if on_cuda() else (torch.float32, torch.int64)
+    for dtype in dtypes:
         checked += check(_torch_cases(dist, rank, n, dtype, False), ("sync", "wait", "future"), label=f"{dtype} ")
     checked += check(_torch_cases(dist, rank, n, torch.float32, True), ("sync", "wait", "future"), label="big ")
     # a device tensor and a host tensor in one call: a named error
@@ -559,7 +561,11 @@ def case_ddp():
     The default group's spec is ``OXCOMM_TEST_SPEC``."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+    from oxcomm.torch.process_group import python_backends_supported
+
     spec = os.environ.get("OXCOMM_TEST_SPEC", "oxcomm")
+    if spec != "oxcomm" and not python_backends_supported():
+        return {"unsupported": torch.__version__}
     dist = _init(spec)
     tg = target()
     rank = dist.get_rank()
@@ -730,13 +736,13 @@ def case_issue37_threads_make_no_context_elsewhere():
 # ------------------------------------------------------------------------------- in pytest
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.worlds(2, 3)
 def test_torch_ops_on_the_device_match_the_host(world, seed):
     res = run(world, "test_cuda_ops:case_torch_ops", seed, timeout=400)
     assert all(r == res[0] for r in res) and len(res[0]) > 100, res[0][:5]
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.worlds(2, 3)
 def test_communicator_ops_on_the_device_match_the_host(world, seed):
     res = run(world, "test_cuda_ops:case_communicator_ops", seed, timeout=400)
     assert all(r == res[0] for r in res) and len(res[0]) > 150, res[0][:5]
@@ -744,7 +750,10 @@ def test_communicator_ops_on_the_device_match_the_host(world, seed):
 
 @pytest.mark.parametrize("spec", ["oxcomm", "cpu:gloo,cuda:oxcomm"] if on_cuda() else ["oxcomm"])
 def test_ddp_with_comm_hooks_on_the_device_matches_gloo(spec, seed):
+    # (a mixed spec routes the fake device's tensors, CPU ones, to gloo: CUDA only)
     res = run(2, "test_cuda_ops:case_ddp", seed, timeout=300, env={"OXCOMM_TEST_SPEC": spec})
+    if "unsupported" in res[0]:
+        pytest.skip(f"torch {res[0]['unsupported']} cannot host a Python backend beside gloo's")
     assert all(d < 1e-5 for d in res[0].values()), res
 
 
@@ -754,7 +763,7 @@ def test_issue37_isend_before_irecv_above_the_ring(seed):
     assert res[0] == ["device communicator", "device torch", "host communicator", "host torch"], res
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.worlds(2, 3)
 def test_issue37_coalesced_mixed_dtypes(world, seed):
     res = run(world, "test_cuda_ops:case_issue37_coalesced_mixed_dtypes", seed, timeout=150)
     assert len(res[0]) == 3
