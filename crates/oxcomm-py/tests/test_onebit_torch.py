@@ -80,7 +80,7 @@ def test_unpack_scaled_is_plus_minus_scale_exactly():
 
 
 def _negation_as_zero_minus():
-    """Make Triton's interpreter negate a float as ``0 − x``, as Triton before 3.7 compiled it
+    """Make Triton's interpreter negate a float as ``0 − x``, as Tritons before May 2026 compiled it
     (triton-lang/triton#10270): ``−(+0.0)`` is then +0.0 (issue 37, defect 7)."""
     import numpy as np
     from triton.runtime import interpreter
@@ -156,7 +156,7 @@ def test_triton_kernels_match_torch_ops_in_the_interpreter():
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     code = "import test_onebit_torch as t; assert t.triton_matches_torch_ops(); print('ok')"
-    # as this Triton compiles, and as Triton before 3.7 did (a float negation as 0 − x: issue 37)
+    # as this Triton compiles, and as older Tritons did (a float negation as 0 − x: issue 37)
     for zero_minus in ("0", "1"):
         env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path, OXCOMM_TEST_ZERO_MINUS=zero_minus)
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
