@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -133,47 +132,11 @@ def main():
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before the ranks are killed")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.child:
-        child(args)
-        return 0
-    if args.device == "cuda":
-        import torch
+    import gpu_ranks
 
-        if not torch.cuda.is_available():
-            print("gpu_runahead: CUDA is not available (--device fake runs the logic on the CPU)", file=sys.stderr)
-            return 2
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=60), wait_for_workers=False)
-    env = dict(os.environ, WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
-               TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--child", *sys.argv[1:]],
-            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    outputs = []
-    deadline = time.monotonic() + args.timeout
-    for pr in procs:
-        try:
-            out, _ = pr.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, _ = pr.communicate()
-            out += f"\n[killed after {args.timeout:.0f} s]"
-        outputs.append(out)
-    rows = next((json.loads(ln[len(ROWS):]) for out in outputs for ln in out.splitlines() if ln.startswith(ROWS)), None)
-    if rows is None or any(pr.returncode != 0 for pr in procs):
-        for r, out in enumerate(outputs):
-            print(f"--- rank {r} (exit {procs[r].returncode}) ---\n{out[-4000:]}", file=sys.stderr)
-        print("gpu_runahead: a rank failed", file=sys.stderr)
-        return 1
+    rows = gpu_ranks.start(__file__, args, child, 2, ROWS)
+    if isinstance(rows, int):
+        return rows
     report(rows, args)
     return 0
 

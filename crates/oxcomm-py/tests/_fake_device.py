@@ -226,12 +226,16 @@ def _blocking_copy(func, args, kwargs):
     return not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
 
 
-class _Kernels(TorchDispatchMode):
-    """The dispatch mode that makes torch ops on device tensors kernels of the current stream."""
+class _Of:
+    """A mode of a fake device (its ``fake``)."""
 
     def __init__(self, fake):
         super().__init__()
         self.fake = fake
+
+
+class _Kernels(_Of, TorchDispatchMode):
+    """The dispatch mode that makes torch ops on device tensors kernels of the current stream."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -270,13 +274,9 @@ class _Kernels(TorchDispatchMode):
 _HOST_READS = {torch.Tensor.numpy, torch.Tensor.tolist, torch.Tensor.__array__}
 
 
-class _HostReads(TorchFunctionMode):
+class _HostReads(_Of, TorchFunctionMode):
     """The function mode that makes host reads of device tensors wait for the current stream,
     and ``.cpu()`` of one a host copy (as on CUDA, where it copies)."""
-
-    def __init__(self, fake):
-        super().__init__()
-        self.fake = fake
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -19,6 +19,17 @@ from _on_device import target
 FINISHES = ("sync", "wait", "synchronize", "future")
 
 
+class Cases(dict):
+    """name -> case; ``@cases.case(name)`` adds the function below it."""
+
+    def case(self, name):
+        def put(fn):
+            self[name] = fn
+            return fn
+
+        return put
+
+
 def data(dtype, n, rank, salt=0):
     if dtype.is_floating_point:
         return ((torch.arange(n, dtype=torch.float64) * 7 + rank * 3 + salt) % 5 - 2).to(dtype)

@@ -14,7 +14,7 @@ import os
 import time
 
 import pytest
-from _sides import FINISHES, Side, check, data
+from _sides import Cases, Side, check, data
 from conftest import on_cuda, run
 
 from _on_device import target
@@ -53,17 +53,8 @@ def _torch_cases(dist, rank, n, dtype, big):
     D = lambda k, salt=0: data(dtype, k, rank, salt)  # noqa: E731
     Z = lambda k: torch.zeros(k, dtype=dtype)  # noqa: E731
     L = BIG if big else 1001
-    cases = {}
-
-    def case(name):
-        def put(fn):
-            cases[name] = fn
-            return fn
-
-        return put
-
-    def both(name, fn):
-        cases[name] = fn
+    cases = Cases()
+    case = cases.case
 
     @case(f"all_reduce {L}")
     def _(s, a):
@@ -211,7 +202,7 @@ def case_torch_ops():
     tg = target()
     with tg.on(tg.stream()):
         try:
-            dist.all_gather_into_tensor(torch.zeros(n, device="cpu").pin_memory() if on_cuda() else _host(n), tg.tensor(torch.zeros(1)))
+            dist.all_gather_into_tensor(_as_host(torch.zeros(n)), tg.tensor(torch.zeros(1)))
             raise AssertionError("mixed devices: no error")
         except ValueError as e:
             assert "all_gather_into_tensor" in str(e), e
@@ -225,11 +216,6 @@ def case_torch_ops():
     return checked
 
 
-def _host(n):
-    """A host tensor of ``n`` zeros (on the fake device, every other tensor is device memory)."""
-    return target().fake.host(torch.zeros(n))
-
-
 # ------------------------------------------------------------------------------- Communicator
 
 
@@ -238,29 +224,40 @@ def _communicator_cases(comm, dtype, big):
     rank, n = comm.rank, comm.size
     D = lambda k, salt=0: data(dtype, k, rank, salt)  # noqa: E731
     Z = lambda k: torch.zeros(k, dtype=dtype)  # noqa: E731
-    cases = {}
+    cases = Cases()
+    case = cases.case
 
-    def case(name):
-        def put(fn):
-            cases[name] = fn
-            return fn
+    L = BIG if big else 37
+    tag = " big" if big else ""
 
-        return put
+    @case("all_reduce" + tag)
+    def _(s, a):
+        x = s.t(D(L))
+        s.done(comm.all_reduce(x, async_op=a))
+        return [x]
+
+    @case("all_reduce_into" + tag)
+    def _(s, a):
+        x, y = s.t(D(L)), s.t(Z(L))
+        s.done(comm.all_reduce_into(x, y, async_op=a))
+        return [x, y]
+
+    @case("send/recv ring" + tag)
+    def _(s, a):
+        right, left = (rank + 1) % n, (rank - 1) % n
+        x, y = s.t(D(L)), s.t(Z(L))
+        if a:
+            for w in [comm.isend(x, right), comm.irecv(y, left)]:
+                s.done(w)
+        elif rank % 2 == 0:
+            comm.send(x, right)
+            comm.recv(y, left)
+        else:
+            comm.recv(y, left)
+            comm.send(x, right)
+        return [y]
 
     if big:
-        L = BIG
-
-        @case("all_reduce big")
-        def _(s, a):
-            x = s.t(D(L))
-            s.done(comm.all_reduce(x, async_op=a))
-            return [x]
-
-        @case("all_reduce_into big")
-        def _(s, a):
-            x, y = s.t(D(L)), s.t(Z(L))
-            s.done(comm.all_reduce_into(x, y, async_op=a))
-            return [x, y]
 
         @case("all_gather big")
         def _(s, a):
@@ -268,30 +265,7 @@ def _communicator_cases(comm, dtype, big):
             s.done(comm.all_gather(x, y, async_op=a))
             return [y]
 
-        @case("send/recv ring big")
-        def _(s, a):
-            right, left = (rank + 1) % n, (rank - 1) % n
-            x, y = s.t(D(L)), s.t(Z(L))
-            if a:
-                for w in [comm.isend(x, right), comm.irecv(y, left)]:
-                    s.done(w)
-            elif rank % 2 == 0:
-                comm.send(x, right)
-                comm.recv(y, left)
-            else:
-                comm.recv(y, left)
-                comm.send(x, right)
-            return [y]
-
         return cases
-
-    L = 37
-
-    @case("all_reduce")
-    def _(s, a):
-        x = s.t(D(L))
-        s.done(comm.all_reduce(x, async_op=a))
-        return [x]
 
     @case("all_reduce max, empty")
     def _(s, a):
@@ -299,12 +273,6 @@ def _communicator_cases(comm, dtype, big):
         s.done(comm.all_reduce(x, "max", async_op=a))
         s.done(comm.all_reduce(e, async_op=a))
         return [x, e]
-
-    @case("all_reduce_into")
-    def _(s, a):
-        x, y = s.t(D(L)), s.t(Z(L))
-        s.done(comm.all_reduce_into(x, y, async_op=a))
-        return [x, y]
 
     for root in range(n):
 
