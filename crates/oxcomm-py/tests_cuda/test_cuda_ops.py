@@ -570,7 +570,8 @@ def case_ddp():
 def case_issue37_isend_before_irecv_above_the_ring():
     """Defect 1: every rank isends 4 MiB to its right neighbour, then irecvs from its left, and
     waits on the isend first; through the Communicator and through torch.distributed, on device
-    and on host tensors. The isend must not start alone (it would block until the timeout)."""
+    and on host tensors, and on host tensors queued on the lane behind a device op. The isend
+    must not start alone (it would block until the timeout)."""
     import torch.distributed as dist
 
     import oxcomm.torch
@@ -598,6 +599,16 @@ def case_issue37_isend_before_irecv_above_the_ring():
                 got = y.clone() if where == "host" else tg.host(y)
             assert torch.equal(got, want), f"{where} {api}: wrong data"
             done.append(f"{where} {api}")
+    # host tensors queued on the lane behind a device op (their isend and irecv issued there)
+    tg.delay(0.2)
+    w0 = comm.all_reduce(tg.tensor(torch.ones(1000)), async_op=True)
+    x, y = _as_host(data(torch.float32, RING_EXCHANGE, rank)), _as_host(torch.zeros(RING_EXCHANGE))
+    works = [comm.isend(x, right), comm.irecv(y, left)]
+    for w in works:
+        w.wait()
+    w0.wait()
+    assert torch.equal(y, want), "host behind a device op: wrong data"
+    done.append("host behind a device op")
     tg.check()
     return done
 
@@ -728,7 +739,7 @@ def test_ddp_with_comm_hooks_on_the_device_matches_gloo(spec, seed):
 def test_issue37_isend_before_irecv_above_the_ring(seed):
     res = run(2, "test_cuda_ops:case_issue37_isend_before_irecv_above_the_ring", seed, timeout=150,
               env={"OXCOMM_CUDA_TIMEOUT": "60"})
-    assert res[0] == ["device communicator", "device torch", "host communicator", "host torch"], res
+    assert res[0] == ["device communicator", "device torch", "host communicator", "host torch", "host behind a device op"], res
 
 
 @pytest.mark.worlds(2, 3)

@@ -182,7 +182,7 @@ class Stager:
             bufs = [None if s is None else s.t for s in staged]
             if self.lane.idle():
                 return start(bufs, async_op)
-            job = HostJob(start, bufs, what, has_async=async_op or p2p)
+            job = HostJob(start, bufs, what, has_async=async_op or p2p, lane=self.lane if p2p else None)
             self.lane.submit(job)
             if async_op:
                 return job

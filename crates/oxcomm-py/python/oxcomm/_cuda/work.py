@@ -132,14 +132,16 @@ class _Job:
 class HostJob(_Job):
     """An op on host buffers queued behind device jobs: ``start(bufs, async_op)`` is called on
     the lane with ``async_op=True`` (``False`` for an op with no async form, which then blocks
-    the lane until it is done)."""
+    the lane until it is done). ``lane``: for an isend or irecv, the lane, whose jobs queued
+    before a wait or poll are issued first (see the module docs)."""
 
     #: Not a device op (the torch backend completes its future as a host op's).
     device_key = None
 
-    def __init__(self, start, bufs, what, has_async=True):
+    def __init__(self, start, bufs, what, has_async=True, lane=None):
         super().__init__(what)
         self._start, self._bufs, self._async = start, bufs, has_async
+        self._lane = lane
         self._native = None
 
     def run(self, on_lane=False):
@@ -156,6 +158,8 @@ class HostJob(_Job):
         if self._error is not None:
             raise self._error
         if self._native is not None:
+            if self._lane is not None:
+                self._lane.issued_upto(self._lane.submitted, _deadline(timeout), self.what)
             return self._native.wait() if timeout is None else self._native.wait(timeout)
         return True
 
@@ -164,7 +168,11 @@ class HostJob(_Job):
     def is_completed(self):
         if not self._issued.is_set():
             return False
-        return self._error is not None or self._native is None or self._native.is_completed()
+        if self._error is not None or self._native is None:
+            return True
+        if self._lane is not None and self._lane.issued < self._lane.submitted:
+            return False
+        return self._native.is_completed()
 
     def source_rank(self):
         """The sender's rank, once a receive from any source completed (else ``None``)."""
