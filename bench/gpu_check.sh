@@ -26,8 +26,8 @@
 # log, written in full before the script exits), tests.xml (pytest's JUnit report) and tests.txt
 # (one line per test: PASSED/FAILED/ERROR/SKIPPED <test> [: reason], and whether a skip is allowed).
 #
-# Settings (seconds unless said): PYTHON (default python3), TESTS_TIMEOUT (270), PACK_TIMEOUT (60),
-# ALLREDUCE_TIMEOUT (100), RUNAHEAD_TIMEOUT (40), MAX_BYTES (the all-reduce benchmark's largest
+# Settings (seconds unless said): PYTHON (default python3), TESTS_TIMEOUT (270), PACK_TIMEOUT (45),
+# ALLREDUCE_TIMEOUT (100), RUNAHEAD_TIMEOUT (55), MAX_BYTES (the all-reduce benchmark's largest
 # size, 256M). For checking this script's own logic (tests/test_gpu_check.py), none of which can
 # make the check pass: GPU_CHECK_USE_INSTALLED=1 uses the oxcomm that Python imports instead of
 # the wheel; GPU_CHECK_WITHOUT_CUDA=1 runs the steps on a machine without CUDA (the CUDA tests then
@@ -82,7 +82,7 @@ step1() {
 
 step2() {
     echo "== 2. 1-bit kernels, Triton forced (OXCOMM_ONEBIT_KERNELS=triton): pack/unpack vs device copy and cupy.packbits"
-    OXCOMM_ONEBIT_KERNELS=triton step "${PACK_TIMEOUT:-60}" "$PYTHON" bench/gpu_onebit_pack.py --device "$DEVICE" ||
+    OXCOMM_ONEBIT_KERNELS=triton step "${PACK_TIMEOUT:-45}" "$PYTHON" bench/gpu_onebit_pack.py --device "$DEVICE" ||
         { note_fail "the 1-bit kernels with Triton forced"; return 1; }
 }
 
@@ -96,7 +96,7 @@ step3() {
 
 step4() {
     echo "== 4. host run-ahead: how long a blocking all_reduce holds the host, oxcomm vs gloo"
-    local t=${RUNAHEAD_TIMEOUT:-40}
+    local t=${RUNAHEAD_TIMEOUT:-55}
     step "$t" "$PYTHON" bench/gpu_runahead.py --device "$RUNAHEAD_DEVICE" --repeat 3 --timeout $((t - 5)) ||
         { note_fail "the run-ahead benchmark"; return 1; }
 }
