@@ -21,8 +21,8 @@ default group's links with ``comm.group(global_ranks)``, which only the members 
 torch requires. When the default group is not oxcomm (``init_process_group("gloo")`` then
 ``new_group(backend="oxcomm")``) the members rendezvous on the new group's own store.
 
-The package is split by question: :mod:`.process_group` maps c10d's calls onto a
-communicator, :mod:`.work` completes async ops, :mod:`.rendezvous` serves ``env://`` under
+The package is split by question: :mod:`.process_group` holds the group classes torch builds
+(its docstring lists the modules its calls are split into), :mod:`.work` completes async ops, :mod:`.rendezvous` serves ``env://`` under
 ``oxcomm launch``; this file builds groups and registers the backend. The optimizers
 (:class:`OnebitAdam`, :class:`OnebitLamb`, :class:`ZeroOneAdam`) live in :mod:`oxcomm.optim`
 and are re-exported here.
