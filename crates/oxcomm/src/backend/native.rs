@@ -28,6 +28,11 @@ use crate::reduce::ReduceOp;
 use crate::transport::{Doorbell, Link, Transport};
 use crate::wire::{Fingerprint, OpKind, FP_BYTES};
 
+/// An op that took at least this long (coarse clock) looks for a revocation at its end even
+/// when the doorbell's control count did not move (see `NativeBackend::run`): a few syscalls
+/// per link, nothing for the fast ops.
+const SLOW_OP_NS: u64 = 50_000_000;
+
 /// What one op locks while it runs.
 pub(super) struct State {
     /// Links indexed by world rank (`None` at this rank, and once closed).
@@ -178,6 +183,16 @@ impl NativeBackend {
         if count != seen && result.is_ok() {
             ft.ctrl_seen = count;
             ft.poll(self.rank, ft.epoch, links)?;
+        }
+        if result.is_ok() && crate::clock::monotonic_ns().saturating_sub(env.now_ns) >= SLOW_OP_NS {
+            // A slow op may be one of a rank that was frozen and has resumed: on TCP the
+            // revocations and the close that left it out sit behind the bytes the op read, and
+            // the control count has not moved yet. Look for them before reporting success.
+            ft.ctrl_seen = self.bell.ctrl_count();
+            ft.poll(self.rank, ft.epoch, links)?;
+            if let Some(p) = (0..links.len()).find(|&p| links[p].as_mut().is_some_and(|l| l.left_out_by_peer())) {
+                return Err(ft.left_out_by(p));
+            }
         }
         if let Err(e) = &result {
             if e.kind() == ErrorKind::PeerGone {

@@ -95,9 +95,20 @@ impl Revocation {
             ErrorKind::Mismatch if c == me && !self.op.is_empty() => Error::new(
                 ErrorKind::Mismatch,
                 format!(
-                    "ranks called different collectives: rank {from} called {}, and found this rank called another",
-                    self.op
+                    "ranks called different collectives: rank {from} called {}, and found this rank called another ({})",
+                    self.op, self.reason
                 ),
+            )
+            .with_peer(from),
+            // A mismatch reaches the other ranks as a revocation that overtakes the bytes that
+            // would have shown it to them: the revoker's words name both collectives.
+            ErrorKind::Mismatch if c != from => {
+                let e = cascaded(from, c, kind);
+                Error::new(ErrorKind::Mismatch, format!("{} ({})", e.message(), self.reason)).with_peer(c)
+            }
+            ErrorKind::Mismatch => Error::new(
+                ErrorKind::Mismatch,
+                format!("rank {from} found that ranks called different collectives ({})", self.reason),
             )
             .with_peer(from),
             ErrorKind::Revoked => Error::new(ErrorKind::Revoked, format!("rank {c} revoked the communicator ({})", self.reason))
@@ -285,6 +296,12 @@ impl FtState {
         };
         self.revoked.get_or_insert(rev);
         err
+    }
+
+    /// Peer `by` closed its link telling this rank it was left out (found at the end of a
+    /// slow op); the error of its ops from now on.
+    pub(super) fn left_out_by(&mut self, by: usize) -> Error {
+        self.declared_failed(by, None)
     }
 
     /// Peer `by` declared this rank failed: it is left out for good; the error of its ops.

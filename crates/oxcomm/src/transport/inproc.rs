@@ -264,12 +264,6 @@ impl Link for ThreadLink {
         Ok(())
     }
 
-    fn check_alive(&mut self) -> Result<()> {
-        if self.inbox.writer_gone.load(Ordering::SeqCst) {
-            return Err(self.gone());
-        }
-        Ok(())
-    }
 
     fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
         if let Some((c, kind)) = cause {

@@ -140,6 +140,10 @@ impl<L: Link> Link for Watched<L> {
         Ok(done)
     }
 
+    fn left_out_by_peer(&mut self) -> bool {
+        self.inner.left_out_by_peer()
+    }
+
     fn beat(&mut self, op: u64) {
         self.inner.beat(op);
     }

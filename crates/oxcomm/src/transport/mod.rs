@@ -137,6 +137,15 @@ pub trait Link: Send {
         Err(Error::unsupported("this link cannot start a new epoch"))
     }
 
+    /// Whether the peer has closed the link telling this rank it was left out (the close of
+    /// [`Link::close`] with cause `(this rank, Revoked)`, which a shrink sends the members it
+    /// leaves out), even while bytes it sent before are unread. Where the transport's control
+    /// channel overtakes the byte stream (shared memory, threads) the revocation already says
+    /// so: `false`.
+    fn left_out_by_peer(&mut self) -> bool {
+        false
+    }
+
     /// Shows the peer that this rank is alive inside oxcomm, in the op of op word `op`
     /// ([`crate::wire::Fingerprint::op_word`]), where the peer cannot read this rank's
     /// doorbell heartbeat (TCP: a heartbeat frame, at most one per [`BEAT_EVERY`], and only

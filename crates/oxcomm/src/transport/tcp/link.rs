@@ -447,6 +447,11 @@ impl TcpLink {
     /// was alive when it failed, and the reader is to find its cause there. Only called once
     /// the peer has closed, so everything it sent is here.
     fn ends_with_abort(&self) -> bool {
+        self.ends_with_abort_word(None)
+    }
+
+    /// Whether the unread end of the stream is an abort frame (with word `word`, if given).
+    fn ends_with_abort_word(&self, want: Option<u32>) -> bool {
         let pending = rustix::io::ioctl_fionread(&self.shared.sock).unwrap_or(0) as usize;
         let mut unread = self.stage[self.stage_at..self.stage_end].to_vec();
         let at = unread.len();
@@ -458,7 +463,7 @@ impl TcpLink {
         let Some(tail) = unread.len().checked_sub(HEADER_BYTES).map(|from| &unread[from..]) else { return false };
         let seq = u64::from_le_bytes(tail[8..16].try_into().expect("8 bytes"));
         let word = u32::from_le_bytes(tail[16..20].try_into().expect("4 bytes"));
-        tail == frame::encode_raw(frame::TAG_ABORT, seq, word)
+        want.is_none_or(|w| w == word) && tail == frame::encode_raw(frame::TAG_ABORT, seq, word)
     }
 
     fn peer_closed(&self) -> Result<()> {
@@ -684,6 +689,17 @@ impl Link for TcpLink {
         if let Err(e) = self.flush_control() {
             self.fail(e);
         }
+    }
+
+    fn left_out_by_peer(&mut self) -> bool {
+        let mut fds = [PollFd::from_borrowed_fd(self.shared.sock.as_fd(), PollFlags::RDHUP)];
+        let now = Timespec { tv_sec: 0, tv_nsec: 0 };
+        let ended = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+        if !(matches!(poll(&mut fds, Some(&now)), Ok(n) if n > 0) && fds[0].revents().intersects(ended)) {
+            return false;
+        }
+        let word = (self.rank as u32) << 3 | crate::transport::cause_code(ErrorKind::Revoked);
+        self.ends_with_abort_word(Some(word))
     }
 
     fn peer_idle(&mut self) -> Option<Duration> {
