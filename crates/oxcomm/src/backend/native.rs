@@ -137,10 +137,14 @@ impl NativeBackend {
         let State { links, scratch, direct_state, ft } = &mut *state;
         #[cfg(not(target_os = "linux"))]
         let State { links, scratch, ft } = &mut *state;
+        if let Some(e) = ft.take_deferred() {
+            return Err(e);
+        }
         let ctrl_seen = ft.ctrl_seen;
         let (rank, epoch) = (self.rank, ft.epoch);
+        let seq = (env.fp.group == 0).then_some(env.fp.seq);
         let cell = RefCell::new(&mut *ft);
-        let hook = |links: &mut [Option<Box<dyn Link>>]| cell.borrow_mut().poll(rank, epoch, links);
+        let hook = |links: &mut [Option<Box<dyn Link>>]| cell.borrow_mut().poll(rank, epoch, seq, links);
         let mut ctx = Ctx::new(
             env.group.rank,
             env.group.members,
@@ -182,14 +186,14 @@ impl NativeBackend {
         let count = self.bell.ctrl_count();
         if count != seen && result.is_ok() {
             ft.ctrl_seen = count;
-            ft.poll(self.rank, ft.epoch, links)?;
+            ft.poll(self.rank, ft.epoch, seq, links)?;
         }
         if result.is_ok() && crate::clock::monotonic_ns().saturating_sub(env.now_ns) >= SLOW_OP_NS {
             // A slow op may be one of a rank that was frozen and has resumed: on TCP the
             // revocations and the close that left it out sit behind the bytes the op read, and
             // the control count has not moved yet. Look for them before reporting success.
             ft.ctrl_seen = self.bell.ctrl_count();
-            ft.poll(self.rank, ft.epoch, links)?;
+            ft.poll(self.rank, ft.epoch, seq, links)?;
             if let Some(p) = (0..links.len()).find(|&p| links[p].as_mut().is_some_and(|l| l.left_out_by_peer())) {
                 return Err(ft.left_out_by(p));
             }
@@ -198,7 +202,7 @@ impl NativeBackend {
             if e.kind() == ErrorKind::PeerGone {
                 // A peer that revoked and then left (its thread or process ended) closed its
                 // links behind its revocation: the revocation says why.
-                ft.poll(self.rank, ft.epoch, links)?;
+                ft.poll(self.rank, ft.epoch, seq, links)?;
             }
         }
         result

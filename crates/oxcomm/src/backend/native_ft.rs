@@ -113,10 +113,10 @@ impl Revocation {
             .with_peer(from),
             ErrorKind::Revoked => Error::new(ErrorKind::Revoked, format!("rank {c} revoked the communicator ({})", self.reason))
                 .with_peer(c),
-            ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Mismatch | ErrorKind::Protocol | ErrorKind::Suspected if c != from => {
+            ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Protocol | ErrorKind::Suspected if c != from => {
                 cascaded(from, c, kind)
             }
-            ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Mismatch | ErrorKind::Protocol | ErrorKind::Suspected => {
+            ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Protocol | ErrorKind::Suspected => {
                 Error::new(ErrorKind::PeerGone, format!("rank {from} is gone (it aborted after failing)")).with_peer(from)
             }
             _ => Error::new(ErrorKind::Revoked, format!("the communicator was revoked: rank {c} aborted ({})", self.reason))
@@ -139,6 +139,10 @@ pub(crate) struct FtState {
     left_out: Option<Error>,
     /// Whether this rank has told its peers (and marked its links' epochs).
     told: bool,
+    /// A revocation that came from a peer already past the op this rank was running (it
+    /// completed that op, and sent its part before revoking): the op goes on, and the next
+    /// one fails with this error at its start (see [`FtState::take_deferred`]).
+    deferred: Option<Error>,
     /// Agreements this rank has started in this epoch.
     instance: u32,
     /// Messages of agreements this rank has not started yet: (sender, instance, message).
@@ -165,6 +169,7 @@ impl FtState {
             revoked: None,
             left_out: None,
             told: false,
+            deferred: None,
             instance: 0,
             early: Vec::new(),
             later: Vec::new(),
@@ -312,15 +317,31 @@ impl FtState {
     /// The fault-tolerance hook of an op ([`crate::engine::FtHook`]): hands out what waits
     /// to go, reads the control channels, and fails when the communicator is revoked or this
     /// rank was declared failed. Agreement messages are kept for the agreement.
-    pub(super) fn poll(&mut self, rank: usize, epoch: u32, links: &mut [Option<Box<dyn Link>>]) -> Result<()> {
+    ///
+    /// `seq`: the sequence number of the world op this rank runs (`None` for a group's op):
+    /// a revocation from a peer that failed in a later world op does not fail it (that peer
+    /// completed it, and its part of it is in the stream ahead of the revocation); the next
+    /// op fails instead ([`FtState::take_deferred`]).
+    pub(super) fn poll(
+        &mut self,
+        rank: usize,
+        epoch: u32,
+        seq: Option<u64>,
+        links: &mut [Option<Box<dyn Link>>],
+    ) -> Result<()> {
         debug_assert_eq!(epoch, self.epoch);
         self.flush(links);
         let mut found: Option<Error> = None;
         self.receive(links, |ft, from, msg| {
             match msg {
                 Ctrl::Revoke { culprit, code, op, reason, .. } => {
+                    let later = seq.is_some_and(|mine| world_seq(&op).is_some_and(|theirs| theirs > mine));
                     let e = ft.revoked_by(rank, from, culprit, code, op, reason);
-                    found.get_or_insert(e);
+                    if later && ft.left_out.is_none() {
+                        ft.deferred.get_or_insert(e);
+                    } else {
+                        found.get_or_insert(e);
+                    }
                 }
                 Ctrl::Failed { rank: r, .. } if r as usize == rank => {
                     // Being left out says more than whatever came before it.
@@ -338,6 +359,12 @@ impl FtState {
             (Some(e), None) => Err(e),
             (None, None) => Ok(()),
         }
+    }
+
+    /// The revocation a peer past this rank's last op sent while it ran (see
+    /// [`FtState::poll`]): the error of the next op, at its start.
+    pub(super) fn take_deferred(&mut self) -> Option<Error> {
+        self.deferred.take()
     }
 
     /// Revokes: records why (unless a peer's revocation came first, which is passed on as it
@@ -368,6 +395,18 @@ impl FtState {
         }
         self.flush(links);
     }
+}
+
+/// The sequence number of the world op an error's op text names (`Fingerprint`'s display:
+/// `"<kind> #<seq> (...)"`, with `group <id>` for a group's op); `None` for a group's op or
+/// no op.
+fn world_seq(op: &str) -> Option<u64> {
+    if op.contains("group ") {
+        return None;
+    }
+    let rest = op.split_once(" #")?.1;
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse().ok()
 }
 
 /// The error of a rank that peer `by` declared failed (`why`: the peer's own error, if it
