@@ -344,6 +344,10 @@ pub(crate) enum Outcome {
     LeftOut { by: u32 },
 }
 
+/// A member's contribution to the agreement, as its coordinator holds it: its flag and the
+/// proposal it found locked, if any.
+type Contribution = (u64, Option<(Ballot, Value)>);
+
 /// One member's side of one agreement; see the [module docs](self). Drive it with
 /// [`Agreement::message`] and [`Agreement::failed`], send what [`Agreement::take_out`] and
 /// [`Agreement::take_failures`] give, until [`Agreement::outcome`] is no longer running.
@@ -357,7 +361,7 @@ pub(crate) struct Agreement {
     locked: Option<(Ballot, Value)>,
     outcome: Outcome,
     /// As coordinator: each member's contribution (its flag and locked proposal).
-    contributions: Vec<Option<(u64, Option<(Ballot, Value)>)>>,
+    contributions: Vec<Option<Contribution>>,
     /// As coordinator: the proposal sent (its ballot, and whether the value is this
     /// coordinator's own AND rather than a value found locked), and who acknowledged it.
     proposed: Option<(Ballot, Value, bool)>,

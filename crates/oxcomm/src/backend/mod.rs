@@ -38,10 +38,10 @@ use crate::buffers::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffe
 use crate::dtype::Element;
 use crate::engine::LinkStats;
 use crate::error::{Error, ErrorKind, Result};
-pub(crate) use native_ft::Shrunk;
 use crate::reduce::ReduceOp;
 use crate::transport::Transport;
 use crate::wire::{Fingerprint, OpKind, FP_BYTES};
+pub(crate) use native_ft::Shrunk;
 
 /// The group an op runs in, as a backend sees it.
 #[derive(Debug, Clone, Copy)]

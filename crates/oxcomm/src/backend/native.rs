@@ -176,8 +176,6 @@ impl NativeBackend {
             false => f(&mut ctx, direct.as_mut()),
         };
         let seen = ctx.ctrl_seen;
-        drop(ctx);
-        drop(cell);
         ft.ctrl_seen = seen;
         // An op that completed while a control message came (a peer revoked the communicator
         // and gave up on this op, as a rank that was frozen finds when it resumes) fails: it

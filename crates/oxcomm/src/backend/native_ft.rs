@@ -80,7 +80,12 @@ impl Revocation {
     fn from_error(cause: &Error, rank: usize) -> Revocation {
         let blames_peer = matches!(
             cause.kind(),
-            ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Mismatch | ErrorKind::Protocol | ErrorKind::Revoked | ErrorKind::Suspected
+            ErrorKind::Timeout
+                | ErrorKind::PeerGone
+                | ErrorKind::Mismatch
+                | ErrorKind::Protocol
+                | ErrorKind::Revoked
+                | ErrorKind::Suspected
         );
         let culprit = if blames_peer { cause.peer().unwrap_or(rank) } else { rank };
         let op = cause.op().unwrap_or_default().to_string();
@@ -201,8 +206,8 @@ impl FtState {
     /// notices that.
     fn flush(&mut self, links: &mut [Option<Box<dyn Link>>]) {
         self.size_for(links.len());
-        for p in 0..links.len() {
-            let Some(link) = links[p].as_mut() else {
+        for (p, slot) in links.iter_mut().enumerate() {
+            let Some(link) = slot.as_mut() else {
                 self.outbox[p].clear();
                 continue;
             };
@@ -228,9 +233,8 @@ impl FtState {
                 self.ending[p] = None;
                 self.outbox[p].clear();
                 if err.kind() == ErrorKind::Unsupported {
-                    if let Some(mut link) = links[p].take() {
-                        let culprit =
-                            self.revoked.as_ref().map(|r| (r.culprit, cause_kind(u32::from(r.code))));
+                    if let Some(mut link) = slot.take() {
+                        let culprit = self.revoked.as_ref().map(|r| (r.culprit, cause_kind(u32::from(r.code))));
                         link.close(culprit);
                     }
                 }
@@ -258,11 +262,7 @@ impl FtState {
         let mut buf = std::mem::take(&mut self.buf);
         for (p, link) in links.iter_mut().enumerate() {
             let Some(link) = link.as_mut() else { continue };
-            loop {
-                match link.recv_ctrl(&mut buf) {
-                    Ok(true) => {}
-                    Ok(false) | Err(_) => break,
-                }
+            while let Ok(true) = link.recv_ctrl(&mut buf) {
                 match Ctrl::epoch_of(&buf).map_err(|e| bad(p, e))?.cmp(&self.epoch) {
                     std::cmp::Ordering::Less => {}
                     std::cmp::Ordering::Greater => self.later.push((p, buf.clone())),
@@ -291,14 +291,15 @@ impl FtState {
     ) -> Error {
         let rev = Revocation { culprit: culprit.map_or(from, |c| c as usize), code, op, reason };
         let kind = cause_kind(u32::from(code));
-        let err = if matches!(kind, ErrorKind::PeerGone | ErrorKind::Timeout | ErrorKind::Suspected) && rev.culprit == rank {
-            self.declared_failed(from, Some(&rev.reason))
-        } else {
-            if matches!(kind, ErrorKind::PeerGone | ErrorKind::Timeout | ErrorKind::Suspected) {
-                self.failed.insert(rev.culprit);
-            }
-            rev.error(rank, from)
-        };
+        let err =
+            if matches!(kind, ErrorKind::PeerGone | ErrorKind::Timeout | ErrorKind::Suspected) && rev.culprit == rank {
+                self.declared_failed(from, Some(&rev.reason))
+            } else {
+                if matches!(kind, ErrorKind::PeerGone | ErrorKind::Timeout | ErrorKind::Suspected) {
+                    self.failed.insert(rev.culprit);
+                }
+                rev.error(rank, from)
+            };
         self.revoked.get_or_insert(rev);
         err
     }
@@ -555,10 +556,11 @@ impl NativeBackend {
                         continue;
                     }
                     let lapse = env.suspect_after;
-                    if !lapse.is_zero() && now.duration_since(start) >= lapse {
-                        if link.peer_idle().is_some_and(|idle| idle >= lapse) {
-                            agreement.failed(p, None);
-                        }
+                    if !lapse.is_zero()
+                        && now.duration_since(start) >= lapse
+                        && link.peer_idle().is_some_and(|idle| idle >= lapse)
+                    {
+                        agreement.failed(p, None);
                     }
                 }
             }

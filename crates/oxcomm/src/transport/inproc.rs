@@ -264,7 +264,6 @@ impl Link for ThreadLink {
         Ok(())
     }
 
-
     fn close(&mut self, cause: Option<(usize, ErrorKind)>) {
         if let Some((c, kind)) = cause {
             for q in [&self.out, &self.inbox] {

@@ -147,7 +147,7 @@ pub trait Link: Send {
     }
 
     /// Shows the peer that this rank is alive inside oxcomm, in the op of op word `op`
-    /// ([`crate::wire::Fingerprint::op_word`]), where the peer cannot read this rank's
+    /// (`Fingerprint::op_word`, crate-internal), where the peer cannot read this rank's
     /// doorbell heartbeat (TCP: a heartbeat frame, at most one per [`BEAT_EVERY`], and only
     /// between data frames). Waits call it every few tens of milliseconds; elsewhere it does
     /// nothing.
@@ -155,7 +155,7 @@ pub trait Link: Send {
         let _ = op;
     }
 
-    /// The op word ([`crate::wire::Fingerprint::op_word`]) of the op the peer last showed
+    /// The op word (`Fingerprint::op_word`, crate-internal) of the op the peer last showed
     /// life in, where the transport can tell.
     fn peer_last_op(&mut self) -> Option<u64> {
         None
@@ -274,7 +274,9 @@ pub fn cascaded_to(me: usize, peer: usize, culprit: usize, kind: ErrorKind) -> E
     if kind == ErrorKind::Revoked && culprit == me {
         return Error::new(
             ErrorKind::Revoked,
-            format!("rank {peer} left this rank out of the communicator it shrank to (this rank was failed or suspected)"),
+            format!(
+                "rank {peer} left this rank out of the communicator it shrank to (this rank was failed or suspected)"
+            ),
         )
         .with_peer(peer);
     }
@@ -299,7 +301,8 @@ pub fn cascaded(peer: usize, culprit: usize, kind: ErrorKind) -> Error {
         }
         _ => format!("failed because of rank {culprit}"),
     };
-    let kind = if matches!(kind, ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Mismatch | ErrorKind::Suspected) {
+    let kind = if matches!(kind, ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Mismatch | ErrorKind::Suspected)
+    {
         kind
     } else {
         ErrorKind::PeerGone
@@ -334,7 +337,7 @@ pub trait Doorbell: Send + Sync {
     /// while waiting.
     fn heartbeat(&self) {}
 
-    /// Records the op word ([`crate::wire::Fingerprint::op_word`]) of the op this rank runs,
+    /// Records the op word (`Fingerprint::op_word`, crate-internal) of the op this rank runs,
     /// beside its heartbeat, where peers read it ([`Link::peer_last_op`]).
     fn set_op(&self, op: u64) {
         let _ = op;

@@ -656,7 +656,7 @@ impl Link for TcpLink {
             self.queue_frame(TAG_MARK, epoch, &[]);
             self.ft.mark_out = epoch;
         }
-        Ok(self.flush_control().map_err(|e| self.fail(e))?)
+        self.flush_control().map_err(|e| self.fail(e))
     }
 
     fn begin_epoch(&mut self, epoch: u32) -> Result<bool> {
@@ -706,8 +706,14 @@ impl Link for TcpLink {
         // Any frame taken or any byte arrived since the last look is a sign of life. Bytes
         // that sit unread hide the heartbeats behind them: then this side cannot tell.
         let unread = rustix::io::ioctl_fionread(&self.shared.sock).unwrap_or(0) as usize;
-        let now =
-            (self.recv_seq, self.recv_left, self.stage_at, self.stage_end, self.peeked.len() + self.ft.ctrl_in.len(), unread);
+        let now = (
+            self.recv_seq,
+            self.recv_left,
+            self.stage_at,
+            self.stage_end,
+            self.peeked.len() + self.ft.ctrl_in.len(),
+            unread,
+        );
         if now != self.ft.heard {
             self.ft.heard = now;
             self.ft.heard_at = crate::clock::monotonic_ns();
