@@ -649,6 +649,3 @@ def case_forms():
 def test_call_forms_and_bad_arguments_as_gloo():
     conf.check(_torch_ranks.run(2, "test_torch_forms:case_forms", timeout=300))
 
-
-def test_call_forms_and_bad_arguments_as_gloo_3_ranks():
-    conf.check(_torch_ranks.run(3, "test_torch_forms:case_forms", timeout=300))

@@ -161,6 +161,6 @@ if "deepspeed.comm" in sys.modules and "oxcomm.deepspeed" not in sys.modules:
     # DeepSpeed came first (``import deepspeed; import oxcomm.torch``): take its CPU hot path
     # off its own shm op now, before init_distributed builds that op (see oxcomm.deepspeed,
     # which does it itself when it is the one importing this package).
-    from oxcomm.deepspeed import patch_deepspeed
+    from .deepspeed_patch import patch_deepspeed
 
     patch_deepspeed()
