@@ -4,9 +4,11 @@
 #   1. installs what the Python tests use (the pins CI uses) and the package from this checkout;
 #   2. cargo test --workspace (Rust: library, CLI, multi-host tests in network namespaces when root);
 #   3. the Python tests (numpy, torch.distributed, DeepSpeed, PyTorch's own distributed suite
-#      on gloo and oxcomm, the `oxcomm` command the wheel installs, the type stubs; the
-#      CUDA-only tests live apart in crates/oxcomm-py/tests_cuda);
-#   4. the numpy-only install: `import oxcomm` and every numpy op in a venv without torch.
+#      on gloo and oxcomm, the `oxcomm` command the wheel installs, the type stubs);
+#   4. the CUDA tests (crates/oxcomm-py/tests_cuda): on a machine without CUDA on the fake device
+#      of tests/_fake_device.py (streams that run late on threads of their own), with the seeds
+#      of OXCOMM_FAKE_SEEDS (default 1,2; a failure names its seed); on a GPU, on CUDA;
+#   5. the numpy-only install: `import oxcomm` and every numpy op in a venv without torch.
 # The pytest log goes to $OXCOMM_PYTEST_LOG (default target/pytest.log), so CI can refuse skips.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -29,6 +31,9 @@ echo "== Python tests"
 LOG=${OXCOMM_PYTEST_LOG:-target/pytest.log}
 mkdir -p "$(dirname "$LOG")"
 DS_ACCELERATOR=cpu python3 -m pytest -q -rs -p no:cacheprovider crates/oxcomm-py/tests 2>&1 | tee "$LOG"
+
+echo "== CUDA tests (crates/oxcomm-py/tests_cuda; without CUDA, on the fake device)"
+DS_ACCELERATOR=cpu python3 -m pytest -q -rs -p no:cacheprovider crates/oxcomm-py/tests_cuda 2>&1 | tee -a "$LOG"
 
 echo "== numpy only (no torch in the environment)"
 bash .ci/numpy_only.sh

@@ -138,7 +138,8 @@ class _Calls(_Issuer):
         # docs/perf_torch_path.md). The tensor passes only if it is of a class and dtype that
         # _buffers.buffer() accepted before, on the host, strided and contiguous; the op only
         # if torch's ReduceOp hashes to a plain one (not PREMUL_SUM). Anything else takes the
-        # general path below: every call form, checked by forms.allreduce.
+        # general path below: every call form, checked by forms.allreduce. It bypasses the
+        # communicator's lane, so it is taken only when nothing is queued there.
         if len(args) == 2 and not kwargs:
             tensors, opts = args
             if (
@@ -146,10 +147,10 @@ class _Calls(_Issuer):
                 and opts.__class__ is _AllreduceOptions
                 and len(tensors) == 1
                 and not opts.asyncOp
-                and self._waiter.idle()
+                and self._idle()
             ):
                 t = tensors[0]
-                if t.__class__ in _HOST_CLASSES and not _dev.OVERRIDDEN:
+                if t.__class__ in _HOST_CLASSES and (not _dev.OVERRIDDEN or not _dev.owns(t)):
                     dtype = _DTYPE_CODES.get(t.dtype)
                     if dtype is not None and t.is_cpu and t.layout is _STRIDED and t.is_contiguous():
                         op = _FAST_OPS.get(hash(opts.reduceOp))
