@@ -261,6 +261,10 @@ def _takes(kind, value):
     return _KINDS[kind](value)
 
 
+_TENSOR = torch.Tensor
+_NO_FAST = (None, None, None)
+
+
 def _try(form, args, kwargs):
     if len(args) > len(form):
         return None
@@ -294,6 +298,18 @@ def bind(call, args, kwargs):
     """(index of the form, {parameter: value}) of the first form of ``call`` that takes
     ``args`` and ``kwargs``, as pybind11 picks; ``TypeError`` (torch's words) if none does."""
     forms = FORMS[call]
+    if not kwargs and len(args) == 2:
+        # The form torch.distributed's own functions call (a list of plain tensors and the
+        # options object), checked first and inline: it is every small op's cost.
+        (name0, kind0, _), (name1, kind1, _) = forms[0][:2] if len(forms[0]) == 2 else (_NO_FAST, _NO_FAST)
+        ts, opts = args
+        if (
+            kind0 == "list[Tensor]"
+            and opts.__class__ is kind1
+            and ts.__class__ is list
+            and all(t.__class__ is _TENSOR for t in ts)
+        ):
+            return 0, {name0: ts, name1: opts}
     for k, form in enumerate(forms):
         got = _try(form, args, kwargs)
         if got is not None:
@@ -320,7 +336,7 @@ def _with(opts, timeout=None, **fields):
 
 def _root(pg, call, root):
     root = operator.index(root)
-    if not 0 <= root < pg.size():
+    if not 0 <= root < pg.comm.world_size:
         raise _bad(pg, call, f"invalid root rank: {root} (the group has ranks 0 to {pg.size() - 1})")
     return root
 
@@ -340,7 +356,10 @@ def _non_empty(pg, call, tensors, what="tensors"):
 def _alike(pg, call, tensors, what, like=None, sizes=True):
     """Every tensor of ``tensors`` has ``like``'s dtype, layout, device (and size when
     ``sizes``); ``like`` defaults to the first (gloo's "invalid tensor type/size at index")."""
-    like = tensors[0] if like is None else like
+    if like is None:
+        if len(tensors) == 1:
+            return  # nothing to compare the first with (the common call: one tensor)
+        like = tensors[0]
     for k, t in enumerate(tensors):
         if t.dtype != like.dtype or t.layout != like.layout or t.device != like.device:
             raise _bad(pg, call, f"invalid tensor type at {what}[{k}]: {_describe(t)}, expected {_describe(like)}")
