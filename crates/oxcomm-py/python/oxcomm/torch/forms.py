@@ -469,13 +469,20 @@ def allgather(pg, args, kwargs):
 def allgather_base(pg, args, kwargs, call="_allgather_base"):
     _, a = bind("_allgather_base", args, kwargs)
     output, inp = a["output"], a["input"]
-    _dense(pg, call, [output, inp], "(output, input)")
-    _alike(pg, call, [output], "output", like=inp, sizes=False)
-    if output.numel() != inp.numel() * pg.size():
-        raise _bad(
-            pg, call, f"output of {output.numel()} elements for an input of {inp.numel()} in a group of {pg.size()}"
-        )
+    _one_per_rank(pg, call, output, "output", inp, "input")
     return output, inp, a["opts"]
+
+
+def _one_per_rank(pg, call, whole, whole_name, part, part_name):
+    """The checks of a flat ``_base`` call: ``whole`` holds one ``part`` per rank."""
+    _dense(pg, call, [whole, part], f"({whole_name}, {part_name})")
+    _alike(pg, call, [whole], whole_name, like=part, sizes=False)
+    if whole.numel() != part.numel() * pg.size():
+        raise _bad(
+            pg,
+            call,
+            f"{whole_name} of {whole.numel()} elements for an {part_name} of {part.numel()} in a group of {pg.size()}",
+        )
 
 
 def allgather_coalesced(pg, args, kwargs):
@@ -565,12 +572,7 @@ def reduce_scatter(pg, args, kwargs):
 def reduce_scatter_base(pg, args, kwargs, call="_reduce_scatter_base"):
     _, a = bind("_reduce_scatter_base", args, kwargs)
     output, inp = a["outputTensor"], a["inputTensor"]
-    _dense(pg, call, [output, inp], "(output, input)")
-    _alike(pg, call, [inp], "input", like=output, sizes=False)
-    if inp.numel() != output.numel() * pg.size():
-        raise _bad(
-            pg, call, f"input of {inp.numel()} elements for an output of {output.numel()} in a group of {pg.size()}"
-        )
+    _one_per_rank(pg, call, inp, "input", output, "output")
     return output, inp, a["opts"]
 
 
