@@ -17,7 +17,12 @@ PIP=(python3 -m pip install -q --disable-pip-version-check)
 echo "== Python: what the tests use, and the package built from this checkout"
 # torch's Linux wheel from PyPI is the CUDA build (~5 GB with its libraries); it runs on CPU.
 "${PIP[@]}" "torch==2.15.0" numpy "deepspeed==0.19.8" pytest expecttest mypy "maturin>=1.5,<2"
+# The training frameworks tests/test_trainers.py runs on oxcomm and gloo (torch stays at its pin).
+"${PIP[@]}" "torch==2.15.0" "lightning==2.6.6" "accelerate==1.15.0" "transformers==5.23.0" "torchft==0.2.0"
 "${PIP[@]}" ./crates/oxcomm-py
+# DeepSpeed 0.19.4's source: its 1-bit optimizers are the reference of oxcomm's
+# (tests/test_onebit_vs_deepspeed.py reads them from the tarball; the installed DeepSpeed stays).
+python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: "deepspeed==0.19.4" -d target/reference
 
 echo "== cargo test --workspace"
 cargo test --workspace

@@ -152,6 +152,10 @@ def case_plain_loop():
         if name == "adam":
             net = torch.nn.parallel.DistributedDataParallel(model)
             opt = torch.optim.Adam(net.parameters(), lr=ex.LR)
+        elif name == "zero_one_adam":
+            # identical_sync: every rank the same parameters after a sync (DeepSpeed's running
+            # sum leaves each rank off by its own rounding: test_onebit_vs_deepspeed.py)
+            opt = make_optimizer(name, model.parameters(), steps, identical_sync=True)
         else:
             opt = make_optimizer(name, model.parameters(), steps)
         train(ex, model, opt, steps, net=net, device=dev)

@@ -255,9 +255,10 @@ class CompressedAllreduce:
 
     @staticmethod
     def _oxcomm_of(backend):
-        from oxcomm.torch.process_group import ProcessGroupOxcomm
-
-        return backend.comm if isinstance(backend, ProcessGroupOxcomm) else None
+        """The communicator of an oxcomm c10d backend (its ``comm``), else None (asked of the
+        object, not of :mod:`oxcomm.torch`'s classes: this module sits below that package)."""
+        comm = getattr(backend, "comm", None)
+        return comm if isinstance(comm, oxcomm.Communicator) else None
 
     def _transport(self, device, staged=None):
         """The transport for tensors on ``device``: None for the Rust path (CPU tensors on an

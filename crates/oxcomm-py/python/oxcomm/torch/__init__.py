@@ -7,6 +7,10 @@ changing one word::
     import oxcomm.torch  # noqa: F401  (registers "oxcomm")
     torch.distributed.init_process_group("oxcomm")   # under torchrun or `oxcomm launch`
 
+With the package installed the import is not needed on torch 2.15: its entry point (in torch's
+``torch.distributed.backends`` group, :mod:`oxcomm._entry_points`) imports this package the
+first time torch is asked for the backend.
+
 The backend is registered for ``cpu`` and ``cuda``: ``init_process_group("oxcomm")`` serves CPU
 and CUDA tensors (CUDA ones staged through pinned host memory with NCCL's stream semantics, see
 :mod:`oxcomm._cuda`), and a spec that mixes backends (``"cpu:gloo,cuda:oxcomm"``,
@@ -161,6 +165,6 @@ if "deepspeed.comm" in sys.modules and "oxcomm.deepspeed" not in sys.modules:
     # DeepSpeed came first (``import deepspeed; import oxcomm.torch``): take its CPU hot path
     # off its own shm op now, before init_distributed builds that op (see oxcomm.deepspeed,
     # which does it itself when it is the one importing this package).
-    from oxcomm.deepspeed import patch_deepspeed
+    from .deepspeed_patch import patch_deepspeed
 
     patch_deepspeed()

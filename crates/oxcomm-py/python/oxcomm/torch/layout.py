@@ -55,3 +55,24 @@ def _by_dtype(tensors):
         groups.setdefault(t.dtype, []).append(k)
     return list(groups.values())
 
+
+
+def _overlaps_earlier(tensors, k):
+    """Whether ``tensors[k]`` shares memory with one of ``tensors[:k]``."""
+    t = tensors[k]
+    if t.numel() == 0:
+        return False
+    lo, hi = _span(t)
+    for u in tensors[:k]:
+        if u.numel() and u.device == t.device:
+            a, b = _span(u)
+            if a < hi and lo < b:
+                return True
+    return False
+
+
+def _span(t):
+    """[first byte, last byte + 1) of a tensor's elements in memory."""
+    start = t.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()) if size > 0)
+    return start, start + (last + 1) * t.element_size()

@@ -39,10 +39,12 @@ as torch treats a returned ``ProcessGroup`` as the whole group and would route e
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from . import forms as _forms
 from .ops import _Calls
 from .work import _done
 
@@ -54,11 +56,25 @@ BACKEND = "oxcomm"
 
 
 class _Group(_Calls):
-    """What both classes below share beyond the calls: splitting, abort, shutdown."""
+    """What both classes below share beyond the calls: splitting, options and timeout, abort,
+    shutdown."""
 
     @property
     def supports_splitting(self):
         return False
+
+    @property
+    def options(self):
+        """The group's options as a c10d backend shows them (``options._timeout`` is the
+        communicator's timeout, the one every op of the group waits at most)."""
+        return _C10dBackend.Options(BACKEND, timeout=timedelta(seconds=self.comm.timeout))
+
+    def _set_default_timeout(self, timeout):
+        """The timeout of the group's later ops (torch's ``_set_pg_timeout``, torchft)."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        if not seconds > 0:
+            raise _forms._bad(self, "_set_default_timeout", f"timeout must be positive, got {timeout!r}")
+        self.comm.timeout = seconds
 
     def abort(self):
         try:
