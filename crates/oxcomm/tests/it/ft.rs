@@ -289,10 +289,7 @@ fn survivors_agree(exits: &[Exit], survivors: &[usize], failed: &str) {
 #[test]
 fn child_entry() {
     let Some(role) = harness::role() else { return };
-    let comm = oxcomm::init().unwrap_or_else(|e| {
-        eprintln!("init failed: {e}");
-        std::process::exit(3)
-    });
+    let comm = harness::init_child();
     let code = match role.as_str() {
         "loop" => loop_then_shrink(&comm),
         "agree" => die_in_agree(&comm),
@@ -493,24 +490,25 @@ fn two_kills(net: Net) {
     job.assert_clean();
 }
 
-fn kill_in_agree(net: Net) {
-    let mut job = spawn(net, "agree", &[]);
-    job.wait_line(0, LIMIT, |l| l == "AGREEING");
+/// Rank `victim` of role `role` says `line` on entering the phase and is killed there; the
+/// others must go on without it.
+fn kill_in_phase(net: Net, role: &str, victim: usize, line: &str) {
+    let mut job = spawn(net, role, &[]);
+    job.wait_line(victim, LIMIT, |l| l == line);
     std::thread::sleep(Duration::from_millis(100));
-    job.signal(0, libc::SIGKILL);
+    job.signal(victim, libc::SIGKILL);
     let exits = job.wait_all(LIMIT);
-    survivors_agree(&exits, &[1, 2, 3], "[0]");
+    let survivors: Vec<usize> = (0..4).filter(|&r| r != victim).collect();
+    survivors_agree(&exits, &survivors, &format!("[{victim}]"));
     job.assert_clean();
 }
 
+fn kill_in_agree(net: Net) {
+    kill_in_phase(net, "agree", 0, "AGREEING");
+}
+
 fn kill_in_shrink(net: Net) {
-    let mut job = spawn(net, "shrink", &[]);
-    job.wait_line(1, LIMIT, |l| l == "SHRINKING");
-    std::thread::sleep(Duration::from_millis(100));
-    job.signal(1, libc::SIGKILL);
-    let exits = job.wait_all(LIMIT);
-    survivors_agree(&exits, &[0, 2, 3], "[1]");
-    job.assert_clean();
+    kill_in_phase(net, "shrink", 1, "SHRINKING");
 }
 
 /// Rank 1 is frozen (SIGSTOP) in the all-reduce loop; the others suspect it after the
