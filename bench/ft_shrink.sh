@@ -34,7 +34,7 @@ for round in $(seq 1 "$ROUNDS"); do
             OXCOMM_TOKEN=$TOKEN OXCOMM_TIMEOUT=30 timeout 60 "$BIN" >"$WORK/$r.out" 2>"$WORK/$r.err" &
         pids+=($!)
     done
-    for p in "${pids[@]}"; do wait "$p" || true; done
+    for p in "${pids[@]}"; do { wait "$p" || true; } 2>/dev/null; done
     kill_ns=$(awk '/^KILL_NS/ {print $2}' "$WORK/$((RANKS - 1)).out")
     line=$(for r in $(seq 0 $((RANKS - 2))); do
         awk -v k="$kill_ns" -v r="$r" '/^DONE_NS/ {printf "r%d=%.1f ", r, ($2 - k) / 1e6; found=1} END {if (!found) printf "r%d=FAILED ", r}' "$WORK/$r.out"
