@@ -212,6 +212,15 @@ fn algo(route: Route) -> Algorithm {
     route.algorithm.unwrap_or(Algorithm::Star)
 }
 
+impl Drop for NativeBackend {
+    /// A revoked backend that goes away (its process ends after the error) ends each link
+    /// with the revocation's culprit (see `FtState::farewell`).
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        state.ft.farewell(&mut state.links);
+    }
+}
+
 impl Backend for NativeBackend {
     fn transport(&self) -> Transport {
         self.transport

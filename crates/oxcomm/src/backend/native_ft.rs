@@ -396,6 +396,21 @@ impl FtState {
         }
         self.flush(links);
     }
+
+    /// When a revoked backend goes away (its process ends after the error): hands the links
+    /// what still waits to go, then closes each naming the rank to blame. On TCP that is an
+    /// abort frame at the end of the stream: a peer that finds the connection closed before
+    /// it has read the revocation (queued behind data it has not taken) learns from it who
+    /// failed, as from an abort before revocation existed, instead of blaming this rank.
+    /// Best effort: a link whose socket stays full closes without it.
+    pub(super) fn farewell(&mut self, links: &mut [Option<Box<dyn Link>>]) {
+        let Some(rev) = self.revoked.as_ref() else { return };
+        let culprit = Some((rev.culprit, cause_kind(u32::from(rev.code))));
+        self.flush(links);
+        for mut link in links.iter_mut().filter_map(Option::take) {
+            link.close(culprit);
+        }
+    }
 }
 
 /// The sequence number of the world op an error's op text names (`Fingerprint`'s display:
