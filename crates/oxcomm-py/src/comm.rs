@@ -663,6 +663,39 @@ impl PyComm {
         self.comm.abort(reason)
     }
 
+    /// Revokes the communicator on every member: every pending and later op of it (and of
+    /// the world and groups that share its links) fails at once, here and on every peer, with
+    /// `RevokedError` naming this rank. `agree` and `shrink` still work.
+    fn revoke(&self) -> PyResult<()> {
+        self.comm.revoke().py()
+    }
+
+    /// Whether the communicator is revoked (by this rank, a peer, or a failure).
+    fn is_revoked(&self) -> bool {
+        self.comm.is_revoked()
+    }
+
+    /// The group ranks this rank knows have failed (ascending); the same on every survivor
+    /// after `agree` or `shrink`.
+    fn failed_ranks(&self) -> Vec<usize> {
+        self.comm.failed_ranks()
+    }
+
+    /// Fault-tolerant agreement among the survivors: `(the AND of their flags, the failed
+    /// ranks)`, the same on every member that returns. Collective over the world communicator.
+    fn agree(&self, py: Python<'_>, flag: u64) -> PyResult<(u64, Vec<usize>)> {
+        let comm = &self.comm;
+        let agreed = crate::interrupt::run(py, comm, || comm.agree(flag))?;
+        Ok((agreed.flag, agreed.failed))
+    }
+
+    /// A new communicator of the survivors, ranks renumbered in the old order, on the links
+    /// the job already has. Collective over the survivors of the world communicator.
+    fn shrink(&self, py: Python<'_>) -> PyResult<PyComm> {
+        let comm = &self.comm;
+        Ok(PyComm { comm: crate::interrupt::run(py, comm, || comm.shrink())? })
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<oxcomm.Communicator rank {} of {} (world rank {} of {}) over {}>",

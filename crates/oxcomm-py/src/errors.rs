@@ -18,6 +18,8 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::Unsupported => "UnsupportedError",
         ErrorKind::Io => "IoError",
         ErrorKind::Rendezvous => "RendezvousError",
+        ErrorKind::Revoked => "RevokedError",
+        ErrorKind::Suspected => "SuspectedError",
         _ => "OxcommError",
     }
 }
@@ -34,6 +36,8 @@ fn kind_name(kind: ErrorKind) -> &'static str {
         ErrorKind::Unsupported => "unsupported",
         ErrorKind::Io => "io",
         ErrorKind::Rendezvous => "rendezvous",
+        ErrorKind::Revoked => "revoked",
+        ErrorKind::Suspected => "suspected",
         _ => "other",
     }
 }

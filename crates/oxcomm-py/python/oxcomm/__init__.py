@@ -18,6 +18,7 @@ see :mod:`oxcomm._cuda`). Every op releases the GIL while it runs; ``async_op=Tr
 ``oxcomm.deepspeed`` has DeepSpeed's 1-bit ``CompressedBackend`` and ZeRO++ helpers.
 """
 
+import collections as _collections
 import enum as _enum
 import os as _os
 import pickle as _pickle
@@ -39,11 +40,20 @@ from ._errors import (  # noqa: F401 - re-exported
     PeerGoneError,
     ProtocolError,
     RendezvousError,
+    RevokedError,
+    SuspectedError,
     TimeoutError,
     UnsupportedError,
 )
 
 Work = _native.Work
+
+
+class Agreed(_collections.namedtuple("Agreed", ["flag", "failed"])):
+    """What :meth:`Communicator.agree` returns, the same on every survivor: ``flag``, the
+    bitwise AND of the survivors' flags, and ``failed``, the ranks that took no part."""
+
+    __slots__ = ()
 
 
 class ReduceOp(_enum.Enum):
@@ -409,6 +419,45 @@ class Communicator:
         """Aborts the communicator: links close, peers notice, later ops fail at once."""
         self._c.abort(reason)
 
+    # ------------------------------------------------------------------ surviving a failure
+
+    def revoke(self):
+        """Revokes the communicator on every member: every pending and later op of it (and of
+        the world and groups sharing its links) fails at once, here and on every peer, with
+        :class:`RevokedError` naming this rank. :meth:`agree` and :meth:`shrink` still work.
+        Not queued behind staged device ops: it is meant to stop them."""
+        self._c.revoke()
+
+    def is_revoked(self):
+        """Whether the communicator is revoked (by this rank, a peer, or a failure)."""
+        return self._c.is_revoked()
+
+    def failed_ranks(self):
+        """The ranks of this group this rank knows have failed (ascending); the same on
+        every survivor after :meth:`agree` or :meth:`shrink`."""
+        return self._c.failed_ranks()
+
+    def agree(self, flag=1):
+        """Fault-tolerant agreement over the survivors (ULFM's ``MPIX_Comm_agree``): returns
+        :class:`Agreed` ``(flag, failed)``, the bitwise AND of the survivors' ``flag``s
+        (a non-negative int below 2**64) and the ranks that failed, the same on every member
+        that returns. Works on a revoked communicator. Collective over the world communicator
+        (``UnsupportedError`` on a group)."""
+        flag = int(flag)
+        if not 0 <= flag < 1 << 64:
+            raise ValueError(f"flag: {flag} is not in [0, 2**64)")
+        self._drain("agree")
+        value, failed = self._c.agree(flag)
+        return Agreed(value, failed)
+
+    def shrink(self):
+        """A new communicator of the survivors (ULFM's ``MPIX_Comm_shrink``): revokes this one,
+        agrees on the failed ranks and renumbers the rest in the old order, on the links the
+        job already has. Collective over the survivors of the world communicator; a rank the
+        others left out (one that was frozen) gets :class:`RevokedError`."""
+        self._drain("shrink")
+        return Communicator(self._c.shrink())
+
 
 def init():
     """Joins the job the environment describes (``oxcomm launch``, torchrun with ``OXCOMM_TOKEN``, mpirun, srun)."""
@@ -418,6 +467,7 @@ def init():
 from . import coalesced, onebit  # noqa: E402 - they use Communicator
 
 __all__ = [
+    "Agreed",
     "Communicator",
     "ReduceOp",
     "Work",
@@ -434,4 +484,6 @@ __all__ = [
     "UnsupportedError",
     "RendezvousError",
     "IoError",
+    "RevokedError",
+    "SuspectedError",
 ]

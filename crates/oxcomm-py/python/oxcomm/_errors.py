@@ -18,6 +18,8 @@ __all__ = [
     "UnsupportedError",
     "RendezvousError",
     "IoError",
+    "RevokedError",
+    "SuspectedError",
 ]
 
 
@@ -64,3 +66,15 @@ class RendezvousError(OxcommError):
 
 class IoError(OxcommError, OSError):
     """An operating-system call failed."""
+
+
+class RevokedError(OxcommError):
+    """The communicator was revoked (``revoke()`` on some rank, or a failure inside an op):
+    every op of it fails on every member, naming who revoked it (``peer``). ``agree()`` and
+    ``shrink()`` still work; a rank the survivors left out gets this from them too."""
+
+
+class SuspectedError(OxcommError):
+    """A peer showed no sign of life inside oxcomm for the heartbeat lapse
+    (``OXCOMM_SUSPECT_AFTER_MS``) while an op waited for it; ``peer`` names it. The
+    communicator is revoked; ``shrink()`` leaves the peer out."""
