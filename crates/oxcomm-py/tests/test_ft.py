@@ -260,3 +260,77 @@ def test_the_error_classes():
         assert issubclass(cls, oxcomm.OxcommError) and issubclass(cls, RuntimeError)
     assert oxcomm.Agreed(3, [1]).flag == 3 and oxcomm.Agreed(3, [1]).failed == [1]
 
+
+# ---------------------------------------------------------------------- torch
+
+
+def case_torch_shrink_group():
+    """init_process_group("oxcomm") on 3 ranks; rank 2 dies between all-reduces; the others
+    call oxcomm.torch.shrink_group() and go on: a new default group of 2, the right sums, and
+    DDP built again on it trains a step with equal parameters on both."""
+    import torch
+    import torch.distributed as dist
+
+    import oxcomm
+    import oxcomm.torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    dist.init_process_group("oxcomm", timeout=timedelta(seconds=60))
+    old = dist.distributed_c10d._get_default_group()
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    assert t.tolist() == [3.0] * 8
+    if dist.get_rank() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    with pytest.raises(oxcomm.OxcommError):
+        for _ in range(100):
+            dist.all_reduce(torch.ones(8))
+            time.sleep(0.05)
+    pg = oxcomm.torch.shrink_group()
+    assert pg is not old and dist.distributed_c10d._get_default_group() is pg
+    out = {"rank": dist.get_rank(), "size": dist.get_world_size()}
+    t = torch.full((8,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    out["sum"] = t.tolist()
+    # DDP holds its group: build it again on the shrunk one.
+    model = torch.nn.Linear(4, 2)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    x = torch.full((3, 4), float(dist.get_rank() + 1))
+    ddp(x).sum().backward()
+    torch.optim.SGD(ddp.parameters(), lr=0.1).step()
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    both = [torch.zeros_like(params) for _ in range(2)]
+    dist.all_gather(both, params)
+    out["params_equal"] = bool(torch.equal(both[0], both[1]))
+    return out
+
+
+def test_torch_shrink_group_goes_on_without_a_killed_rank():
+    res = _torch_ranks.run(3, "test_ft:case_torch_shrink_group", timeout=180, may_die=(2,))
+    assert res[2] is None
+    for new_rank, r in enumerate(res[:2]):
+        assert (r["rank"], r["size"]) == (new_rank, 2), res
+        assert r["sum"] == [3.0] * 8 and r["params_equal"], res
+
+
+def case_torch_own_shrink_group():
+    """torch's own dist.shrink_group on an oxcomm group: refused, naming oxcomm's, before
+    anything changes (the group still works)."""
+    import torch
+    import torch.distributed as dist
+
+    import oxcomm.torch  # noqa: F401
+
+    dist.init_process_group("oxcomm", timeout=timedelta(seconds=60))
+    with pytest.raises(NotImplementedError, match="oxcomm.torch.shrink_group"):
+        dist.shrink_group([1 - dist.get_rank()])
+    t = torch.ones(8)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def test_torch_own_shrink_group_is_refused_naming_oxcomms():
+    res = _torch_ranks.run(2, "test_ft:case_torch_own_shrink_group", timeout=120)
+    assert res == [[2.0] * 8] * 2, res
+

@@ -47,7 +47,15 @@ from .process_group import BACKEND, BackendOxcomm, ProcessGroupOxcomm, python_ba
 from .rendezvous import QuietStore, wrap_env_rendezvous
 from .work import _DONE  # noqa: F401  (bench/py_allreduce.py times the bare path with it)
 
-__all__ = ["ProcessGroupOxcomm", "OnebitAdam", "OnebitLamb", "ZeroOneAdam", "communicator", "BACKEND"]
+__all__ = [
+    "ProcessGroupOxcomm",
+    "OnebitAdam",
+    "OnebitLamb",
+    "ZeroOneAdam",
+    "communicator",
+    "shrink_group",
+    "BACKEND",
+]
 
 # The communicator of the default group when it is an oxcomm group (global rank == its rank).
 _world_comm = None
@@ -82,6 +90,81 @@ def communicator(group=None):
         if isinstance(backend, (ProcessGroupOxcomm, BackendOxcomm)):
             return backend.comm
     raise ValueError(f"oxcomm: no device of the group has backend 'oxcomm' (it is {dist.get_backend(group)!r})")
+
+
+def shrink_group(ranks_to_exclude=None, group=None, shrink_flags=None, pg_options=None):
+    """Goes on without the ranks that failed: ``torch.distributed.shrink_group``'s signature,
+    with ``ranks_to_exclude`` optional. Every surviving rank of ``group`` (the default group
+    when None; an oxcomm group) calls it after an op failed; they agree on who failed
+    (:meth:`oxcomm.Communicator.shrink`, on the links the job already has) and get a new
+    group of themselves, ranks renumbered in the old order. ``ranks_to_exclude`` None: the
+    agreed failed ranks; given, it must equal them (``RuntimeError`` otherwise, after the
+    agreement: the old group is revoked either way). As with torch's, the old group is
+    destroyed, and shrinking the default group makes the new one the default and destroys
+    every other group (make them again from the new world). ``shrink_flags`` and
+    ``pg_options`` are accepted and unused.
+
+    Returns the new group: c10d cannot change a group's rank and size in place, so what holds
+    the old group (DDP, FSDP2's device mesh, a group made from it) must be built again on the
+    new one. Where no rank failed (the group was only revoked), the group keeps its ranks and
+    takes the new communicator in place, and the same group is returned.
+
+    torch's own ``torch.distributed.shrink_group`` refuses an oxcomm group: it would wrap
+    oxcomm in a group that torch takes for gloo (and DDP's logger then reads it as gloo)."""
+    c10d = dist.distributed_c10d
+    if group is None:
+        group = c10d._get_default_group()
+    backend = _oxcomm_backend(group)
+    if backend is None:
+        raise ValueError(f"oxcomm.torch.shrink_group: not an oxcomm group (backend {dist.get_backend(group)!r})")
+    old = backend.comm
+    new = old.shrink()
+    failed = old.failed_ranks()
+    if ranks_to_exclude is not None and sorted(int(r) for r in ranks_to_exclude) != failed:
+        raise RuntimeError(
+            f"oxcomm.torch.shrink_group: ranks_to_exclude {sorted(ranks_to_exclude)}, but the survivors "
+            f"agreed that ranks {failed} failed"
+        )
+    global _world_comm
+    was_world = _world_comm is old
+    if not failed:
+        backend._setup(new)
+        if was_world:
+            _world_comm = new
+        return group
+    is_default = group == c10d._get_default_group()
+    if is_default:
+        c10d._destroy_all_other_groups(exclude_group=group)
+    meta = c10d._extract_group_metadata(group)
+    remaining = [g for r, g in enumerate(c10d.get_process_group_ranks(group)) if r not in failed]
+    c10d._cleanup_original_group(group, is_default)
+    pg = ProcessGroupOxcomm(new, new.rank, new.size)
+    pg.setGroupName(meta["new_group_name"])
+    pg.setGroupDesc("default:shrunken" if is_default else f"{meta['original_group_name']}:shrunk")
+    if is_default:
+        c10d._update_default_pg(pg)
+    c10d._register_pg_in_world(
+        pg=pg,
+        backend_name=BACKEND,
+        store=meta["store"],
+        group_name=meta["new_group_name"],
+        backend_config=meta["backend_config"],
+        rank_mapping={g: r for r, g in enumerate(remaining)},
+    )
+    if was_world:
+        _world_comm = new
+    return pg
+
+
+def _oxcomm_backend(group):
+    """The oxcomm object (group or c10d backend) that serves ``group``'s CPU calls, or None."""
+    if isinstance(group, ProcessGroupOxcomm):
+        return group
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except RuntimeError:
+        return None
+    return backend if isinstance(backend, (ProcessGroupOxcomm, BackendOxcomm)) else None
 
 
 def _create(dist_opts, backend_options):

@@ -85,6 +85,23 @@ class _Group(_Calls):
     def shutdown(self):
         pass
 
+    # ------------------------------------------------------------------ shrink_group
+
+    @property
+    def supports_shrinking(self):
+        # True so that torch's dist.shrink_group reaches shrink() below and its message.
+        return True
+
+    def shrink(self, ranks_to_exclude, shrink_flags=0, opts=None):
+        """``torch.distributed.shrink_group``'s call on the group's backend: refused before
+        anything changes. torch would put the result in a group that it takes for gloo (its
+        DDP logger then reads oxcomm as gloo's C++ class and crashes);
+        :func:`oxcomm.torch.shrink_group` builds an oxcomm group instead."""
+        raise NotImplementedError(
+            "oxcomm: torch.distributed.shrink_group is not supported on an oxcomm group; call "
+            "oxcomm.torch.shrink_group(ranks_to_exclude, group) (same arguments) instead"
+        )
+
 
 class ProcessGroupOxcomm(_Group, dist.ProcessGroup):
     """The group torch builds for backend ``"oxcomm"``: every device's calls come here."""
