@@ -334,3 +334,117 @@ def test_torch_own_shrink_group_is_refused_naming_oxcomms():
     res = _torch_ranks.run(2, "test_ft:case_torch_own_shrink_group", timeout=120)
     assert res == [[2.0] * 8] * 2, res
 
+
+# ---------------------------------------------------------------------- torchft
+
+
+def _torchft_replica(make_pg, replica_id, lighthouse, steps, results, use_ddp=True):
+    """One replica group of one rank: torchft's Manager on ``make_pg()``, a small MLP, SGD,
+    ``steps`` committed steps on data seeded by (replica, step). Appends (replica, losses,
+    parameters) to ``results``."""
+    import torch
+    import torch.distributed as dist
+    from torchft import Manager
+    from torchft.ddp import DistributedDataParallel
+    from torchft.optim import OptimizerWrapper
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = Manager(
+        pg=make_pg(),
+        min_replica_size=2,
+        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), opt.load_state_dict(sd["optim"])),
+        state_dict=lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
+        replica_id=str(replica_id),
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse,
+        port=0,
+        timeout=timedelta(seconds=30),
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=30),
+    )
+    try:
+        net = DistributedDataParallel(manager, model) if use_ddp else model
+        optim = OptimizerWrapper(manager, opt)
+        losses = []
+        while manager.current_step() < steps:
+            g = torch.Generator().manual_seed(1000 * replica_id + manager.current_step())
+            x = torch.rand(8, 6, generator=g)
+            y = torch.rand(8, 2, generator=g)
+            optim.zero_grad()
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            step = manager.current_step()
+            optim.step()
+            if manager.current_step() > step:
+                losses.append(loss.item())
+        params = [p.detach().clone() for p in model.parameters()]
+        results.append((replica_id, losses, params))
+    finally:
+        manager.shutdown(wait=False)
+
+
+def _mlp():
+    import torch
+
+    g = torch.Generator().manual_seed(42)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.rand(p.shape, generator=g) - 0.5)
+    return model
+
+
+def _torchft_run(make_pg, replicas, steps):
+    """``replicas`` replica groups as threads of this process around one lighthouse; their
+    results by replica id."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=replicas)
+    results = []
+    try:
+        with ThreadPoolExecutor(max_workers=replicas) as ex:
+            futs = [
+                ex.submit(_torchft_replica, make_pg, r, lighthouse.address(), steps, results)
+                for r in range(replicas)
+            ]
+            for f in futs:
+                f.result(timeout=120)
+    finally:
+        lighthouse.shutdown()
+    return sorted(results, key=lambda r: r[0])
+
+
+def case_torchft_equal_to_gloo():
+    """Two replica groups (a sum of two is the same in any order, so losses are equal bit for
+    bit; with three, gloo's ring and oxcomm's add in another order and the last bits differ)."""
+    import torch
+    from torchft.process_group import ProcessGroupGloo
+
+    from oxcomm.torchft import ProcessGroupOxcomm
+
+    torch.set_num_threads(1)
+    steps = 8
+    gloo = _torchft_run(lambda: ProcessGroupGloo(timeout=timedelta(seconds=30)), 2, steps)
+    ox = _torchft_run(lambda: ProcessGroupOxcomm(timeout=timedelta(seconds=30)), 2, steps)
+    out = {"losses": [r[1] for r in ox]}
+    for (rg, lg, pg), (ro, lo, po) in zip(gloo, ox):
+        assert rg == ro and len(lo) == steps, (rg, ro, lo)
+        assert lg == lo, (rg, lg, lo)
+        assert all(torch.equal(a, b) for a, b in zip(pg, po)), rg
+    for r in ox[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(r[2], ox[0][2]))
+    return out
+
+
+def test_torchft_losses_equal_to_torchft_on_gloo():
+    res = _torch_ranks.run(1, "test_ft:case_torchft_equal_to_gloo", timeout=240)
+    losses = res[0]["losses"]
+    # The replicas train on different data, so their losses differ; training moved them.
+    assert len(losses) == 2 and losses[0] != losses[1], losses
