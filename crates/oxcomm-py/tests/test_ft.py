@@ -448,3 +448,148 @@ def test_torchft_losses_equal_to_torchft_on_gloo():
     losses = res[0]["losses"]
     # The replicas train on different data, so their losses differ; training moved them.
     assert len(losses) == 2 and losses[0] != losses[1], losses
+
+
+def _replica_process(backend, replica_id, lighthouse, steps, kill_at, out):
+    """One replica group of one rank in this process, torchft's Manager on ``backend``'s
+    group, gradients all-reduced with ``manager.allreduce`` (torchft 0.2's own DDP asserts in
+    its comm hook when an all-reduce fails). With ``kill_at``, the process SIGKILLs itself at
+    the first step from there that all three take, just before its all-reduce (its peers
+    are inside theirs), after writing the
+    time to ``out + ".killed"``. Writes the wall time of each committed step and the final
+    parameters to ``out``."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+    from torchft import Manager
+    from torchft.optim import OptimizerWrapper
+    from torchft.process_group import ProcessGroupGloo
+
+    from oxcomm.torchft import ProcessGroupOxcomm
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    make = {"gloo": ProcessGroupGloo, "oxcomm": ProcessGroupOxcomm}[backend]
+    manager = Manager(
+        pg=make(timeout=timedelta(seconds=5)),
+        min_replica_size=2,
+        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), opt.load_state_dict(sd["optim"])),
+        state_dict=lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
+        replica_id=str(replica_id),
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse,
+        port=0,
+        timeout=timedelta(seconds=5),
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=30),
+    )
+    optim = OptimizerWrapper(manager, opt)
+    commits = []
+    deadline = time.monotonic() + 120
+    if kill_at is not None or replica_id != 2:
+        # The first three start together, so that the first quorum has all of them.
+        open(f"{out}.ready", "w").close()
+        ready = [f"{os.path.dirname(out)}/{backend}{r}.json.ready" for r in range(3)]
+        while not all(os.path.exists(f) for f in ready):
+            assert time.monotonic() < deadline, "the other replicas did not start"
+            time.sleep(0.05)
+    # Each replica stops at ``steps`` once it has committed a step with all three after the
+    # failure (a survivor: after one without replica 2; the replacement: once it is back),
+    # so that all three stop after the same step.
+    saw_two, back = replica_id == 2, False
+    while manager.current_step() < steps or not back:
+        assert time.monotonic() < deadline, f"step {manager.current_step()}: no end in 120 s"
+        step = manager.current_step()
+        g = torch.Generator().manual_seed(1000 * replica_id + step)
+        x, y = torch.rand(8, 6, generator=g), torch.rand(8, 2, generator=g)
+        optim.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if kill_at is not None and step >= kill_at and manager.num_participants() == 3:
+            with open(out + ".killed", "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        for w in [manager.allreduce(p.grad) for p in model.parameters()]:
+            w.wait()
+        optim.step()
+        if manager.current_step() > step:
+            commits.append((time.time(), manager.num_participants()))
+            saw_two = saw_two or manager.num_participants() == 2
+            back = saw_two and manager.num_participants() == 3
+    params = [p.detach().flatten().tolist() for p in model.parameters()]
+    with open(out, "w") as f:
+        json.dump({"commits": commits, "params": params}, f)
+    manager.shutdown(wait=False)
+
+
+def case_torchft_replica():
+    """Run by ``test_torchft_kill_and_rejoin`` as a child: one replica (argv)."""
+    import sys
+
+    backend, replica_id, lighthouse, steps, kill_at, out = sys.argv[1:7]
+    _replica_process(backend, int(replica_id), lighthouse, int(steps), None if kill_at == "-" else int(kill_at), out)
+
+
+def _kill_and_rejoin(backend, tmp, steps=16, kill_at=6):
+    """3 replica processes around one lighthouse; replica 2 kills itself at ``kill_at`` and
+    is started again once it is dead. Returns (seconds from the kill to each survivor's next
+    committed step, final parameters by replica)."""
+    import json
+    import subprocess
+    import sys
+
+    from torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=1000, heartbeat_timeout_ms=1000)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+
+    def start(r, kill):
+        args = [backend, str(r), lighthouse.address(), str(steps), str(kill) if kill is not None else "-"]
+        code = "import sys, test_ft; test_ft.case_torchft_replica()"
+        return subprocess.Popen(
+            [sys.executable, "-c", code, *args, f"{tmp}/{backend}{r}.json"],
+            env=env,
+            cwd=here,
+            stdout=subprocess.DEVNULL,
+            stderr=open(f"{tmp}/{backend}{r}.log", "w"),
+            start_new_session=True,
+        )
+
+    procs = [start(r, kill_at if r == 2 else None) for r in range(3)]
+    deadline = time.monotonic() + 150
+    try:
+        assert procs[2].wait(timeout=60) == -signal.SIGKILL, open(f"{tmp}/{backend}2.log").read()[-3000:]
+        procs[2] = start(2, None)
+        for r, p in enumerate(procs):
+            rc = p.wait(timeout=max(1, deadline - time.monotonic()))
+            assert rc == 0, (r, open(f"{tmp}/{backend}{r}.log").read()[-3000:])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+        lighthouse.shutdown()
+    killed_at = float(open(f"{tmp}/{backend}2.json.killed").read())
+    res = [json.load(open(f"{tmp}/{backend}{r}.json")) for r in range(3)]
+    to_next = []
+    for r in (0, 1):
+        after = [(t, n) for t, n in res[r]["commits"] if t > killed_at]
+        # The kill hit a step of all three; the next commit is the survivors' own.
+        assert after[0][1] == 2, (r, after[:3])
+        to_next.append(round(after[0][0] - killed_at, 3))
+    return to_next, [r["params"] for r in res]
+
+
+@pytest.mark.parametrize("backend", ["oxcomm", "gloo"])
+def test_torchft_a_killed_replica_rejoins_and_all_end_equal(backend, tmp_path):
+    to_next, params = _kill_and_rejoin(backend, str(tmp_path))
+    print(f"{backend}: seconds from the kill to the survivors' next committed step: {to_next}")
+    assert params[0] == params[1] == params[2]
+    assert all(t < 30 for t in to_next), to_next
