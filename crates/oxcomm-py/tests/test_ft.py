@@ -338,37 +338,19 @@ def test_torch_own_shrink_group_is_refused_naming_oxcomms():
 # ---------------------------------------------------------------------- torchft
 
 
-def _torchft_replica(make_pg, replica_id, lighthouse, steps, results, use_ddp=True):
+def _torchft_replica(make_pg, replica_id, lighthouse, steps, results):
     """One replica group of one rank: torchft's Manager on ``make_pg()``, a small MLP, SGD,
     ``steps`` committed steps on data seeded by (replica, step). Appends (replica, losses,
     parameters) to ``results``."""
     import torch
-    import torch.distributed as dist
-    from torchft import Manager
     from torchft.ddp import DistributedDataParallel
     from torchft.optim import OptimizerWrapper
 
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    manager = Manager(
-        pg=make_pg(),
-        min_replica_size=2,
-        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), opt.load_state_dict(sd["optim"])),
-        state_dict=lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
-        replica_id=str(replica_id),
-        store_addr="127.0.0.1",
-        store_port=store.port,
-        rank=0,
-        world_size=1,
-        lighthouse_addr=lighthouse,
-        port=0,
-        timeout=timedelta(seconds=30),
-        quorum_timeout=timedelta(seconds=30),
-        connect_timeout=timedelta(seconds=30),
-    )
+    manager = _manager(make_pg(), replica_id, lighthouse, model, opt, op_timeout=30)
     try:
-        net = DistributedDataParallel(manager, model) if use_ddp else model
+        net = DistributedDataParallel(manager, model)
         optim = OptimizerWrapper(manager, opt)
         losses = []
         while manager.current_step() < steps:
@@ -386,6 +368,32 @@ def _torchft_replica(make_pg, replica_id, lighthouse, steps, results, use_ddp=Tr
         results.append((replica_id, losses, params))
     finally:
         manager.shutdown(wait=False)
+
+
+def _manager(pg, replica_id, lighthouse, model, opt, op_timeout):
+    """torchft's Manager of a replica group of one rank on ``pg`` (its own store, any port)."""
+    import torch.distributed as dist
+    from torchft import Manager
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = Manager(
+        pg=pg,
+        min_replica_size=2,
+        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), opt.load_state_dict(sd["optim"])),
+        state_dict=lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
+        replica_id=str(replica_id),
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=lighthouse,
+        port=0,
+        timeout=timedelta(seconds=op_timeout),
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=30),
+    )
+    manager.test_store = store  # the store's server lives as long as the manager
+    return manager
 
 
 def _mlp():
@@ -461,34 +469,16 @@ def _replica_process(backend, replica_id, lighthouse, steps, kill_at, out):
     import json
 
     import torch
-    import torch.distributed as dist
-    from torchft import Manager
     from torchft.optim import OptimizerWrapper
     from torchft.process_group import ProcessGroupGloo
 
     from oxcomm.torchft import ProcessGroupOxcomm
 
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     make = {"gloo": ProcessGroupGloo, "oxcomm": ProcessGroupOxcomm}[backend]
-    manager = Manager(
-        pg=make(timeout=timedelta(seconds=5)),
-        min_replica_size=2,
-        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), opt.load_state_dict(sd["optim"])),
-        state_dict=lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
-        replica_id=str(replica_id),
-        store_addr="127.0.0.1",
-        store_port=store.port,
-        rank=0,
-        world_size=1,
-        lighthouse_addr=lighthouse,
-        port=0,
-        timeout=timedelta(seconds=5),
-        quorum_timeout=timedelta(seconds=30),
-        connect_timeout=timedelta(seconds=30),
-    )
+    manager = _manager(make(timeout=timedelta(seconds=5)), replica_id, lighthouse, model, opt, op_timeout=5)
     optim = OptimizerWrapper(manager, opt)
     commits = []
     deadline = time.monotonic() + 120
