@@ -94,6 +94,9 @@ pub(crate) struct OpEnv<'a> {
     /// When the op started ([`crate::clock::monotonic_ns`], the flight record's start): the
     /// op's one clock reading, which the backend stamps its heartbeat from.
     pub now_ns: u64,
+    /// When the op ended, if the backend read the clock there (0: it did not): the flight
+    /// record's end, so that an op reads the clock at most twice.
+    pub end_ns: u64,
 }
 
 /// One point-to-point message of a batch: a 48-byte header (the fingerprint) and a payload.

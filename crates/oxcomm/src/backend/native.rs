@@ -186,7 +186,8 @@ impl NativeBackend {
             ft.ctrl_seen = count;
             ft.poll(self.rank, ft.epoch, seq, links)?;
         }
-        if result.is_ok() && crate::clock::monotonic_ns().saturating_sub(env.now_ns) >= SLOW_OP_NS {
+        env.end_ns = crate::clock::monotonic_ns();
+        if result.is_ok() && env.end_ns.saturating_sub(env.now_ns) >= SLOW_OP_NS {
             // A slow op may be one of a rank that was frozen and has resumed: on TCP the
             // revocations and the close that left it out sit behind the bytes the op read, and
             // the control count has not moved yet. Look for them before reporting success.

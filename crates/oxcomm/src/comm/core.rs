@@ -147,14 +147,16 @@ impl Communicator {
             cancel: &core.aborted,
             suspect_after: core.config.suspect_after,
             now_ns,
+            end_ns: 0,
         };
         let result = crate::unwind::catch(core.world_rank, || body(&core.backend, &mut env));
+        let end_ns = env.end_ns;
         core.add_stats(&stats);
         if logged && result.is_ok() {
             core.record(fp, self.size(), route.name, started, caller);
         }
         if result.is_ok() {
-            core.flight.finish(flight, Ok(()));
+            core.flight.finish_at(flight, Ok(()), end_ns);
         }
         result.map_err(|e| {
             // An op that gave up because another thread revoked or aborted the communicator
@@ -553,6 +555,7 @@ impl Core {
             cancel: &self.aborted,
             suspect_after: self.config.suspect_after,
             now_ns,
+            end_ns: 0,
         };
         let result = crate::unwind::catch(self.world_rank, || self.backend.p2p(&mut env, msgs));
         if result.is_ok() {

@@ -210,6 +210,7 @@ impl Communicator {
             cancel: &core.aborted,
             suspect_after: core.config.suspect_after,
             now_ns,
+            end_ns: 0,
         };
         let result = crate::unwind::catch(core.world_rank, || body(&core.backend, &mut env));
         match &result {

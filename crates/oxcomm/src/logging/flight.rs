@@ -262,7 +262,12 @@ impl FlightRecorder {
 
     /// Records how op `id` ended (if it is still in the ring); by the thread that started it.
     pub fn finish(&self, id: FlightId, outcome: std::result::Result<(), &Error>) {
-        let now = crate::clock::monotonic_ns();
+        self.finish_at(id, outcome, 0);
+    }
+
+    /// [`FlightRecorder::finish`] at `end_ns` ([`crate::clock::monotonic_ns`]; 0: now).
+    pub fn finish_at(&self, id: FlightId, outcome: std::result::Result<(), &Error>, end_ns: u64) {
+        let now = if end_ns != 0 { end_ns } else { crate::clock::monotonic_ns() };
         let record = &self.records[(id.0 % CAPACITY as u64) as usize];
         if record.words[ID].load(Ordering::Relaxed) != id.0 || record.version.load(Ordering::Relaxed) == 0 {
             return;
