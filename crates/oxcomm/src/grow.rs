@@ -23,13 +23,15 @@
 //! | `latest` | the members' rank 0, when it opens a generation | the newest generation opened |
 //! | `{g}` | the same, just before | `"{members} {new size}"` |
 //! | `{g}/claimed` | each newcomer ([`Store::add`]) | slot k (1, 2, …): rank members + k − 1 |
+//! | `{g}/joined/{rank}` | the newcomer that claimed `rank` | `1` |
 //! | `{g}/closed` | every member, when its grow ends (done or failed) | `1` |
 //!
 //! A newcomer starts at the latest generation (1 when none is open yet), waits for its key,
 //! and claims a slot unless the generation is closed or full; otherwise it moves on to the
-//! next one. Then all meet under job id `{job}g{g}`. A member whose newcomers never come times
-//! out naming the first missing rank; a newcomer for whom no grow opens times out saying so,
-//! having claimed nothing.
+//! next one. The members wait for every newcomer's `joined` key; then all meet under job id
+//! `{job}g{g}`. A member whose newcomers never come times out naming the first missing rank
+//! (the same on every member); a newcomer for whom no grow opens times out saying so, having
+//! claimed nothing.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -120,6 +122,11 @@ impl Communicator {
                 .and_then(|()| keys.set(LATEST, g.to_string().as_bytes()))
                 .map_err(|e| e.with_rank(me).with_op(what.clone()))?;
         }
+        let deadline = Instant::now() + self.timeout();
+        if let Err(e) = wait_newcomers(&keys, g, size, new_size, deadline, self.timeout()) {
+            let _ = keys.set(&format!("{g}/closed"), b"1");
+            return Err(e.with_rank(me).with_op(what));
+        }
         let mut init = origin.init.clone();
         init.rank = me;
         init.world_size = new_size;
@@ -164,6 +171,7 @@ impl Init {
         let deadline = Instant::now() + self.config.timeout;
         let (g, members, new_size, slot) = claim(&keys, deadline, self.config.timeout)?;
         let rank = members + slot;
+        keys.set(&format!("{g}/joined/{rank}"), b"1")?;
         let mut init = self.clone();
         init.rank = rank;
         init.world_size = new_size;
@@ -213,6 +221,40 @@ fn claim(
             }
         }
         g = g.checked_add(1).ok_or_else(|| Error::protocol("grow: generation counter overflow"))?;
+    }
+}
+
+/// Waits until every newcomer of generation `g` (ranks `members .. new_size`) has claimed its
+/// rank; on the deadline, a [`ErrorKind::Timeout`] naming the first missing one.
+fn wait_newcomers(
+    keys: &PrefixStore<Arc<dyn Store>>,
+    g: u64,
+    members: usize,
+    new_size: usize,
+    deadline: Instant,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    let joined: Vec<String> = (members..new_size).map(|r| format!("{g}/joined/{r}")).collect();
+    let joined: Vec<&str> = joined.iter().map(String::as_str).collect();
+    match keys.wait(&joined, deadline) {
+        Err(e) if e.kind() == ErrorKind::Timeout => {
+            let mut missing = Vec::new();
+            for r in members..new_size {
+                if keys.try_get(&format!("{g}/joined/{r}"))?.is_none() {
+                    missing.push(r);
+                }
+            }
+            let first = missing.first().copied().unwrap_or(members);
+            Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "timed out after {timeout:?} waiting for newcomer rank {first} (missing: {missing:?}; \
+                     a replacement process calls oxcomm::join or Init::join)"
+                ),
+            )
+            .with_peer(first))
+        }
+        other => other,
     }
 }
 
