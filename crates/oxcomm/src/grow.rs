@@ -1,7 +1,7 @@
 //! Growing back (issue 39): a replacement rank joins a running job through the store, so a
 //! job that shrank ([`Communicator::shrink`]) returns to its size. Every member of the world
 //! communicator calls [`Communicator::grow`]; each newcomer calls [`Init::join`] (or
-//! [`Init::join_with_store`], or [`crate::join`] under `oxcomm launch --on-failure restart`).
+//! [`Init::join_with_store`], or [`crate::join()`] under `oxcomm launch --on-failure restart`).
 //! Members keep their ranks, in order; newcomers take the ranks after them.
 //!
 //! This module owns the grow protocol in the store. It does not move links: the grown
@@ -42,7 +42,7 @@ use crate::init::Init;
 use crate::rendezvous::{PrefixStore, Store};
 
 /// Environment variable: set (to anything but `0`) by `oxcomm launch --on-failure restart` for
-/// a replacement rank, which then calls [`crate::join`] instead of [`crate::init`]. oxcomm
+/// a replacement rank, which then calls [`crate::join()`] instead of [`crate::init()`]. oxcomm
 /// itself does not read it: the program decides (it must also receive the job's state).
 pub const ENV_JOIN: &str = "OXCOMM_JOIN";
 
@@ -77,7 +77,7 @@ impl Communicator {
     /// most the communicator's timeout for the newcomers: one that never comes makes every
     /// member's grow fail with [`ErrorKind::Timeout`] naming its rank ([`Error::peer`]).
     ///
-    /// Only a world met through a store can grow ([`crate::init`], [`Init::connect`],
+    /// Only a world met through a store can grow ([`crate::init()`], [`Init::connect`],
     /// [`Init::connect_with_store`], and communicators shrunk or grown from one): the store
     /// must outlive the ranks that failed (the launcher's, or a framework's; not one served
     /// by a rank that died). Errors before anything is sent: `new_size` below `size()`

@@ -256,7 +256,11 @@ fn supervise(
                     rank.status = Some(status);
                     if stop.is_none() && !status.success() {
                         let code = exit_code(status);
-                        let what = format!("oxcomm launch: rank {} exited with status {code}{}", rank.rank, describe_signal(status));
+                        let what = format!(
+                            "oxcomm launch: rank {} exited with status {code}{}",
+                            rank.rank,
+                            describe_signal(status)
+                        );
                         first_failure.get_or_insert(code);
                         match plan.on_failure {
                             OnFailure::Abort => {

@@ -347,7 +347,8 @@ fn issue39_on_failure_restart_grows_the_job_back_to_full_size() {
     let run = ft_grow_job("restart");
     assert_eq!(run.code, Some(0), "stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
     assert!(
-        run.stderr.contains("rank 2 exited with status 17; starting a replacement that joins the others (restart 1 of 3)"),
+        run.stderr
+            .contains("rank 2 exited with status 17; starting a replacement that joins the others (restart 1 of 3)"),
         "{}",
         run.stderr
     );

@@ -341,7 +341,8 @@ impl JobSpec {
             Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
         let server = StoreServer::bind("127.0.0.1:0".parse::<SocketAddr>().unwrap(), &token_bytes).unwrap();
         let port = server.local_addr().port().to_string();
-        let launch = Launch { entry: self.entry, role: self.role, n: self.n, job_id: self.job_id, port, token, env: self.env };
+        let launch =
+            Launch { entry: self.entry, role: self.role, n: self.n, job_id: self.job_id, port, token, env: self.env };
         let ranks = (0..self.n)
             .map(|r| {
                 let mine = self.rank_env.iter().filter(|(q, _, _)| *q == r).map(|(_, k, v)| (k.as_str(), v.as_str()));
