@@ -307,6 +307,9 @@ fn kill_shrink_grow(transport: Option<&str>, host_of: Option<fn(usize) -> &'stat
     }
     for who in [0, 1, 3] {
         assert!(exits[who].out.contains("SHRUNK size=3 failed=[2]"), "process {who}:\n{}", exits[who].out);
+        // From the failed op to the grown communicator (shown with --nocapture).
+        let grown = exits[who].out.lines().find(|l| l.starts_with("GROWN ")).unwrap_or_default();
+        println!("member {who}: {grown}");
     }
     job.assert_clean();
 }
