@@ -13,12 +13,12 @@
 //! | `store_ping.rs` | the hidden `store-ping` subcommand, a rank-side check that the launcher's store is reachable |
 //!
 //! It does not start processes on other hosts (run one launcher per node, as with torchrun),
-//! or know anything about collectives. When a rank fails it stops the others (the default), or
-//! with `--on-failure continue` lets them go on, or with `--on-failure restart` also starts a
-//! replacement of the failed rank with [`oxcomm::grow::ENV_JOIN`] set (it joins the others
-//! through the store; at most `--max-restarts` in all). Otherwise it knows nothing about
-//! collectives: ranks find each other through
-//! the rendezvous store the launcher serves on node 0 ([`oxcomm::rendezvous::StoreServer`]).
+//! or know anything about collectives: ranks find each other through the rendezvous store the
+//! launcher serves on node 0 ([`oxcomm::rendezvous::StoreServer`]). When a rank fails it stops
+//! the others (the default), or with `--on-failure continue` lets them go on, or with
+//! `--on-failure restart` also starts a replacement of the failed rank with
+//! [`oxcomm::grow::ENV_JOIN`] set (it joins the others through the store; at most
+//! `--max-restarts` in all); every rank gets [`ON_FAILURE`].
 //! A failure on one node does not stop the launchers of the other nodes; their ranks see the
 //! failure as a timeout or a lost peer. In a multi-node job node 0's launcher keeps the store
 //! up until the other nodes report their ranks done (an exit barrier, as in torchrun).
