@@ -71,6 +71,26 @@ pub fn init() -> Result<Communicator> {
     Init::from_env()?.connect()
 }
 
+/// Joins a running job as a replacement rank ([`Init::join`] from the environment): what a
+/// program started by `oxcomm launch --on-failure restart` calls when [`crate::grow::ENV_JOIN`]
+/// is set, instead of [`init`]. Native backend only ([`ErrorKind::Unsupported`] with
+/// [`ENV_BACKEND`]`=mpi`).
+pub fn join() -> Result<Communicator> {
+    match std::env::var(ENV_BACKEND).unwrap_or_default().trim().to_ascii_lowercase().as_str() {
+        "" | "native" => Init::from_env()?.join(),
+        _ => Err(Error::unsupported(format!(
+            "join with {ENV_BACKEND}=mpi: growing back is not available on the MPI backend (ULFM has no grow)"
+        ))),
+    }
+}
+
+/// The job id of the next communicator this process connects or joins: `<job>-<n>` for the
+/// n-th (see [`Init::connect`]).
+pub(crate) fn next_job(job: &str) -> String {
+    let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
+    format!("{job}-{generation}")
+}
+
 /// Explicit settings for joining a job; [`Init::from_env`] fills them from the environment.
 #[derive(Debug, Clone)]
 pub struct Init {
@@ -153,8 +173,7 @@ impl Init {
     /// communicator a process connects uses job id `<job>-<n>` (every rank of a job connects
     /// the same number of times, so the ids agree).
     pub fn connect(mut self) -> Result<Communicator> {
-        let generation = GENERATION.fetch_add(1, Ordering::SeqCst);
-        self.job = format!("{}-{generation}", self.job);
+        self.job = next_job(&self.job);
         let deadline = Instant::now() + self.config.timeout;
         let mut keep: Vec<Box<dyn Any + Send + Sync>> = Vec::new();
         let client = if self.rank == 0 && !self.store_served {
@@ -185,12 +204,15 @@ impl Init {
         }
         crate::transport::shm::validate_job(&self.job)?;
         let job = self.job.clone();
+        let origin = crate::grow::Origin { init: self.clone(), store: store.clone(), generation: 0 };
         let store = PrefixStore::new(format!("oxcomm/{job}"), store);
-        self.join(&store, &job).inspect_err(|e| publish_failure(&store, rank, e))
+        let comm = self.meet(&store, &job).inspect_err(|e| publish_failure(&store, rank, e))?;
+        comm.set_origin(Arc::new(origin));
+        Ok(comm)
     }
 
     /// The body of [`Init::connect_with_store`] under the job's store prefix.
-    fn join(&self, store: &PrefixStore<Arc<dyn Store>>, job: &str) -> Result<Communicator> {
+    fn meet(&self, store: &PrefixStore<Arc<dyn Store>>, job: &str) -> Result<Communicator> {
         let (rank, world) = (self.rank, self.world_size);
         let job = job.to_string();
         let deadline = Instant::now() + self.config.timeout;

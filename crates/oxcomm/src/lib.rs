@@ -64,6 +64,8 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzz;
 #[cfg(target_os = "linux")]
+pub mod grow;
+#[cfg(target_os = "linux")]
 pub mod init;
 pub mod logging;
 #[cfg(feature = "mpi")]
@@ -82,6 +84,6 @@ pub use comm::{Agreed, CommConfig, Communicator, OpOptions, OwnedBuf, Work};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 #[cfg(target_os = "linux")]
-pub use init::{init, Init};
+pub use init::{init, join, Init};
 pub use reduce::ReduceOp;
 pub use transport::Transport;

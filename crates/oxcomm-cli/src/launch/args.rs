@@ -41,6 +41,19 @@ pub struct LaunchArgs {
     #[arg(long = "no-prefix")]
     pub no_prefix: bool,
 
+    /// What to do when a rank fails (exits with a non-zero status or is killed): `abort` stops
+    /// every other rank (SIGTERM, then SIGKILL after the grace period); `continue` lets the
+    /// others run on (they shrink it out: `Communicator::shrink`); `restart` also starts a
+    /// replacement with `OXCOMM_JOIN=1`, which joins the survivors' next grow
+    /// (`oxcomm::join`, `Communicator::grow`), at most --max-restarts times.
+    #[arg(long = "on-failure", value_enum, default_value_t = OnFailure::Abort, value_name = "WHAT")]
+    pub on_failure: OnFailure,
+
+    /// With --on-failure restart: how many replacements this launcher starts in all; a failure
+    /// after that is handled as with `continue`.
+    #[arg(long = "max-restarts", value_name = "N", default_value_t = 3)]
+    pub max_restarts: usize,
+
     /// The program to run as each rank, then its arguments.
     #[arg(
         value_name = "PROGRAM",
@@ -50,6 +63,17 @@ pub struct LaunchArgs {
         allow_hyphen_values = true
     )]
     pub command: Vec<OsString>,
+}
+
+/// What `oxcomm launch` does when a rank fails (`--on-failure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnFailure {
+    /// Stop every other rank (the default).
+    Abort,
+    /// Let the other ranks run on without it.
+    Continue,
+    /// Let them run on and start a replacement that joins them.
+    Restart,
 }
 
 /// Flags of the hidden `oxcomm store-ping`, run as a rank by `oxcomm launch`: connects to the
@@ -124,5 +148,16 @@ pub(super) mod tests {
         let args = parse(&["-n", "2", "--grace-period", "0.5", "prog"]).unwrap();
         assert_eq!(args.grace_period, Duration::from_millis(500));
         assert_eq!(parse(&["-n", "2", "prog"]).unwrap().grace_period, DEFAULT_GRACE_PERIOD);
+    }
+
+    #[test]
+    fn on_failure_defaults_to_abort_and_takes_three_values() {
+        let args = parse(&["-n", "2", "prog"]).unwrap();
+        assert_eq!((args.on_failure, args.max_restarts), (OnFailure::Abort, 3));
+        let args = parse(&["-n", "2", "--on-failure", "restart", "--max-restarts", "1", "prog"]).unwrap();
+        assert_eq!((args.on_failure, args.max_restarts), (OnFailure::Restart, 1));
+        assert_eq!(parse(&["-n", "2", "--on-failure=continue", "prog"]).unwrap().on_failure, OnFailure::Continue);
+        assert!(parse(&["-n", "2", "--on-failure", "retry", "prog"]).is_err());
+        assert!(parse(&["-n", "2", "--max-restarts", "-1", "prog"]).is_err());
     }
 }

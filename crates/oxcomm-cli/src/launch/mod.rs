@@ -13,8 +13,12 @@
 //! | `store_ping.rs` | the hidden `store-ping` subcommand, a rank-side check that the launcher's store is reachable |
 //!
 //! It does not start processes on other hosts (run one launcher per node, as with torchrun),
-//! restart failed ranks, or know anything about collectives: ranks find each other through
-//! the rendezvous store the launcher serves on node 0 ([`oxcomm::rendezvous::StoreServer`]).
+//! or know anything about collectives: ranks find each other through the rendezvous store the
+//! launcher serves on node 0 ([`oxcomm::rendezvous::StoreServer`]). When a rank fails it stops
+//! the others (the default), or with `--on-failure continue` lets them go on, or with
+//! `--on-failure restart` also starts a replacement of the failed rank with
+//! [`oxcomm::grow::ENV_JOIN`] set (it joins the others through the store; at most
+//! `--max-restarts` in all); every rank gets [`ON_FAILURE`].
 //! A failure on one node does not stop the launchers of the other nodes; their ranks see the
 //! failure as a timeout or a lost peer. In a multi-node job node 0's launcher keeps the store
 //! up until the other nodes report their ranks done (an exit barrier, as in torchrun).
@@ -39,7 +43,7 @@ mod plan;
 mod store_ping;
 mod supervise;
 
-pub use args::{LaunchArgs, StorePingArgs};
+pub use args::{LaunchArgs, OnFailure, StorePingArgs};
 pub use store_ping::store_ping;
 
 use plan::LaunchPlan;
@@ -60,6 +64,10 @@ pub const LOCAL_RANK: &str = "LOCAL_RANK";
 pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
 /// Rank of this node among the nodes, `--node-rank` (torchrun's name).
 pub const GROUP_RANK: &str = "GROUP_RANK";
+
+/// `--on-failure` as the ranks see it (`abort`, `continue` or `restart`), so a program knows
+/// whether a replacement will come to join a grow.
+pub const ON_FAILURE: &str = "OXCOMM_ON_FAILURE";
 
 /// Default of `--grace-period`: time the ranks have to exit after `SIGTERM` before `SIGKILL`.
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(5);
@@ -88,6 +96,8 @@ pub fn launch_self(n: usize, args: Vec<String>, prefix: bool) -> anyhow::Result<
         master_port: None,
         grace_period: DEFAULT_GRACE_PERIOD,
         no_prefix: !prefix,
+        on_failure: OnFailure::Abort,
+        max_restarts: 0,
         command,
     };
     let plan = LaunchPlan::new(&args, |_| None)?;

@@ -12,7 +12,7 @@ use oxcomm::rendezvous;
 use oxcomm::rendezvous::env::OXCOMM_TOKEN;
 use sha2::{Digest, Sha256};
 
-use super::args::LaunchArgs;
+use super::args::{LaunchArgs, OnFailure};
 
 /// Where the ranks' store is and who serves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +38,8 @@ pub(super) struct LaunchPlan {
     pub(super) args: Vec<OsString>,
     pub(super) prefix: bool,
     pub(super) grace: Duration,
+    pub(super) on_failure: OnFailure,
+    pub(super) max_restarts: usize,
 }
 
 impl LaunchPlan {
@@ -102,6 +104,8 @@ impl LaunchPlan {
             args: rest.to_vec(),
             prefix: !args.no_prefix,
             grace: args.grace_period,
+            on_failure: args.on_failure,
+            max_restarts: args.max_restarts,
         })
     }
 }

@@ -1,6 +1,8 @@
 //! Running the job: serving the store (node 0), spawning each rank with its environment in
-//! its own process group, watching them, forwarding signals, stopping every rank when one
-//! fails (`SIGTERM`, then `SIGKILL` after the grace period) and the launcher's exit status.
+//! its own process group, watching them, forwarding signals, what happens when one fails
+//! (`--on-failure`: stopping every rank, `SIGTERM` then `SIGKILL` after the grace period; or
+//! letting the others go on; or also starting a replacement that joins them) and the
+//! launcher's exit status.
 //! The output pump is [`super::output`]'s; the multi-node exit barrier [`super::exit`]'s.
 
 use std::io;
@@ -11,6 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
+use oxcomm::grow::ENV_JOIN;
 use oxcomm::init::{ENV_JOB_ID, ENV_STORE, STORE_LAUNCHER};
 use oxcomm::rendezvous::env::{
     MASTER_ADDR, MASTER_PORT, OXCOMM_LOCAL_RANK, OXCOMM_LOCAL_WORLD_SIZE, OXCOMM_RANK, OXCOMM_TOKEN, OXCOMM_WORLD_SIZE,
@@ -19,10 +22,11 @@ use oxcomm::rendezvous::{Settings, StoreServer};
 use signal_hook::consts::{SIGCHLD, SIGINT, SIGKILL, SIGTERM};
 use signal_hook::iterator::Signals;
 
+use super::args::OnFailure;
 use super::exit::ExitBarrier;
 use super::output::{start_pump, Sink};
 use super::plan::{LaunchPlan, StorePlan};
-use super::{GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, RANK, WORLD_SIZE};
+use super::{GROUP_RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, ON_FAILURE, RANK, WORLD_SIZE};
 
 /// How long the launcher sleeps between checks of its ranks when no signal wakes it
 /// (a safety net; `SIGCHLD` normally wakes it at once).
@@ -41,6 +45,7 @@ pub(super) enum Event {
 /// One rank this launcher started.
 struct Rank {
     rank: usize,
+    local_rank: usize,
     child: Child,
     status: Option<ExitStatus>,
 }
@@ -105,7 +110,7 @@ fn serve_and_supervise(plan: &LaunchPlan, tx: &mpsc::Sender<Event>, rx: &mpsc::R
     let mut ranks = Vec::with_capacity(plan.nproc);
     let mut readers = 0usize;
     for local_rank in 0..plan.nproc {
-        match spawn_rank(plan, local_rank, &master_addr, master_port, tx) {
+        match spawn_rank(plan, local_rank, &master_addr, master_port, tx, false) {
             Ok((rank, pipes)) => {
                 ranks.push(rank);
                 readers += pipes;
@@ -120,7 +125,12 @@ fn serve_and_supervise(plan: &LaunchPlan, tx: &mpsc::Sender<Event>, rx: &mpsc::R
         }
     }
     let mut closed = 0;
-    let (mut code, stop) = supervise(plan, &mut ranks, rx, &mut closed);
+    let mut replace = |local_rank: usize| {
+        let (rank, pipes) = spawn_rank(plan, local_rank, &master_addr, master_port, tx, true)?;
+        readers += pipes;
+        Ok(rank)
+    };
+    let (mut code, stop) = supervise(plan, &mut ranks, rx, &mut closed, &mut replace);
     drain(rx, readers, closed);
     if plan.nnodes > 1 {
         let barrier = ExitBarrier { plan, token: &token_bytes, master_addr: &master_addr, master_port };
@@ -132,13 +142,15 @@ fn serve_and_supervise(plan: &LaunchPlan, tx: &mpsc::Sender<Event>, rx: &mpsc::R
     Ok(code)
 }
 
-/// Starts local rank `local_rank`; returns it and the number of output readers started.
+/// Starts local rank `local_rank` (a replacement that joins the running job when `join`);
+/// returns it and the number of output readers started.
 fn spawn_rank(
     plan: &LaunchPlan,
     local_rank: usize,
     master_addr: &str,
     master_port: u16,
     tx: &mpsc::Sender<Event>,
+    join: bool,
 ) -> anyhow::Result<(Rank, usize)> {
     let rank = plan.node_rank * plan.nproc + local_rank;
     let mut command = Command::new(&plan.program);
@@ -162,7 +174,18 @@ fn spawn_rank(
         .env(MASTER_ADDR, master_addr)
         .env(OXCOMM_TOKEN, &plan.token)
         .env(ENV_JOB_ID, &plan.job_id)
-        .env(ENV_STORE, STORE_LAUNCHER);
+        .env(ENV_STORE, STORE_LAUNCHER)
+        .env(
+            ON_FAILURE,
+            match plan.on_failure {
+                OnFailure::Abort => "abort",
+                OnFailure::Continue => "continue",
+                OnFailure::Restart => "restart",
+            },
+        );
+    if join {
+        command.env(ENV_JOIN, "1");
+    }
     die_with_launcher(&mut command);
 
     let mut child = command.spawn().map_err(|err| {
@@ -180,7 +203,7 @@ fn spawn_rank(
     if let Some(err) = child.stderr.take() {
         pipes += start_pump(err, prefix, Sink::Stderr, tx, rank);
     }
-    Ok((Rank { rank, child, status: None }, pipes))
+    Ok((Rank { rank, local_rank, child, status: None }, pipes))
 }
 
 /// On Linux, asks the kernel to send the rank `SIGTERM` when the launcher's thread dies, so a
@@ -209,35 +232,67 @@ fn die_with_launcher(command: &mut Command) {
 fn die_with_launcher(_command: &mut Command) {}
 
 /// Waits for the ranks; returns the launcher's exit status and why it stopped the job early,
-/// if it did. Counts the output readers that finished meanwhile in `closed`.
+/// if it did. Counts the output readers that finished meanwhile in `closed`. With
+/// `--on-failure continue` or `restart` a failed rank does not stop the others (`replace`
+/// starts its replacement), and the status is 0 when some rank succeeded, else the first
+/// failure's.
 fn supervise(
     plan: &LaunchPlan,
-    ranks: &mut [Rank],
+    ranks: &mut Vec<Rank>,
     rx: &mpsc::Receiver<Event>,
     closed: &mut usize,
+    replace: &mut dyn FnMut(usize) -> anyhow::Result<Rank>,
 ) -> (i32, Option<Stop>) {
     let mut stop: Option<Stop> = None;
     let mut kill_at: Option<Instant> = None;
+    let mut first_failure: Option<i32> = None;
+    let mut restarts = 0usize;
     loop {
         let mut newly_failed = false;
+        let mut replacements = Vec::new();
         for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
             match rank.child.try_wait() {
                 Ok(Some(status)) => {
                     rank.status = Some(status);
                     if stop.is_none() && !status.success() {
                         let code = exit_code(status);
-                        eprintln!(
-                            "oxcomm launch: rank {} exited with status {code}{}; stopping the other ranks",
+                        let what = format!(
+                            "oxcomm launch: rank {} exited with status {code}{}",
                             rank.rank,
                             describe_signal(status)
                         );
-                        stop = Some(Stop::Failed(code));
-                        kill_at = Some(Instant::now() + plan.grace);
-                        newly_failed = true;
+                        first_failure.get_or_insert(code);
+                        match plan.on_failure {
+                            OnFailure::Abort => {
+                                eprintln!("{what}; stopping the other ranks");
+                                stop = Some(Stop::Failed(code));
+                                kill_at = Some(Instant::now() + plan.grace);
+                                newly_failed = true;
+                            }
+                            OnFailure::Restart if restarts < plan.max_restarts => {
+                                restarts += 1;
+                                eprintln!(
+                                    "{what}; starting a replacement that joins the others (restart {restarts} of {})",
+                                    plan.max_restarts
+                                );
+                                replacements.push(rank.local_rank);
+                            }
+                            OnFailure::Restart => eprintln!(
+                                "{what}; no restarts left (--max-restarts {}): the others go on",
+                                plan.max_restarts
+                            ),
+                            OnFailure::Continue => eprintln!("{what}; the others go on (--on-failure continue)"),
+                        }
                     }
                 }
                 Ok(None) => {}
                 Err(err) => eprintln!("oxcomm launch: cannot check rank {}: {err}", rank.rank),
+            }
+        }
+        for local_rank in replacements {
+            match replace(local_rank) {
+                Ok(rank) => ranks.push(rank),
+                Err(err) => eprintln!("oxcomm launch: {err}; the others go on"),
             }
         }
         if ranks.iter().all(|r| r.status.is_some()) {
@@ -270,7 +325,8 @@ fn supervise(
         }
     }
     let code = match stop {
-        None => 0,
+        None if ranks.iter().any(|r| r.status.is_some_and(|s| s.success())) => 0,
+        None => first_failure.unwrap_or(0),
         Some(Stop::Failed(code)) => code,
         Some(Stop::Signaled(signal)) => 128 + signal,
     };

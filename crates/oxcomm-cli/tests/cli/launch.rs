@@ -289,3 +289,83 @@ fn a_child_holding_the_output_open_does_not_hang_the_launcher() {
     assert_eq!(run.stdout, "[0] started\n");
     assert!(run.elapsed < Duration::from_secs(10), "took {:?}", run.elapsed);
 }
+
+// ---------------------------------------------------------------------------------------------
+// --on-failure continue | restart, with the library's `ft_grow` example as the ranks
+// ---------------------------------------------------------------------------------------------
+
+/// The library's example, compiled into this test binary: [`ft_grow_rank`] runs it as a rank.
+#[path = "../../../oxcomm/examples/ft_grow.rs"]
+mod ft_grow;
+
+/// A rank of the `ft_grow` example under the launcher; does nothing in a normal test run.
+#[test]
+fn ft_grow_rank() {
+    if std::env::var("OXCOMM_TEST_FT_GROW").is_err() {
+        return;
+    }
+    let code = match ft_grow::main() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ft_grow failed: {e}");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+/// Four ranks of `ft_grow` under `--on-failure <on_failure>`; rank 2 exits with status 17 at
+/// step 50 of 200.
+fn ft_grow_job(on_failure: &str) -> Run {
+    let exe = std::env::current_exe().unwrap();
+    let exe = exe.to_str().unwrap();
+    let args = ["launch", "-n", "4", "--on-failure", on_failure, "--", exe];
+    let test = ["--exact", "launch::ft_grow_rank", "--nocapture", "--test-threads=1", "-q"];
+    let env = [("OXCOMM_TEST_FT_GROW", "1"), ("FT_DIE_RANK", "2"), ("OXCOMM_TIMEOUT", "20")];
+    start_with(&[&args[..], &test[..]].concat(), &env).finish(Duration::from_secs(60))
+}
+
+/// The `DONE` lines of the ranks, sorted.
+fn done_lines(out: &str) -> Vec<String> {
+    let mut done: Vec<String> =
+        out.lines().filter_map(|l| l.split_once("DONE ").map(|(_, rest)| rest.to_owned())).collect();
+    done.sort();
+    done
+}
+
+#[test]
+fn issue39_on_failure_continue_lets_the_survivors_finish() {
+    let run = ft_grow_job("continue");
+    assert_eq!(run.code, Some(0), "stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("rank 2 exited with status 17; the others go on"), "{}", run.stderr);
+    let want: Vec<String> = (0..3).map(|r| format!("rank={r} size=3 steps=200")).collect();
+    assert_eq!(done_lines(&run.stdout), want, "stderr:\n{}", run.stderr);
+}
+
+#[test]
+fn issue39_on_failure_restart_grows_the_job_back_to_full_size() {
+    let run = ft_grow_job("restart");
+    assert_eq!(run.code, Some(0), "stdout:\n{}\nstderr:\n{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .contains("rank 2 exited with status 17; starting a replacement that joins the others (restart 1 of 3)"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("joined as rank 3 of 4 at step"), "{}", run.stderr);
+    let want: Vec<String> = (0..4).map(|r| format!("rank={r} size=4 steps=200")).collect();
+    assert_eq!(done_lines(&run.stdout), want, "stderr:\n{}", run.stderr);
+}
+
+#[test]
+fn issue39_on_failure_restart_beyond_max_restarts_goes_on_without_the_rank() {
+    let exe = std::env::current_exe().unwrap();
+    let args = ["launch", "-n", "4", "--on-failure", "restart", "--max-restarts", "0", "--", exe.to_str().unwrap()];
+    let test = ["--exact", "launch::ft_grow_rank", "--nocapture", "--test-threads=1", "-q"];
+    // Without a replacement the survivors' grow times out (3 s) naming rank 3: the job fails.
+    let env = [("OXCOMM_TEST_FT_GROW", "1"), ("FT_DIE_RANK", "2"), ("OXCOMM_TIMEOUT", "3")];
+    let run = start_with(&[&args[..], &test[..]].concat(), &env).finish(Duration::from_secs(60));
+    assert!(run.stderr.contains("no restarts left (--max-restarts 0): the others go on"), "{}", run.stderr);
+    assert!(run.stderr.contains("waiting for newcomer rank 3"), "{}", run.stderr);
+    assert_ne!(run.code, Some(0), "{}", run.stderr);
+}

@@ -45,6 +45,10 @@ pub(crate) struct Core {
     pub(super) member_groups: Mutex<std::collections::HashMap<Vec<usize>, u64>>,
     /// Things that must live as long as the communicator (the store, its server).
     pub(super) keep: Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>,
+    /// How this rank's world was met (the store and settings `Communicator::grow` meets the
+    /// newcomers through), opaque to this layer: set by the entry points, carried by
+    /// `shrink`, `None` for a world that met without a store (threads, MPI).
+    pub(super) origin: Mutex<Option<Arc<dyn std::any::Any + Send + Sync>>>,
     /// The comms logger (records nothing unless enabled).
     pub(super) logger: CommsLogger,
     /// Set while `log_summary` runs its own collectives, which are not logged.
@@ -247,6 +251,7 @@ impl Core {
             pending_p2p: Mutex::new(Vec::new()),
             member_groups: Mutex::new(std::collections::HashMap::new()),
             keep: Mutex::new(Vec::new()),
+            origin: Mutex::new(None),
             logger: CommsLogger::new(config.logger.clone()),
             logging_paused: AtomicBool::new(false),
             flight: crate::logging::flight::FlightRecorder::with_names(crate::backend::route_names()),

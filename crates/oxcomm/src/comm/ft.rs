@@ -156,6 +156,8 @@ impl Communicator {
         let hosts: Vec<usize> = shrunk.survivors.iter().map(|&w| self.core.hosts[w]).collect();
         let mut core = Core::new(shrunk.rank, size, shrunk.backend, self.core.config.clone());
         core.hosts = hosts;
+        // The survivors can grow back through the store the world met at.
+        *core.origin.get_mut().unwrap_or_else(|e| e.into_inner()) = self.origin();
         let core = Arc::new(core);
         // The old core keeps what must outlive every communicator of the job (the store).
         core.keep.lock().unwrap_or_else(|e| e.into_inner()).push(Box::new(self.core.clone()));
@@ -168,7 +170,7 @@ impl Communicator {
     /// Fails unless this is the world communicator of its links (the one made by
     /// [`crate::init`], [`crate::threads::run`] or [`Communicator::shrink`]) and its backend
     /// does fault tolerance.
-    fn check_world(&self, what: &str) -> Result<()> {
+    pub(crate) fn check_world(&self, what: &str) -> Result<()> {
         let me = self.core.world_rank;
         self.core.backend.fault_tolerance().map_err(|e| e.with_rank(me))?;
         if self.group.id % 2 == 1 || self.size() != self.core.world_size {

@@ -265,6 +265,16 @@ impl Communicator {
         self.core.keep.lock().unwrap_or_else(|e| e.into_inner()).extend(things);
     }
 
+    /// How this rank's world was met (see `Core::origin`); `None` when it met without a store.
+    pub(crate) fn origin(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        self.core.origin.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records how this rank's world was met (the entry points call it on a fresh world).
+    pub(crate) fn set_origin(&self, origin: Arc<dyn std::any::Any + Send + Sync>) {
+        *self.core.origin.lock().unwrap_or_else(|e| e.into_inner()) = Some(origin);
+    }
+
     /// Aborts the communicator now: links close (peers notice) and every later op fails.
     pub fn abort(&self, reason: &str) {
         self.core.fail(

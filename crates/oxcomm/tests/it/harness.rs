@@ -341,28 +341,48 @@ impl JobSpec {
             Settings::from_lookup(|k| (k == "OXCOMM_TOKEN").then(|| token.clone())).unwrap().token.unwrap();
         let server = StoreServer::bind("127.0.0.1:0".parse::<SocketAddr>().unwrap(), &token_bytes).unwrap();
         let port = server.local_addr().port().to_string();
-        let n = self.n.to_string();
+        let launch =
+            Launch { entry: self.entry, role: self.role, n: self.n, job_id: self.job_id, port, token, env: self.env };
         let ranks = (0..self.n)
             .map(|r| {
-                let rank = r.to_string();
-                let mut command = child_command(&self.entry);
-                command
-                    .env(ROLE, &self.role)
-                    .env("RANK", &rank)
-                    .env("WORLD_SIZE", &n)
-                    .env("LOCAL_RANK", &rank)
-                    .env("LOCAL_WORLD_SIZE", &n)
-                    .env("MASTER_ADDR", "127.0.0.1")
-                    .env("MASTER_PORT", &port)
-                    .env("OXCOMM_TOKEN", &token)
-                    .env("OXCOMM_STORE", "launcher")
-                    .env("OXCOMM_JOB_ID", &self.job_id)
-                    .envs(self.env.iter().map(|(k, v)| (k, v)))
-                    .envs(self.rank_env.iter().filter(|(q, _, _)| *q == r).map(|(_, k, v)| (k, v)));
-                Proc::spawn(command)
+                let mine = self.rank_env.iter().filter(|(q, _, _)| *q == r).map(|(_, k, v)| (k.as_str(), v.as_str()));
+                launch.start(r, mine)
             })
             .collect();
-        Job { ranks, job_id: self.job_id, _server: server }
+        Job { ranks, job_id: launch.job_id.clone(), launch, _server: server }
+    }
+}
+
+/// How a [`Job`]'s ranks are started (kept to start more later: [`Job::spawn_extra`]).
+struct Launch {
+    entry: String,
+    role: String,
+    n: usize,
+    job_id: String,
+    port: String,
+    token: String,
+    env: Vec<(String, String)>,
+}
+
+impl Launch {
+    /// Starts process `r` with the job's environment, then `extra`.
+    fn start<'a>(&self, r: usize, extra: impl Iterator<Item = (&'a str, &'a str)>) -> Proc {
+        let (rank, n) = (r.to_string(), self.n.to_string());
+        let mut command = child_command(&self.entry);
+        command
+            .env(ROLE, &self.role)
+            .env("RANK", &rank)
+            .env("WORLD_SIZE", &n)
+            .env("LOCAL_RANK", &rank)
+            .env("LOCAL_WORLD_SIZE", &n)
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &self.port)
+            .env("OXCOMM_TOKEN", &self.token)
+            .env("OXCOMM_STORE", "launcher")
+            .env("OXCOMM_JOB_ID", &self.job_id)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .envs(extra);
+        Proc::spawn(command)
     }
 }
 
@@ -384,6 +404,7 @@ pub struct Exit {
 pub struct Job {
     ranks: Vec<Proc>,
     pub job_id: String,
+    launch: Launch,
     _server: StoreServer,
 }
 
@@ -404,6 +425,15 @@ impl Job {
 
     pub fn pid(&self, rank: usize) -> libc::pid_t {
         self.ranks[rank].pid()
+    }
+
+    /// Starts one more process of the job (a replacement rank: it meets the others through
+    /// the same store) with the job's environment, then `env`; returns its index here (the
+    /// `rank` of [`Job::signal`], [`Job::wait_line`], and its place in [`Job::wait_all`]).
+    pub fn spawn_extra(&mut self, env: &[(&str, &str)]) -> usize {
+        let i = self.ranks.len();
+        self.ranks.push(self.launch.start(i, env.iter().copied()));
+        i
     }
 
     /// Sends `signal` to rank `rank`.

@@ -22,7 +22,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("logging", &["logging"]),
     ("comm", &["comm"]),
     ("composite", &["compression", "object"]),
-    ("entry", &["init", "threads", "mpi", "world", "fuzz", "lib"]),
+    ("entry", &["init", "grow", "threads", "mpi", "world", "fuzz", "lib"]),
 ];
 
 /// Which layers each layer may import (its own included): the doc's import table.

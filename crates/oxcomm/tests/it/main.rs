@@ -9,6 +9,8 @@ mod failures;
 mod faults;
 mod ft;
 mod fuzz;
+#[cfg(target_os = "linux")]
+mod grow;
 mod harness;
 #[cfg(unix)]
 mod hostile;
