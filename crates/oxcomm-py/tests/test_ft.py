@@ -314,6 +314,50 @@ def test_torch_shrink_group_goes_on_without_a_killed_rank():
         assert r["sum"] == [3.0] * 8 and r["params_equal"], res
 
 
+def case_ddp_whose_all_reduce_fails():
+    """DDP on 3 ranks; rank 2 dies between steps, so the survivors' next gradient all-reduce
+    (DDP's own, through the Work's future) fails: ``backward()`` raises a RuntimeError naming
+    the dead rank, as on gloo, and does not crash the process (it did: the reducer took a
+    Python future's exception for its output tensors); then the survivors shrink and a DDP
+    built on the new group trains."""
+    import torch
+    import torch.distributed as dist
+
+    import oxcomm.torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    dist.init_process_group("oxcomm", timeout=timedelta(seconds=60))
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+    x = torch.ones(8, 64)
+    error = None
+    for step in range(100):
+        if step == 5 and dist.get_rank() == 2:
+            os.kill(os.getpid(), signal.SIGKILL)  # the others are on their way into backward()
+        try:
+            ddp(x).sum().backward()
+        except RuntimeError as e:
+            error = str(e)
+            break
+    assert error is not None, "DDP never saw rank 2's death"
+    pg = oxcomm.torch.shrink_group()
+    model = torch.nn.Linear(4, 2)
+    again = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    again(torch.full((3, 4), float(dist.get_rank() + 1))).sum().backward()
+    grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+    both = [torch.zeros_like(grads) for _ in range(2)]
+    dist.all_gather(both, grads)
+    return {"error": error, "grads_equal": bool(torch.equal(both[0], both[1]))}
+
+
+def test_ddp_whose_all_reduce_fails_raises_instead_of_crashing():
+    res = _torch_ranks.run(3, "test_ft:case_ddp_whose_all_reduce_fails", timeout=180, may_die=(2,))
+    assert res[2] is None
+    for r in res[:2]:
+        assert "rank 2" in r["error"] or "aborted" in r["error"], res
+        assert r["grads_equal"], res
+
+
 def case_torch_own_shrink_group():
     """torch's own dist.shrink_group on an oxcomm group: refused, naming oxcomm's, before
     anything changes (the group still works)."""

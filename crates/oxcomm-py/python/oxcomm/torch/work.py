@@ -169,7 +169,22 @@ class _Work(dist.Work):
         if self._future is None:
             self._future = torch.futures.Future()
             self._future.set_result(self._result)
-        return self._future
+            self._public = self._future
+        if self._public is None:
+            # What torch's C++ side reads (DDP's reducer, comm hooks' ``then``) must carry a
+            # failed op's error as the future's own error, as gloo's does: a Python future's
+            # ``set_exception`` stores the exception as its value, which the reducer then
+            # takes for the output tensors (it crashed the survivors of a dead peer inside
+            # ``backward()``). A ``then`` callback that raises sets the child's error.
+            self._public = self._future.then(_value_of)
+        return self._public
+
+    _public = None
+
+
+def _value_of(fut):
+    """The op's output tensors, or its error raised (see :meth:`_Work.get_future`)."""
+    return fut.value()
 
 
 def _done(result):
