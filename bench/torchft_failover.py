@@ -5,8 +5,7 @@ test: CI does not run it (about a minute per backend).
 Three replica groups of one rank each train the same small MLP under torchft's ``Manager``
 (lighthouse in this process, ``min_replicas=2``), the gradients averaged by
 ``manager.allreduce`` over the replica groups' reconfigurable process group: torchft's
-``ProcessGroupGloo``, or oxcomm's (``oxcomm.torchft.ProcessGroupOxcomm`` when the package has
-it, else the few lines around ``oxcomm.torch.ProcessGroupOxcomm`` that torchft users write).
+``ProcessGroupGloo``, or oxcomm's ``oxcomm.torchft.ProcessGroupOxcomm``.
 torchft's own ``DistributedDataParallel`` is not used: in torchft 0.2 its comm hook asserts when
 an all-reduce fails, on gloo too.
 
@@ -49,30 +48,6 @@ def _now() -> int:
 # ------------------------------------------------------------------ one replica group
 
 
-def _oxcomm_pg(timeout: timedelta):
-    """oxcomm's reconfigurable group for torchft: the package's own when it has one."""
-    try:
-        from oxcomm.torchft import ProcessGroupOxcomm  # type: ignore[import-not-found]
-
-        return ProcessGroupOxcomm(timeout=timeout)
-    except ImportError:
-        pass
-    from torchft.process_group import ProcessGroupWrapper
-
-    class _Wrapped(ProcessGroupWrapper):
-        def _create_pg(self, store, rank, world_size):
-            import oxcomm
-            import oxcomm.torch
-
-            comm = oxcomm.Communicator.from_store(store, rank, world_size, timeout=self._timeout.total_seconds())
-            return oxcomm.torch.ProcessGroupOxcomm(comm, rank, world_size)
-
-        def getBackendName(self):
-            return "torchft-oxcomm"
-
-    return _Wrapped(timeout=timeout)
-
-
 def replica(args) -> None:
     import torch
     import torch.distributed as dist
@@ -85,7 +60,12 @@ def replica(args) -> None:
         out.write(json.dumps(dict(event, t=_now())) + "\n")
 
     timeout = timedelta(seconds=args.pg_timeout)
-    pg = ProcessGroupGloo(timeout=timeout) if args.backend == "gloo" else _oxcomm_pg(timeout)
+    if args.backend == "gloo":
+        pg = ProcessGroupGloo(timeout=timeout)
+    else:
+        from oxcomm.torchft import ProcessGroupOxcomm
+
+        pg = ProcessGroupOxcomm(timeout=timeout)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
