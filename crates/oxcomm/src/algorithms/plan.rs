@@ -27,11 +27,14 @@ pub fn candidates(kind: OpKind) -> &'static [Algorithm] {
         OpKind::AllReduce => &[
             Algorithm::Ring,
             Algorithm::RecursiveDoubling,
+            Algorithm::HalvingDoubling,
             Algorithm::Star,
             Algorithm::ShmDirect,
             Algorithm::Hierarchical,
         ],
-        OpKind::AllReduceCoalesced => &[Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::Star],
+        OpKind::AllReduceCoalesced => {
+            &[Algorithm::Ring, Algorithm::RecursiveDoubling, Algorithm::HalvingDoubling, Algorithm::Star]
+        }
         OpKind::AllGather | OpKind::ReduceScatter => &[Algorithm::Ring, Algorithm::ShmDirect, Algorithm::Hierarchical],
         OpKind::AllGatherCoalesced => &[Algorithm::Ring],
         OpKind::Broadcast => &[Algorithm::BinomialTree, Algorithm::ShmDirect, Algorithm::Hierarchical],

@@ -175,7 +175,8 @@ impl Backend for NativeBackend {
             return Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) });
         }
         let a = plan::choose(kind, bytes, count, group.size(), forced, direct, group.layout.is_some())?;
-        Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) })
+        let folded = kind == OpKind::AllReduce && dispatch::folds_agreement(a, self.transport, bytes);
+        Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) && !folded })
     }
 
     fn close(&self, culprit: Option<(usize, ErrorKind)>) {
@@ -203,7 +204,7 @@ impl Backend for NativeBackend {
         op: ReduceOp,
     ) -> Result<&'b mut [T]> {
         let (layout, fp) = (env.group.layout, env.fp);
-        self.run_direct(env, route, |ctx, d| dispatch::all_reduce(ctx, algo(route), layout, fp, io, op, d))
+        self.run_direct(env, route, |ctx, d| dispatch::all_reduce(ctx, algo(route), route.agree, layout, fp, io, op, d))
     }
 
     fn reduce<'b, T: Element>(
