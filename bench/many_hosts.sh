@@ -11,7 +11,11 @@
 #   oxcomm   `oxcomm launch --nnodes H` + `oxcomm bench --worker` (the planner's choice), and
 #            once per algorithm in ALGOS forced with --algorithm (the planner's check)
 #   ompi     bench/mpi_collectives.c under mpirun over TCP (btl tcp,self; its daemons started
-#            in each namespace by an rsh agent this script writes)
+#            in each namespace by an rsh agent this script writes). Each "host" has one slot, so
+#            Open MPI polls without yielding; with more hosts than this machine has cores it is
+#            run both ways (mpi_yield_when_idle 0 and 1: polling starved the rank waited for at
+#            4 hosts on 2 cores, 5 ms per 8 B op; yielding crawled at 8) and each cell keeps the
+#            faster. A run that fails or overruns OMPI_DEADLINE is left out with a note.
 #   gloo     bench/gloo_allreduce.py, torch.distributed's gloo backend (env:// rendezvous)
 #   floor    alpha-beta: alpha = one-way time of an 8-byte TCP ping-pong between two hosts on
 #            the shaped link (bench/tcp_pingpong.c, median), beta = 1 / RATE; the better of ring,
@@ -30,8 +34,10 @@
 # WARMUP" groups separated by ';', factor 4 within a group; default "8 8 1000 100;64K 1M 40 4;4M
 # 64M 3 1"), PEERS ("ompi gloo": which peers run), GLOO_MAX (largest size gloo runs, 64K: each
 # gloo rank is a torch process), ALGOS ("ring rd": forced oxcomm algorithms; "" for none),
-# BURST (tbf burst, 128k), DEADLINE (seconds each program run may take, 300), OUT (raw
+# BURST (tbf burst, 128k), DEADLINE (seconds each program run may take, 300), OMPI_DEADLINE (120),
+# OMPI_YIELD (auto: "0 1" above this machine's core count, else 0; or "0", "1", "0 1"), OUT (raw
 # tables; default $CARGO_TARGET_DIR or target, then /many_hosts), PYTHON (python3, with torch),
+# TABLE_ONLY (1: run nothing, print the tables of an earlier run's $OUT/runs.tsv),
 # OXCOMM_ENV (extra VAR=value words for the oxcomm ranks, e.g. OXCOMM_TCP_SPIN_US=0), OXCOMM_BIN
 # (an oxcomm binary to run instead of building this checkout's), OXCOMM_BASE (another oxcomm
 # binary, e.g. an older commit's, run beside it with the planner's choice: column "base").
@@ -45,6 +51,8 @@ GLOO_MAX=${GLOO_MAX:-64K}
 ALGOS=${ALGOS-"ring rd"}
 BURST=${BURST:-128k}
 DEADLINE=${DEADLINE:-300}
+OMPI_DEADLINE=${OMPI_DEADLINE:-120}
+OMPI_YIELD=${OMPI_YIELD:-auto}
 PYTHON=${PYTHON:-python3}
 OXCOMM_ENV=${OXCOMM_ENV:-}
 TARGET=${CARGO_TARGET_DIR:-target}
@@ -161,21 +169,17 @@ run_oxcomm() { # H NAME MIN MAX ITERS WARMUP [ALGO [BINARY]]
         -d f32 -o sum -b "$min" -e "$max" -f 4 -n "$iters" -w "$warmup" --json "$OUT/$name.json" $extra
 }
 
-run_ompi() { # H NAME MIN MAX ITERS WARMUP
-    local h=$1 name=$2 min=$3 max=$4 iters=$5 warmup=$6 i
+run_ompi() { # H NAME MIN MAX ITERS WARMUP YIELD -> 0 if it ran, 1 if it failed or overran
+    local h=$1 name=$2 min=$3 max=$4 iters=$5 warmup=$6 yield=$7 i
     : >"$OUT/hostfile"
     for ((i = 0; i < h; i++)); do echo "$NET.$((i + 1)) slots=1" >>"$OUT/hostfile"; done
-    # Each "host" has one slot, so Open MPI thinks no core is shared and polls without yielding;
-    # with more hosts than this machine has cores that starves the rank being waited for (8 B
-    # at 4 hosts on 2 cores: 5 ms instead of 0.1), so it is told to yield, as it would itself
-    # when it knows it is oversubscribed.
-    local yield=()
-    [ "$h" -le "$(nproc)" ] || yield=(--mca mpi_yield_when_idle 1)
-    ip netns exec "${NS}0" timeout "$DEADLINE" mpirun --allow-run-as-root --hostfile "$OUT/hostfile" -n "$h" \
-        "${yield[@]}" --bind-to none --mca plm_rsh_agent "$OUT/netns_agent.sh" --mca plm_rsh_no_tree_spawn 1 \
-        --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 \
+    ip netns exec "${NS}0" timeout "$OMPI_DEADLINE" mpirun --allow-run-as-root --hostfile "$OUT/hostfile" -n "$h" \
+        --mca mpi_yield_when_idle "$yield" --bind-to none --mca plm_rsh_agent "$OUT/netns_agent.sh" \
+        --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self --mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0 \
         "$OUT/mpi_collectives" -o all_reduce -b "$min" -e "$max" -f 4 -n "$iters" -w "$warmup" \
-        >"$OUT/$name.txt" 2>&1 || { tail -n 30 "$OUT/$name.txt" >&2; exit 1; }
+        >"$OUT/$name.txt" 2>&1 && return 0
+    echo "# Open MPI (mpi_yield_when_idle $yield) failed or took over ${OMPI_DEADLINE}s at H=$h, $min..$max: left out" >&2
+    return 1
 }
 
 run_gloo() { # H NAME MIN MAX ITERS WARMUP
@@ -201,10 +205,13 @@ alpha() { # -> one-way µs between host 0 and host 1
 # ---------------------------------------------------------------------------------------------
 export OXCOMM_TOKEN
 OXCOMM_TOKEN=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
-echo "# host: $(nproc) cores, load average $(cut -d" " -f1-3 /proc/loadavg); oxcomm $(git describe --always --dirty 2>/dev/null || echo '?'); $(mpirun --version 2>/dev/null | head -1 || true)"
-echo "# H hosts (network namespaces on a bridge), 1 rank each, every link tbf-shaped both ways (burst $BURST); all_reduce f32 sum in place"
-echo "# ranges (min max iters warm-up): $RANGES; peers: $PEERS (gloo up to $GLOO_MAX); forced oxcomm algorithms: ${ALGOS:-none}${OXCOMM_ENV:+; oxcomm env: $OXCOMM_ENV}"
-: >"$OUT/runs.tsv" # rate H alpha_us program file
+if [ "${TABLE_ONLY:-0}" = 1 ]; then HOSTS=""; fi
+if [ "${TABLE_ONLY:-0}" != 1 ]; then
+    echo "# host: $(nproc) cores, load average $(cut -d" " -f1-3 /proc/loadavg); oxcomm $(git describe --always --dirty 2>/dev/null || echo '?'); $(mpirun --version 2>/dev/null | head -1 || true)"
+    echo "# H hosts (network namespaces on a bridge), 1 rank each, every link tbf-shaped both ways (burst $BURST); all_reduce f32 sum in place"
+    echo "# ranges (min max iters warm-up): $RANGES; peers: $PEERS (gloo up to $GLOO_MAX); forced oxcomm algorithms: ${ALGOS:-none}${OXCOMM_ENV:+; oxcomm env: $OXCOMM_ENV}"
+fi
+[ "${TABLE_ONLY:-0}" = 1 ] || : >"$OUT/runs.tsv" # rate H alpha_us program file
 for h in $HOSTS; do
     cleanup
     make_hosts "$h"
@@ -228,8 +235,13 @@ for h in $HOSTS; do
                 printf '%s\t%s\t%s\t%s\t%s\n' "$rate" "$h" "$a" "$algo" "$OUT/ox_${algo}_${tag}_$g.json" >>"$OUT/runs.tsv"
             done
             if [[ " $PEERS " == *" ompi "* ]]; then
-                run_ompi "$h" "ompi_${tag}_$g" "$min" "$max" "$iters" "$warmup"
-                printf '%s\t%s\t%s\tompi\t%s\n' "$rate" "$h" "$a" "$OUT/ompi_${tag}_$g.txt" >>"$OUT/runs.tsv"
+                yields=$OMPI_YIELD
+                [ "$yields" != auto ] || { [ "$h" -le "$(nproc)" ] && yields=0 || yields="0 1"; }
+                for y in $yields; do
+                    if run_ompi "$h" "ompi_y${y}_${tag}_$g" "$min" "$max" "$iters" "$warmup" "$y"; then
+                        printf '%s\t%s\t%s\tompi\t%s\n' "$rate" "$h" "$a" "$OUT/ompi_y${y}_${tag}_$g.txt" >>"$OUT/runs.tsv"
+                    fi
+                done
             fi
             if [[ " $PEERS " == *" gloo "* ]] && [ "$(to_bytes "$min")" -le "$GLOO_MAX_B" ]; then
                 gmax=$max
@@ -287,7 +299,8 @@ for line in open(sys.argv[1]):
     for size, (t, wrong) in table_rows(path).items():
         if wrong:
             print(f"# WRONG VALUES: {prog} H={h} {rate} {size} B: {wrong}")
-        cells[(rate, h, size)][prog] = t
+        cell = cells[(rate, h, size)]
+        cell[prog] = min(t, cell.get(prog, t))  # a program run twice (Open MPI's two modes): the faster
 
 peers = ("ompi", "gloo", "base")
 for rate in dict.fromkeys(k[0] for k in cells):

@@ -6,6 +6,7 @@
 //! the caller forces one through [`crate::OpOptions`].
 
 pub(crate) mod barrier;
+pub mod cost;
 pub(crate) mod dispatch;
 pub(crate) mod doubling;
 pub(crate) mod halving;

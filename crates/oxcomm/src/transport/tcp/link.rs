@@ -549,7 +549,7 @@ const STACK_POLL_FDS: usize = 64;
 ///
 /// A wait first polls without sleeping for up to [`TcpConfig::spin`](super::TcpConfig::spin)
 /// (yielding the core between polls), then sleeps in `poll(2)`, never past its deadline. It
-/// spins only while this host has a core for every runnable task ([`HostLoad`]), unless
+/// spins only while this host has a core for every runnable task (`HostLoad`), unless
 /// [`TcpConfig::spin_loaded`](super::TcpConfig::spin_loaded) says to spin anyway: a waiter that
 /// spins on a shared core takes it from the rank it waits for.
 pub struct TcpDoorbell {
