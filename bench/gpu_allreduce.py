@@ -31,12 +31,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pickle
-import subprocess
 import sys
 import time
-from datetime import timedelta
 
 
 def parse_size(raw):
@@ -262,62 +259,11 @@ def main():
     p.add_argument("--timeout", type=float, default=540.0, help="seconds before the ranks are killed")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.child:
-        child(args)
-        return 0
-    if args.device == "cuda":
-        import torch
+    import gpu_ranks
 
-        if not torch.cuda.is_available():
-            print("gpu_allreduce: CUDA is not available (use --device cpu for a smoke run)", file=sys.stderr)
-            return 2
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, args.world, True, timedelta(seconds=60), wait_for_workers=False)
-    env = dict(os.environ)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env.update(
-        WORLD_SIZE=str(args.world),
-        LOCAL_WORLD_SIZE=str(args.world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(store.port),
-        TORCHELASTIC_USE_AGENT_STORE="True",
-        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
-    )
-    procs = []
-    for r in range(args.world):
-        e = dict(env, RANK=str(r), LOCAL_RANK=str(r))
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--child", *sys.argv[1:]],
-                env=e,
-                cwd=here,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outputs = []
-    deadline = time.monotonic() + args.timeout
-    for pr in procs:
-        try:
-            out, _ = pr.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            out, _ = pr.communicate()
-            out += f"\n[killed after {args.timeout:.0f} s]"
-        outputs.append(out)
-    rows = None
-    for out in outputs:
-        for line in out.splitlines():
-            if line.startswith("@@rows@@ "):
-                rows = json.loads(line[len("@@rows@@ ") :])
-    if rows is None or any(pr.returncode != 0 for pr in procs):
-        for r, out in enumerate(outputs):
-            print(f"--- rank {r} (exit {procs[r].returncode}) ---\n{out[-4000:]}", file=sys.stderr)
-        print("gpu_allreduce: a rank failed", file=sys.stderr)
-        return 1
+    rows = gpu_ranks.start(__file__, args, child, args.world, "@@rows@@ ")
+    if isinstance(rows, int):
+        return rows
     return report(rows, args)
 
 

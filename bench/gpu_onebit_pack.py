@@ -25,8 +25,11 @@ figure, and faster than cupy.packbits.
     python bench/gpu_onebit_pack.py --device cuda          # on the GPU machine
     python bench/gpu_onebit_pack.py --device cpu --sizes 1M  # smoke test anywhere
 
-The last line sums up the largest size with the kernels a call uses: ``gpu_onebit_pack:
-<device> <n> elements: copy X GB/s, pack Y GB/s (P% of copy), unpack Z GB/s (Q% of copy),
+The ``pack_tr``/``unpk_tr`` columns ask for Triton's kernels by name, so a Triton that does not
+compile is an error, never torch ops timed under Triton's name; the line before the last says
+what the whole call's default kernels ran (``oxcomm._onebit_kernels.report()``). The last line
+sums up the largest size with the kernels a call uses: ``gpu_onebit_pack:
+<device> <n> elements (kernels): copy X GB/s, pack Y GB/s (P% of copy), unpack Z GB/s (Q% of copy),
 cupy.packbits W GB/s ..., call T ms``.
 """
 
@@ -188,6 +191,7 @@ def main():
         else:
             cupy_note = note
         call = time_it(one_rank_call(device, numel), max(3, args.repeat // 2)) * 1e3
+        ran = kernels.report()  # what the call's default kernels ran (Triton, or its fallback)
         call_torch = None
         if triton_ok:  # the same call with the torch ops only, to show what the fused kernels save
             os.environ[kernels.KERNELS_ENV] = "torch"
@@ -209,7 +213,10 @@ def main():
         if cupy_ds is not None
         else "cupy.packbits not measured"
     )
-    used = "Triton" if triton_ok else "torch ops"
+    fell_back = {k: v for k, v in ran.items() if v != "triton"}
+    used = "torch ops" if not triton_ok else "Triton" if not fell_back else f"Triton, except {fell_back}"
+    if device.type == "cuda":
+        print(f"# kernels the call ran: {ran}")
     print(
         f"gpu_onebit_pack: {device.type} {numel} elements ({used}): copy {copy:.1f} GB/s, pack {pack:.1f} GB/s "
         f"({100 * pack / copy:.0f}% of copy), unpack {unpack:.1f} GB/s ({100 * unpack / copy:.0f}% of copy), "

@@ -35,8 +35,25 @@ def example():
 
 
 def device():
-    """Where the parameters live: ``OXCOMM_TEST_DEVICE`` (``cuda:0`` in tests_cuda), else CPU."""
-    return torch.device(os.environ.get("OXCOMM_TEST_DEVICE", "cpu"))
+    """Where the parameters live: ``OXCOMM_TEST_DEVICE``, else CPU; ``target`` (tests_cuda) is
+    the device of ``_on_device.target()``: CUDA, or the fake device (whose tensors are CPU ones)."""
+    name = os.environ.get("OXCOMM_TEST_DEVICE", "cpu")
+    if name == "target":
+        from _on_device import target
+
+        return target().device
+    return torch.device(name)
+
+
+def host_run():
+    """The block in which a "cpu" run makes host tensors (on the fake device, the reference)."""
+    if os.environ.get("OXCOMM_TEST_DEVICE") == "target":
+        from _on_device import target
+
+        return target().reference()
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def init(backend="oxcomm"):
@@ -49,6 +66,13 @@ def init(backend="oxcomm"):
 #: Steps of the plain-loop comparison: LAMB's coefficients need longer to settle before they
 #: freeze (at 200 steps 1-bit LAMB ends 15% above exact LAMB at its lr, 7% below at 0.02).
 STEPS = {"adam": 200, "onebit_adam": 200, "zero_one_adam": 200, "onebit_lamb": 400, "exact_lamb": 400}
+
+
+def scaled(steps):
+    """``steps`` divided by ``OXCOMM_TEST_STEPS_DIVISOR`` (default 1), at least 40 (shorter, 1-bit
+    Adam freezes too early and diverges, on every device): tests_cuda shortens the runs on the
+    fake device, whose torch ops cost several times the CPU's."""
+    return max(40, steps // int(os.environ.get("OXCOMM_TEST_STEPS_DIVISOR", "1")))
 
 
 def make_model(seed=0):
@@ -122,12 +146,16 @@ def case_plain_loop():
     ex = example()
     dev, out = device(), {}
     for name in ("adam",) + NAMES + ("exact_lamb",):
-        steps = STEPS[name]
+        steps = scaled(STEPS[name])
         model = make_model(seed=0).to(dev)
         net = None
         if name == "adam":
             net = torch.nn.parallel.DistributedDataParallel(model)
             opt = torch.optim.Adam(net.parameters(), lr=ex.LR)
+        elif name == "zero_one_adam":
+            # identical_sync: every rank the same parameters after a sync (DeepSpeed's running
+            # sum leaves each rank off by its own rounding: test_onebit_vs_deepspeed.py)
+            opt = make_optimizer(name, model.parameters(), steps, identical_sync=True)
         else:
             opt = make_optimizer(name, model.parameters(), steps)
         train(ex, model, opt, steps, net=net, device=dev)
@@ -150,7 +178,7 @@ def case_ddp():
 
     init()
     ex = example()
-    steps, dev, out = 40, device(), {}
+    steps, dev, out = scaled(40), device(), {}
     for name in NAMES:
         plain = make_model(seed=0).to(dev)
         train(ex, plain, make_optimizer(name, plain.parameters(), steps), steps, device=dev)
@@ -317,42 +345,51 @@ def case_degenerate():
 
 
 def case_device_vs_cpu():
-    """Each optimizer on parameters on ``OXCOMM_TEST_DEVICE`` (``cuda:0`` in tests_cuda, shared
-    by the ranks; ``cpu`` in the CPU twin) against the same optimizer on CPU parameters. Both
-    runs compute their gradients on a CPU copy of their own parameters, so that only the
-    optimizers' arithmetic differs: elementwise kernels round alike on both devices (IEEE add,
-    mul, div, sqrt), reductions (LAMB's norms, the 1-bit all-reduce's scales) sum in another
-    order. Returns per optimizer the largest relative difference of a parameter tensor (norm of
-    the difference over the norm), that of the held-out loss, and whether all stayed finite."""
+    """Each optimizer on parameters on :func:`device` (``OXCOMM_TEST_DEVICE``: CUDA or the fake
+    device in tests_cuda, shared by the ranks; ``cpu`` in the CPU twin) against the same
+    optimizer on CPU parameters. Both runs compute their gradients on a CPU copy of their own
+    parameters, so that only the optimizers' arithmetic differs: elementwise kernels round alike
+    on both devices (IEEE add, mul, div, sqrt), reductions (LAMB's norms, the 1-bit all-reduce's
+    scales) sum in another order. Returns per optimizer the largest relative difference of a
+    parameter tensor (norm of the difference over the norm), that of the held-out loss, whether
+    all stayed finite, and whether the optimizer's state is on the device (staged by oxcomm)."""
+    from oxcomm._cuda import device as _dev
+
     init()
     ex = example()
     steps, out = 40, {}
     dev = device()
     for name in NAMES:
-        result = []
-        for where in (torch.device("cpu"), dev):
-            model = make_model(seed=0).to(where)
-            shadow = make_model(seed=0)
-            opt = make_optimizer(name, model.parameters(), steps)
-            data = ex.make_data(dist.get_rank())
-            for step in range(steps):
-                with torch.no_grad():
-                    for s, p in zip(shadow.parameters(), model.parameters()):
-                        s.copy_(p.cpu())
-                x, y = ex.batch(data, step)
-                shadow.zero_grad()
-                torch.nn.functional.mse_loss(shadow(x), y).backward()
-                for s, p in zip(shadow.parameters(), model.parameters()):
-                    p.grad = s.grad.to(where)
-                opt.step()
-            params = [p.detach().cpu() for p in model.parameters()]
-            result.append((params, ex.evaluate(model.cpu())))
-        (pc, lc), (pd, ld) = result
+        with host_run():
+            pc, lc, _ = _device_vs_cpu_run(ex, name, steps, torch.device("cpu"))
+        pd, ld, opt = _device_vs_cpu_run(ex, name, steps, dev)
         rel = max((a - b).norm().item() / max(b.norm().item(), 1e-30) for a, b in zip(pd, pc))
+        exp_avg = next(iter(opt.state.values()))["exp_avg"]
         out[name] = {
             "param_rel": rel,
             "loss_rel": abs(ld - lc) / lc,
             "finite": all(bool(torch.isfinite(t).all()) for t in pd),
-            "device": str(next(iter(opt.state.values()))["exp_avg"].device),
+            "device": str(exp_avg.device),
+            "on_device": _dev.owns(exp_avg),
         }
     return out
+
+
+def _device_vs_cpu_run(ex, name, steps, where):
+    """One run of :func:`case_device_vs_cpu`: (parameters, held-out loss, optimizer)."""
+    model = make_model(seed=0).to(where)
+    shadow = make_model(seed=0)
+    opt = make_optimizer(name, model.parameters(), steps)
+    data = ex.make_data(dist.get_rank())
+    for step in range(steps):
+        with torch.no_grad():
+            for s, p in zip(shadow.parameters(), model.parameters()):
+                s.copy_(p.cpu())
+        x, y = ex.batch(data, step)
+        shadow.zero_grad()
+        torch.nn.functional.mse_loss(shadow(x), y).backward()
+        for s, p in zip(shadow.parameters(), model.parameters()):
+            p.grad = s.grad.to(where)
+        opt.step()
+    params = [p.detach().cpu() for p in model.parameters()]
+    return params, ex.evaluate(model.cpu()), opt

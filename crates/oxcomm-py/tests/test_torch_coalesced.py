@@ -115,15 +115,15 @@ def case_coalesced():
     # torch 2.11's batch_isend_irecv does so only for a group whose type is exactly
     # ProcessGroup and issues the ops one by one otherwise (correct too, as many native
     # batches: the results are compared with gloo's all the same).
-    from oxcomm.torch import process_group as _pg
+    from oxcomm.torch import issue as _pg
 
     opened = []
-    start = _pg._Calls._start_coalescing
-    _pg._Calls._start_coalescing = lambda self, device=None: (opened.append(1), start(self, device))[1]
+    start = _pg._Issuer._start_coalescing
+    _pg._Issuer._start_coalescing = lambda self, device=None: (opened.append(1), start(self, device))[1]
     try:
         _same("batch_isend_irecv", batch(ox), batch(gl))
     finally:
-        _pg._Calls._start_coalescing = start
+        _pg._Issuer._start_coalescing = start
     ops = native("batch_isend_irecv")
     if opened:
         assert [o[0] for o in ops] == ["send/recv"], ops

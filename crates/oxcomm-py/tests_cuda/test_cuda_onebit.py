@@ -1,20 +1,25 @@
-"""The 1-bit compressed all-reduce on CUDA tensors against the same call on CPU tensors.
+"""The 1-bit compressed all-reduce on device tensors against the same call on host tensors.
 
 CPU twins: ``tests/test_onebit_torch.py`` (the same kernels and transports on CPU tensors,
-against the Rust path). Here the kernels run on ``cuda:0``, with 2 and 3 ranks sharing it:
+against the Rust path, and the Triton kernels in Triton's interpreter). Here, on the device
+(CUDA, with 2 and 3 ranks sharing ``cuda:0``; elsewhere the fake device):
 
-* the kernels alone, CUDA against CPU on the same inputs: sign bytes and rows equal, bit
-  for bit (the sums of squares may differ in their last float64 bits: see
-  ``oxcomm._onebit_kernels``);
-* whole calls over the oxcomm transport (staged through pinned buffers), a gloo group and an
-  nccl group, and ``CompressedBackend``, against the Rust path on CPU tensors: the signs of
-  the output (the servers' sign bits) equal, values and both errors within 1e-6 relative;
+* the kernels alone, device against CPU on the same inputs: sign bytes and rows equal, bit for
+  bit (the sums of squares may differ in their last float64 bits: see
+  ``oxcomm._onebit_kernels``); on CUDA each kernel runs as Triton's, asked for by name, so a
+  Triton kernel that fails is an error here, never a silent fallback to the torch ops;
+* whole calls over the oxcomm transport (staged through pinned buffers), a gloo group, the
+  device's own transport (an nccl group on CUDA; on the fake device, bytes through
+  ``torch.distributed`` on an oxcomm group), and ``CompressedBackend``, against the Rust path on
+  host tensors: the signs of the output (the servers' sign bits) equal, values and both errors
+  within 1e-6 relative;
 * the stream contract: a call on a side stream whose input is still being written by earlier
   work on that stream reads the finished input, and later work on that stream sees the
   result, with no synchronisation by the caller; the pinned buffers are reused.
 
-NCCL refuses two ranks on one GPU ("duplicate GPU"): that case is skipped with NCCL's reason,
-and the nccl transport is checked on a one-rank group instead (the same code path).
+NCCL refuses two ranks on one GPU ("duplicate GPU"): on a one-GPU machine that case is skipped
+with NCCL's reason (``bench/gpu_check.sh`` allows that one skip), and the nccl transport is
+checked on a one-rank group instead (the same code path).
 """
 
 from __future__ import annotations
@@ -23,16 +28,18 @@ import json
 import os
 
 import pytest
+from conftest import on_cuda, run
 
 import _torch_ranks
-from conftest import RANKS_ENV
+from _on_device import target
 
 torch = pytest.importorskip("torch")
 
 from oxcomm import _onebit_kernels as kernels  # noqa: E402
 from oxcomm.onebit_torch import padded_len  # noqa: E402
 
-CUDA = torch.device("cuda", 0)
+#: The unpack methods a device offers (Triton's only on CUDA: the fake device runs torch ops).
+METHODS = ("triton", "select", "flip") if on_cuda() else ("select", "flip")
 
 
 def _bits(t):
@@ -44,65 +51,102 @@ def _max_rel(a, b):
     return (a - b).abs().max().item() / max(1e-30, b.abs().max().item()) if b.numel() else 0.0
 
 
-# ------------------------------------------------------------------------------ kernels, in pytest
+# ------------------------------------------------------------------------------ kernels
 
 
-def test_kernels_on_cuda_give_the_cpu_bits():
+def case_kernels():
+    """The kernels on the device against the CPU, bit for bit; on CUDA, each Triton kernel by
+    name (a failure raises) and the report of which kernels compiled."""
+    tg = target()
     gen = torch.Generator().manual_seed(4)
+    checked = []
     for numel in (64, 8 * 1001, 3 * 2**20):
-        v = torch.randn(3, numel, generator=gen)
-        v[:, 1::7] = 0.0
-        v[:, 2::7] = -0.0
-        v[0, 5] = float("nan")
-        got = kernels.pack_signs(v.to(CUDA))  # Triton's where it runs
-        assert torch.equal(got.cpu(), kernels.pack_signs(v)), numel
-        assert torch.equal(kernels.pack_signs(v.to(CUDA), method="torch").cpu(), got.cpu()), numel
-        for method in ("triton", "select", "flip"):
-            scales = torch.tensor([0.5, -2.0, 3e-39])
-            cu = kernels.unpack_scaled(got, scales.to(CUDA), method=method)
-            assert torch.equal(_bits(cu.cpu()), _bits(kernels.unpack_scaled(got.cpu(), scales))), (numel, method)
+        with tg.reference():
+            v = torch.randn(3, numel, generator=gen)
+            v[:, 1::7] = 0.0
+            v[:, 2::7] = -0.0
+            v[0, 5] = float("nan")
+            want_signs = kernels.pack_signs(v)
+        dv = tg.tensor(v)
+        got = kernels.pack_signs(dv)  # Triton's on CUDA
+        assert torch.equal(tg.host(got), want_signs), numel
+        for method in ("torch", "triton") if on_cuda() else ("torch",):
+            assert torch.equal(tg.host(kernels.pack_signs(dv, method=method)), want_signs), (numel, method)
+        for method in METHODS:
+            with tg.reference():
+                scales = torch.tensor([0.5, -2.0, 3e-39])
+                want = kernels.unpack_scaled(want_signs, scales)
+            cu = kernels.unpack_scaled(got, tg.tensor(scales), method=method)
+            assert torch.equal(_bits(tg.host(cu)), _bits(want)), (numel, method)
             if method == "triton":
-                continue  # minus_signed has torch ops only
-            e = torch.randn(numel, generator=gen)
-            s = torch.tensor(0.3)
-            out = torch.empty(numel, device=CUDA)
-            kernels.minus_signed(e.to(CUDA), s.to(CUDA), out=out, method=method)
-            want = torch.empty(numel)
-            kernels.minus_signed(e, s, out=want)
-            assert torch.equal(_bits(out.cpu()), _bits(want)), (numel, method)
-        squares = kernels.sum_squares(v[1:].to(CUDA)).cpu()
-        want = kernels.sum_squares(v[1:])
+                continue  # minus_signed by name: torch ops only
+            with tg.reference():
+                e = torch.randn(numel, generator=gen)
+                s = torch.tensor(0.3)
+                want = torch.empty(numel)
+                kernels.minus_signed(e, s, out=want)
+            out = tg.tensor(torch.zeros(numel))
+            kernels.minus_signed(tg.tensor(e), tg.tensor(s), out=out, method=method)
+            assert torch.equal(_bits(tg.host(out)), _bits(want)), (numel, method)
+        with tg.reference():
+            want = kernels.sum_squares(v[1:])
+        squares = tg.host(kernels.sum_squares(tg.tensor(v[1:])))
         assert torch.allclose(squares, want, rtol=1e-13, atol=0), numel
-        assert torch.equal(
-            _bits(kernels.scale_of(squares, numel)), _bits(kernels.scale_of(want, numel))
-        ), f"{numel}: the scale differs in its last bit (possible, rarely: see _onebit_kernels)"
-    print("Triton kernels:", "used" if kernels._triton["module"] else f"not used ({kernels._triton['failed']})")
+        with tg.reference():
+            a, b = kernels.scale_of(squares, numel), kernels.scale_of(want, numel)
+            assert torch.equal(_bits(a), _bits(b)), f"{numel}: the scale differs in its last bit (possible, rarely)"
+        checked.append(numel)
+    tg.check()
+    return {"sizes": checked, "kernels": kernels.report()}
 
 
-@pytest.mark.parametrize("method", [None, "torch"])  # None: Triton's fused passes where they run
-def test_worker_and_server_steps_on_cuda_give_the_cpu_rows(method):
-    gen = torch.Generator().manual_seed(5)
+def case_steps():
+    """The worker's and the server's steps and the final unpack on the device against the
+    CPU, bit for bit, with the default kernels (Triton's fused passes on CUDA) and the torch
+    ops."""
+    tg = target()
     n, c = 3, 8 * 700
-    x = torch.randn(n * c - 5, generator=gen)
-    we = torch.randn(n * c, generator=gen) * 0.1
-    send = torch.empty(n, c // 8 + 4, dtype=torch.uint8)
-    we_cu, send_cu = we.to(CUDA, copy=True), send.to(CUDA, copy=True)
-    kernels.worker_step(x, we, send)
-    kernels.worker_step(x.to(CUDA), we_cu, send_cu, method=method)
-    assert torch.equal(send_cu.cpu(), send)
-    assert torch.equal(_bits(we_cu.cpu()), _bits(we))
-    se = torch.randn(c, generator=gen)
-    se_cu = se.to(CUDA, copy=True)
-    row, row_cu = torch.empty(1, c // 8 + 4, dtype=torch.uint8), torch.empty(1, c // 8 + 4, dtype=torch.uint8, device=CUDA)
-    kernels.server_step(send, kernels.inverse_size(n, "cpu"), se, row)
-    kernels.server_step(send_cu, kernels.inverse_size(n, CUDA), se_cu, row_cu, method=method)
-    assert torch.equal(row_cu.cpu(), row)
-    assert torch.equal(_bits(se_cu.cpu()), _bits(se))
-    gathered = torch.cat([row] * n)
-    out, out_cu = torch.empty(n * c - 9), torch.empty(n * c - 9, device=CUDA)
-    kernels.unpack_rows(gathered, out)
-    kernels.unpack_rows(gathered.to(CUDA), out_cu)
-    assert torch.equal(_bits(out_cu.cpu()), _bits(out))
+    out = {}
+    for method in (None, "torch"):
+        gen = torch.Generator().manual_seed(5)
+        with tg.reference():
+            x = torch.randn(n * c - 5, generator=gen)
+            we = torch.randn(n * c, generator=gen) * 0.1
+            se = torch.randn(c, generator=gen)
+            send = torch.zeros(n, c // 8 + 4, dtype=torch.uint8)
+            row = torch.zeros(1, c // 8 + 4, dtype=torch.uint8)
+            d_x, d_we, d_se = x.clone(), we.clone(), se.clone()
+            kernels.worker_step(x, we, send)
+            kernels.server_step(send, kernels.inverse_size(n, "cpu"), se, row)
+            gathered = torch.cat([row] * n)
+            final = torch.empty(n * c - 9)
+            kernels.unpack_rows(gathered, final)
+        dwe, dse = tg.tensor(d_we), tg.tensor(d_se)
+        dsend, drow = tg.tensor(torch.zeros(n, c // 8 + 4, dtype=torch.uint8)), tg.tensor(torch.zeros(1, c // 8 + 4, dtype=torch.uint8))
+        kernels.worker_step(tg.tensor(d_x), dwe, dsend, method=method)
+        assert torch.equal(tg.host(dsend), send) and torch.equal(_bits(tg.host(dwe)), _bits(we)), method
+        kernels.server_step(tg.tensor(send), kernels.inverse_size(n, tg.device), dse, drow, method=method)
+        assert torch.equal(tg.host(drow), row) and torch.equal(_bits(tg.host(dse)), _bits(se)), method
+        dfinal = tg.tensor(torch.zeros(n * c - 9))
+        kernels.unpack_rows(tg.tensor(gathered), dfinal)
+        assert torch.equal(_bits(tg.host(dfinal)), _bits(final)), method
+        out[str(method)] = True
+    tg.check()
+    return out
+
+
+@pytest.mark.one_seed
+def test_kernels_on_the_device_give_the_cpu_bits(seed):
+    res = run(1, "test_cuda_onebit:case_kernels", seed, timeout=240)
+    print("1-bit kernels:", res[0]["kernels"])
+    if on_cuda():
+        assert all(v == "triton" for v in res[0]["kernels"].values()), res[0]["kernels"]
+
+
+@pytest.mark.one_seed
+def test_worker_and_server_steps_on_the_device_give_the_cpu_rows(seed):
+    res = run(1, "test_cuda_onebit:case_steps", seed, timeout=240)
+    assert res[0] == {"None": True, "torch": True}
 
 
 # ------------------------------------------------------------------------------ in the ranks
@@ -119,154 +163,171 @@ def _inputs(shape, call, gen):
 
 def _check(label, got, want, stats):
     """Output signs equal (the servers' bits), values and errors to 1e-6 relative."""
-    got = got.cpu()
-    assert torch.equal(torch.signbit(got), torch.signbit(want)), f"{label}: output signs differ"
-    d = _max_rel(got, want)
-    assert d <= 1e-6, f"{label}: output differs by {d} relative"
-    stats["worst"] = max(stats["worst"], d)
-    stats["bit_equal"] += int(torch.equal(_bits(got), _bits(want)))
+    got = target().host(got)
+    with target().reference():
+        assert torch.equal(torch.signbit(got), torch.signbit(want)), f"{label}: output signs differ"
+        d = _max_rel(got, want)
+        assert d <= 1e-6, f"{label}: output differs by {d} relative"
+        stats["worst"] = max(stats["worst"], d)
+        stats["bit_equal"] += int(torch.equal(_bits(got), _bits(want)))
     stats["compared"] += 1
 
 
-def case_cuda_matches_cpu():
-    """The Rust path on CPU tensors against CUDA tensors over oxcomm (staged), gloo, and
+def _native_group(dist):
+    """The device's own transport for the packed bytes: an nccl group on CUDA; on the fake
+    device, an oxcomm group used through torch.distributed (``_TorchBytes``), or None with NCCL's
+    reason where NCCL refuses."""
+    from oxcomm import onebit_torch
+
+    if not on_cuda():
+        group = dist.new_group(backend="oxcomm")
+        ar = onebit_torch.CompressedAllreduce(group)
+        ar._transports["cuda"] = onebit_torch._TorchBytes(group, list_gather=False)
+        return ar, None
+    nccl = dist.new_group(backend="nccl")
+    try:
+        probe = torch.ones(1, device=target().device)
+        dist.all_reduce(probe, group=nccl)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - NCCL's refusal, reported as the skip reason
+        return None, f"{type(e).__name__}: {str(e)[:300]}"
+    ar = onebit_torch.CompressedAllreduce(nccl)
+    t = ar._transport(target().device)
+    assert isinstance(t, onebit_torch._TorchBytes) and not t.list_gather
+    return ar, None
+
+
+def case_device_matches_host():
+    """The Rust path on host tensors against device tensors over oxcomm (staged), gloo, and
     CompressedBackend; then the stream contract and the reuse of the pinned buffers."""
     import torch.distributed as dist
 
     from oxcomm import onebit_torch
     from oxcomm.deepspeed import CompressedBackend
 
-    torch.cuda.set_device(CUDA)
+    tg = target()
     dist.init_process_group("gloo")
     ox = dist.new_group(backend="oxcomm")
     rank, n = dist.get_rank(), dist.get_world_size()
     rust = onebit_torch.CompressedAllreduce(ox)
-    on_cuda = {
+    on_device = {
         "oxcomm": onebit_torch.CompressedAllreduce(ox),
         "gloo": onebit_torch.CompressedAllreduce(None),
         "backend-oxcomm": CompressedBackend(group=ox).compressed_allreduce,
         "backend-default": CompressedBackend().compressed_allreduce,
     }
-    assert isinstance(on_cuda["oxcomm"]._transport(CUDA), onebit_torch._Staged)
+    assert isinstance(on_device["oxcomm"]._transport(tg.device, True), onebit_torch._Staged)
     stats = {"worst": 0.0, "bit_equal": 0, "compared": 0}
     gen = torch.Generator().manual_seed(21 + rank)
-    for shape in [(13,), (padded_len(64, n),), (7, 9), (1000,), (2**20 + 3,), (padded_len(2**21, n),)]:
+    for shape in [(13,), (padded_len(64, n),), (7, 9), (1000,), (2**20 + 3,)]:
         numel = torch.Size(shape).numel()
         big_n = padded_len(numel, n)
-        we0, se0 = torch.randn(big_n, generator=gen) * 0.1, torch.randn(big_n // n, generator=gen) * 0.1
-        errs = {"rust": (we0.clone(), se0.clone())}
-        errs.update({name: (we0.to(CUDA, copy=True), se0.to(CUDA, copy=True)) for name in on_cuda})
+        with tg.reference():
+            we0, se0 = torch.randn(big_n, generator=gen) * 0.1, torch.randn(big_n // n, generator=gen) * 0.1
+            errs = {"rust": (we0.clone(), se0.clone())}
+        errs.update({name: (tg.tensor(we0), tg.tensor(se0)) for name in on_device})
         for call in range(3):
-            x = _inputs(shape, call, gen)
-            want = rust(x.clone(), *errs["rust"])
-            for name, ar in on_cuda.items():
-                x_cu = x.to(CUDA, copy=True)
-                got = ar(x_cu, *errs[name])
+            with tg.reference():
+                x = _inputs(shape, call, gen)
+                want = rust(x.clone(), *errs["rust"])
+            for name, ar in on_device.items():
+                dx = tg.tensor(x)
+                got = ar(dx, *errs[name])
                 label = f"{name} shape {shape} call {call} rank {rank}"
-                assert got.device == CUDA and got.shape == x.shape, label
+                assert got.shape == x.shape, label
                 _check(label, got, want, stats)
                 for e_got, e_want in zip(errs[name], errs["rust"]):
-                    d = _max_rel(e_got, e_want)
+                    d = _max_rel(tg.host(e_got), e_want)
                     assert d <= 1e-6, f"{label}: error differs by {d} relative"
                 if numel == big_n:
-                    assert torch.equal(_bits(x_cu.cpu()), _bits(got.cpu())), f"{label}: not in place"
+                    assert torch.equal(_bits(tg.host(dx)), _bits(tg.host(got))), f"{label}: not in place"
                 else:
-                    assert torch.equal(_bits(x_cu.cpu()), _bits(x)), f"{label}: padded buffer modified"
+                    assert torch.equal(_bits(tg.host(dx)), _bits(x)), f"{label}: padded buffer modified"
 
     # The stream contract, on a side stream with the input still being written on it.
-    ar = on_cuda["oxcomm"]
+    ar = on_device["oxcomm"]
     big_n = padded_len(2**20, n)
-    src = torch.randn(big_n, generator=gen)
-    we_cpu, se_cpu = torch.zeros(big_n), torch.zeros(big_n // n)
-    want = rust(src.clone(), we_cpu, se_cpu)
-    we, se = torch.zeros(big_n, device=CUDA), torch.zeros(big_n // n, device=CUDA)
-    src_cu = src.to(CUDA)
-    x = torch.zeros(big_n, device=CUDA)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(50_000_000)  # the input is written well after the call is queued
-        x.copy_(src_cu)
+    with tg.reference():
+        src = torch.randn(big_n, generator=gen)
+        want = rust(src.clone(), torch.zeros(big_n), torch.zeros(big_n // n))
+    we, se = tg.tensor(torch.zeros(big_n)), tg.tensor(torch.zeros(big_n // n))
+    side = tg.stream()
+    tg.synchronize()
+    with tg.on(side):
+        tg.delay(0.05)
+        x = tg.tensor(src)  # written well after the call is queued
         y = ar(x, we, se)
         after = y * 2.0  # queued after the call on the same stream
-    side.synchronize()
-    _check(f"stream rank {rank}", y, want, stats)
-    assert torch.equal(after.cpu(), want * 2.0), "work queued after the call did not see its result"
-    staged = ar._transport(CUDA)
-    buffers = dict(staged._host)
+        _check(f"stream rank {rank}", y, want, stats)
+        assert torch.equal(tg.host(after), want * 2.0), "work queued after the call did not see its result"
+    staged = ar._transport(tg.device, True)
+    buffers = {k: v[0].data_ptr() for k, v in staged._host.items()}
     for _ in range(3):
         ar(x, we, se)
-    assert staged._host.keys() == buffers.keys() and all(
-        staged._host[k][0].data_ptr() == buffers[k][0].data_ptr() for k in buffers
-    ), "pinned buffers reallocated"
-    assert all(b.is_pinned() for pair in staged._host.values() for b in pair)
-    torch.cuda.synchronize()
+    assert {k: v[0].data_ptr() for k, v in staged._host.items()} == buffers, "pinned buffers reallocated"
+    tg.synchronize()
     dist.barrier()
+    tg.check()
     return stats
 
 
-def test_cuda_matches_cpu_2_ranks():
-    stats = _torch_ranks.run(2, "test_cuda_onebit:case_cuda_matches_cpu", timeout=180, env=RANKS_ENV)
+@pytest.mark.worlds(2, 3)
+@pytest.mark.one_seed
+def test_device_matches_host(world, seed):
+    stats = run(world, "test_cuda_onebit:case_device_matches_host", seed, timeout=300)
     assert all(s["compared"] > 0 for s in stats)
-    print("cuda vs cpu (2 ranks):", stats)
+    print(f"device vs host ({world} ranks):", stats)
 
 
-def test_cuda_matches_cpu_3_ranks():
-    stats = _torch_ranks.run(3, "test_cuda_onebit:case_cuda_matches_cpu", timeout=180, env=RANKS_ENV)
-    assert all(s["compared"] > 0 for s in stats)
-    print("cuda vs cpu (3 ranks):", stats)
-
-
-def case_nccl():
-    """The nccl transport (packed bytes on the device, through NCCL) against the Rust path.
-    With more ranks than GPUs NCCL may refuse: then every rank reports NCCL's reason."""
+def case_native():
+    """The device's own transport (packed bytes on the device) against the Rust path. Where
+    NCCL refuses (more ranks than GPUs) every rank reports NCCL's reason."""
     import torch.distributed as dist
 
     import oxcomm.torch  # noqa: F401  (registers "oxcomm")
     from oxcomm import onebit_torch
 
-    torch.cuda.set_device(CUDA)
+    tg = target()
     dist.init_process_group("gloo")
     ox = dist.new_group(backend="oxcomm")
     rank, n = dist.get_rank(), dist.get_world_size()
-    nccl = dist.new_group(backend="nccl")
-    try:
-        probe = torch.ones(1, device=CUDA)
-        dist.all_reduce(probe, group=nccl)
-        torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 - NCCL's refusal, reported as the skip reason
-        print(_torch_ranks.RESULT + json.dumps({"refused": f"{type(e).__name__}: {str(e)[:300]}"}), flush=True)
+    ar, refused = _native_group(dist)
+    if refused is not None:
+        print(_torch_ranks.RESULT + json.dumps({"refused": refused}), flush=True)
         os._exit(0)  # a refused NCCL communicator may hang in teardown
     rust = onebit_torch.CompressedAllreduce(ox)
-    ar = onebit_torch.CompressedAllreduce(nccl)
-    assert isinstance(ar._transport(CUDA), onebit_torch._TorchBytes) and not ar._transport(CUDA).list_gather
     stats = {"worst": 0.0, "bit_equal": 0, "compared": 0}
     gen = torch.Generator().manual_seed(31 + rank)
     for shape in [(13,), (1000,), (2**20 + 3,)]:
         numel = torch.Size(shape).numel()
         big_n = padded_len(numel, n)
-        we0, se0 = torch.randn(big_n, generator=gen) * 0.1, torch.randn(big_n // n, generator=gen) * 0.1
-        we_c, se_c = we0.clone(), se0.clone()
-        we_g, se_g = we0.to(CUDA, copy=True), se0.to(CUDA, copy=True)
+        with tg.reference():
+            we0, se0 = torch.randn(big_n, generator=gen) * 0.1, torch.randn(big_n // n, generator=gen) * 0.1
+            we_c, se_c = we0.clone(), se0.clone()
+        we_g, se_g = tg.tensor(we0), tg.tensor(se0)
         for call in range(3):
-            x = _inputs(shape, call, gen)
-            want = rust(x.clone(), we_c, se_c)
-            got = ar(x.to(CUDA, copy=True), we_g, se_g)
-            _check(f"nccl shape {shape} call {call} rank {rank}", got, want, stats)
-            assert _max_rel(we_g, we_c) <= 1e-6 and _max_rel(se_g, se_c) <= 1e-6
-    torch.cuda.synchronize()
+            with tg.reference():
+                x = _inputs(shape, call, gen)
+                want = rust(x.clone(), we_c, se_c)
+            got = ar(tg.tensor(x), we_g, se_g)
+            _check(f"native shape {shape} call {call} rank {rank}", got, want, stats)
+            assert _max_rel(tg.host(we_g), we_c) <= 1e-6 and _max_rel(tg.host(se_g), se_c) <= 1e-6
+    tg.synchronize()
     dist.barrier()
+    tg.check()
     return stats
 
 
-def test_nccl_group_one_rank():
-    stats = _torch_ranks.run(1, "test_cuda_onebit:case_nccl", timeout=120, env=RANKS_ENV)
+@pytest.mark.one_seed
+def test_native_group_one_rank(seed):
+    stats = run(1, "test_cuda_onebit:case_native", seed, timeout=120)
     assert "refused" not in stats[0], stats[0]
     assert stats[0]["compared"] > 0
 
 
-def test_nccl_group_2_ranks_on_one_gpu():
-    stats = _torch_ranks.run(2, "test_cuda_onebit:case_nccl", timeout=120, env=RANKS_ENV)
-    if any("refused" in s for s in stats) and torch.cuda.device_count() < 2:
+@pytest.mark.one_seed
+def test_native_group_2_ranks(seed):
+    stats = run(2, "test_cuda_onebit:case_native", seed, timeout=120)
+    if any("refused" in s for s in stats) and on_cuda() and torch.cuda.device_count() < 2:
         pytest.skip(f"NCCL refuses 2 ranks on one GPU: {stats[0].get('refused', stats)}")
     assert all(s["compared"] > 0 for s in stats), stats

@@ -147,6 +147,12 @@ pub(crate) trait PeerWatch {
     fn check(&self, rank: usize, fp: &Fingerprint) -> Result<()>;
 }
 
+/// The fault-tolerance hook a backend hands an op ([`Ctx::ft`]): it polls the control
+/// channels of the links it is given and fails (a revocation naming who revoked) when the
+/// communicator has been revoked. A shared reference (the state it updates is the
+/// backend's, behind a cell), so that sub-views of the op share it.
+pub(crate) type FtHook<'c> = &'c dyn Fn(&mut [Option<Box<dyn Link>>]) -> Result<()>;
+
 /// What an algorithm sees of the communicator while it runs one op.
 pub(crate) struct Ctx<'c> {
     /// This rank within the group.
@@ -177,6 +183,17 @@ pub(crate) struct Ctx<'c> {
     /// [`PEER_CHECK_INTERVAL`]) gives up, so `abort()` from another thread (or Ctrl-C in the
     /// Python binding) ends an op that waits for a peer.
     pub cancel: Option<&'c std::sync::atomic::AtomicBool>,
+    /// The op word of this op ([`Fingerprint::op_word`]): what this rank's heartbeats say it
+    /// runs.
+    pub op_word: u64,
+    /// How long a member may show no sign of life, while this op has waited as long, before
+    /// the op gives up on it (the heartbeat lapse; zero: never, only the deadline).
+    pub suspect_after: Duration,
+    /// Polls the communicator's control messages (see [`FtHook`]): whenever the doorbell's
+    /// control count moves while this op waits, and every [`PEER_CHECK_INTERVAL`].
+    pub ft: Option<FtHook<'c>>,
+    /// The doorbell's control count when the hook last ran (or the op started).
+    pub ctrl_seen: u32,
 }
 
 /// `cell`'s deadline, set to `now + timeout` if it is not yet (see [`Ctx::deadline`]).
@@ -219,6 +236,10 @@ impl<'c> Ctx<'c> {
             watch: None,
             watching: None,
             cancel: None,
+            op_word: 0,
+            suspect_after: Duration::ZERO,
+            ft: None,
+            ctrl_seen: 0,
         }
     }
 
@@ -243,6 +264,10 @@ impl<'c> Ctx<'c> {
             watch: None,
             watching: None,
             cancel: self.cancel,
+            op_word: self.op_word,
+            suspect_after: self.suspect_after,
+            ft: self.ft,
+            ctrl_seen: self.ctrl_seen,
         }
     }
 
@@ -314,6 +339,7 @@ impl<'c> Ctx<'c> {
                 continue;
             }
             self.check_paths()?;
+            self.check_ft()?;
             let now = Instant::now();
             let deadline = self.deadline_at(now);
             if now >= deadline {
@@ -327,6 +353,7 @@ impl<'c> Ctx<'c> {
                     let world = self.members[x.peer()];
                     self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
                 }
+                self.periodic_ft(now)?;
             }
             let wake = deadline.min(now + PEER_CHECK_INTERVAL);
             self.bell.wait(epoch, wake);
@@ -359,6 +386,7 @@ impl<'c> Ctx<'c> {
                     return Ok(p);
                 }
             }
+            self.check_ft()?;
             let now = Instant::now();
             let deadline = self.deadline_at(now);
             if now >= deadline {
@@ -369,6 +397,7 @@ impl<'c> Ctx<'c> {
                 last_check = Some(now);
                 self.bell.heartbeat();
                 self.check_cancel()?;
+                self.periodic_ft(now)?;
                 for &p in peers {
                     let world = self.members[p];
                     if let Err(e) = self.link(world)?.check_alive() {
@@ -393,6 +422,7 @@ impl<'c> Ctx<'c> {
         loop {
             let epoch = self.bell.epoch();
             let Some(lag) = lagging() else { return Ok(()) };
+            self.check_ft()?;
             let now = Instant::now();
             let world = self.members[lag];
             let deadline = self.deadline_at(now);
@@ -403,6 +433,7 @@ impl<'c> Ctx<'c> {
                 last_check = Some(now);
                 self.bell.heartbeat();
                 self.check_cancel()?;
+                self.periodic_ft(now)?;
                 if world != self.members[self.rank] {
                     // This wait reads shared memory, not the link: bytes the peer left unread
                     // in it must not make a dead peer look alive.
@@ -434,6 +465,71 @@ impl<'c> Ctx<'c> {
     /// Counts `bytes` copied straight out of a peer's buffer (see [`LinkStats`]).
     pub fn count_read_directly(&mut self, bytes: usize) {
         self.stats.bytes_read_directly += bytes as u64;
+    }
+
+    /// Between two waits of this op: fails at once if the communicator was aborted (by
+    /// another thread of this rank) or if a control message came and the hook finds the
+    /// communicator revoked. Two loads when nothing happened.
+    fn check_ft(&mut self) -> Result<()> {
+        self.check_cancel()?;
+        let count = self.bell.ctrl_count();
+        if count != self.ctrl_seen {
+            self.ctrl_seen = count;
+            if let Some(hook) = self.ft {
+                hook(self.links)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every [`PEER_CHECK_INTERVAL`] of waiting: tells the peers this rank is alive in this op
+    /// (its op word beside the doorbell heartbeat, heartbeat frames where the links need
+    /// them), polls the control channels (TCP's arrive only when read), and gives up on a
+    /// member that has shown no sign of life for the heartbeat lapse.
+    fn periodic_ft(&mut self, now: Instant) -> Result<()> {
+        self.bell.set_op(self.op_word);
+        for link in self.links.iter_mut().flatten() {
+            link.beat(self.op_word);
+        }
+        if let Some(hook) = self.ft {
+            self.ctrl_seen = self.bell.ctrl_count();
+            hook(self.links)?;
+        }
+        self.check_suspects(now)
+    }
+
+    /// Fails naming the member idle longest, if this op has waited for the heartbeat lapse
+    /// ([`Ctx::suspect_after`]) and that member has shown no sign of life for as long.
+    fn check_suspects(&mut self, now: Instant) -> Result<()> {
+        let lapse = self.suspect_after;
+        let Some(deadline) = self.deadline.get() else { return Ok(()) };
+        let first_wait = deadline.checked_sub(self.timeout).unwrap_or(now);
+        if lapse.is_zero() || now.saturating_duration_since(first_wait) < lapse {
+            return Ok(());
+        }
+        let mut worst: Option<(usize, Duration)> = None;
+        for m in (0..self.size).filter(|&m| m != self.rank) {
+            let world = self.members[m];
+            let Some(link) = self.links.get_mut(world).and_then(|l| l.as_mut()) else { continue };
+            if let Some(idle) = link.peer_idle() {
+                if idle >= lapse && worst.is_none_or(|(_, w)| idle > w) {
+                    worst = Some((world, idle));
+                }
+            }
+        }
+        let Some((world, idle)) = worst else { return Ok(()) };
+        let link = self.link(world)?;
+        let last = link.peer_last_op().and_then(crate::wire::describe_op_word);
+        let last = last.map(|op| format!(", last seen in its {op}")).unwrap_or_default();
+        Err(Error::new(
+            ErrorKind::Suspected,
+            format!(
+                "rank {world} is suspected: no sign of life inside oxcomm for {idle:.1?}{last} \
+                 (more than the heartbeat lapse of {lapse:?}, OXCOMM_SUSPECT_AFTER_MS): stopped, or \
+                 busy outside oxcomm"
+            ),
+        )
+        .with_peer(world))
     }
 
     /// Fails if the communicator was aborted while this op waited (see [`Ctx::cancel`]).

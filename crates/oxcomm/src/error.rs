@@ -30,6 +30,15 @@ pub enum ErrorKind {
     Io,
     /// Finding the other ranks failed (missing or contradictory environment, store refused us).
     Rendezvous,
+    /// The communicator was revoked ([`crate::Communicator::revoke`], or a fault that aborted
+    /// it on some rank): every op of it fails on every member; the error names who revoked it.
+    /// [`crate::Communicator::agree`] and [`crate::Communicator::shrink`] still work.
+    Revoked,
+    /// A member showed no sign of life inside oxcomm for the heartbeat lapse while an op
+    /// waited for it ([`crate::CommConfig::suspect_after`]): it is stopped, or stuck outside
+    /// the library. The error names it and the op it was last seen in; the communicator is
+    /// revoked, and [`crate::Communicator::shrink`] leaves it out.
+    Suspected,
 }
 
 impl ErrorKind {
@@ -45,6 +54,8 @@ impl ErrorKind {
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::Io => "i/o error",
             ErrorKind::Rendezvous => "rendezvous failed",
+            ErrorKind::Revoked => "communicator revoked",
+            ErrorKind::Suspected => "peer suspected",
         }
     }
 }
@@ -144,8 +155,19 @@ impl Error {
         &self.message
     }
 
-    /// The error a later op sees after this one aborted the communicator.
+    /// The error a later op sees after this one aborted the communicator (a revocation stays
+    /// one: every later op of a revoked communicator fails with [`ErrorKind::Revoked`], naming
+    /// who revoked it).
     pub fn aborted(&self, later_op: impl Into<String>) -> Error {
+        if self.kind == ErrorKind::Revoked {
+            return Error {
+                kind: ErrorKind::Revoked,
+                message: self.message.clone(),
+                rank: self.rank,
+                peer: self.peer,
+                op: Some(later_op.into()),
+            };
+        }
         Error {
             kind: ErrorKind::Aborted,
             message: format!("communicator aborted by an earlier error: {self}"),

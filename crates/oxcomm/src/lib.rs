@@ -78,7 +78,7 @@ pub mod wire;
 mod world;
 
 pub use algorithms::Algorithm;
-pub use comm::{CommConfig, Communicator, OpOptions, OwnedBuf, Work};
+pub use comm::{Agreed, CommConfig, Communicator, OpOptions, OwnedBuf, Work};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, Result};
 #[cfg(target_os = "linux")]

@@ -53,10 +53,14 @@ pub enum OpKind {
     AllReduceCoalesced = 14,
     /// `all_gather_coalesced`.
     AllGatherCoalesced = 15,
+    /// `agree` (the fault-tolerant consensus of [`crate::Communicator::agree`]).
+    Agree = 16,
+    /// `shrink` ([`crate::Communicator::shrink`]).
+    Shrink = 17,
 }
 
 impl OpKind {
-    const ALL: [OpKind; 15] = [
+    const ALL: [OpKind; 17] = [
         OpKind::AllReduce,
         OpKind::Reduce,
         OpKind::Broadcast,
@@ -72,6 +76,8 @@ impl OpKind {
         OpKind::NewGroup,
         OpKind::AllReduceCoalesced,
         OpKind::AllGatherCoalesced,
+        OpKind::Agree,
+        OpKind::Shrink,
     ];
 
     /// The op's name as in torch.distributed (`all_reduce`, `send`, ...).
@@ -92,12 +98,24 @@ impl OpKind {
             OpKind::NewGroup => "new_group",
             OpKind::AllReduceCoalesced => "all_reduce_coalesced",
             OpKind::AllGatherCoalesced => "all_gather_coalesced",
+            OpKind::Agree => "agree",
+            OpKind::Shrink => "shrink",
         }
     }
 
     fn from_tag(tag: u8) -> Option<OpKind> {
         OpKind::ALL.iter().copied().find(|k| *k as u8 == tag)
     }
+}
+
+/// The sequence-number bits of an op word ([`Fingerprint::op_word`]).
+const OP_WORD_SEQ: u64 = (1 << 56) - 1;
+
+/// An op word ([`Fingerprint::op_word`]) as text, `all_reduce #17`, or `None` for 0 (no op
+/// yet) or a word naming no op.
+pub(crate) fn describe_op_word(word: u64) -> Option<String> {
+    let kind = OpKind::from_tag((word >> 56) as u8)?;
+    Some(format!("{} #{}", kind.name(), word & OP_WORD_SEQ))
 }
 
 /// What a rank is about to do; ranks compare fingerprints before touching buffers.
@@ -125,6 +143,12 @@ impl Fingerprint {
     /// A fingerprint with only kind, seq and group set.
     pub fn new(kind: OpKind, seq: u64, group: u64) -> Fingerprint {
         Fingerprint { kind, dtype: None, op: None, root: None, count: 0, seq, group, extra: 0 }
+    }
+
+    /// The op word a rank publishes beside its heartbeat: the kind in the top byte, the
+    /// sequence number in the 56 bits below ([`describe_op_word`] reads it back).
+    pub(crate) fn op_word(&self) -> u64 {
+        (self.kind as u64) << 56 | (self.seq & OP_WORD_SEQ)
     }
 
     /// Encodes to the 48-byte wire form.

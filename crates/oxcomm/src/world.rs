@@ -56,6 +56,7 @@ impl Communicator {
         #[cfg(not(target_os = "linux"))]
         let _ = direct;
         let native = NativeBackend::new(
+            rank,
             links,
             bell,
             transport,

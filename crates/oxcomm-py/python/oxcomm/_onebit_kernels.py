@@ -62,6 +62,7 @@ __all__ = [
     "worker_step",
     "server_step",
     "unpack_rows",
+    "report",
 ]
 
 #: Bytes of the f32 scale (little-endian) that ends each row on the wire.
@@ -96,10 +97,19 @@ def _shifts(device):
 #: The environment variable choosing the kernels for CUDA tensors: ``auto`` (the default:
 #: Triton's where Triton imports and compiles, with a warning and torch ops from then on where
 #: it does not), ``torch`` (never Triton), or ``triton`` (an error rather than a fallback).
-#: CPU tensors take the torch ops whatever it says.
+#: CPU tensors take the torch ops whatever it says. A call that names ``method="triton"`` gets
+#: Triton's kernel or an error, whatever it says; :func:`report` tells which kernels ran.
 KERNELS_ENV = "OXCOMM_ONEBIT_KERNELS"
 _CHOICES = ("auto", "torch", "triton")
-_triton = {"module": None, "failed": None}
+#: ``module``: the Triton kernels once imported; ``failed``: why Triton is off (None: not off);
+#: ``ran``: each Triton kernel's name -> what its last call on CUDA ran (see :func:`report`).
+_triton = {"module": None, "failed": None, "ran": {}}
+
+
+def report():
+    """What each of the Triton kernels ran on its last call: ``"triton"``, or ``"torch ops
+    (<why>)"`` where it fell back (``auto`` only). Kernels not called yet are absent."""
+    return dict(_triton.setdefault("ran", {}))
 
 
 def _kernels_choice():
@@ -140,22 +150,25 @@ def _pick(method, device, torch_default):
     return "triton"
 
 
-def _run_triton(name, *args):
-    """Runs a Triton kernel; True if it ran. Under ``auto`` a failure (no compiler for this
-    machine, an unsupported GPU) turns Triton off for the process, with a warning, and the
-    caller runs the torch ops instead (the same bits)."""
-    required = _kernels_choice() == "triton"
+def _run_triton(name, *args, named=False):
+    """Runs a Triton kernel; True if it ran. ``named``: the caller asked for Triton by name
+    (``method="triton"``), so a failure is raised. Otherwise, under ``auto``, a failure (no
+    compiler for this machine, an unsupported GPU) turns Triton off for the process, with a
+    warning, and the caller runs the torch ops instead (the same bits); :func:`report` says so."""
+    required = named or _kernels_choice() == "triton"
+    ran = _triton.setdefault("ran", {})
     module = _triton_module(required)
     if module is None:
+        ran[name] = f"torch ops ({_triton['failed']})"
         return False
     try:
         getattr(module, name)(*args)
-        return True
     except Exception as e:  # noqa: BLE001 - any failure to compile or launch: torch ops instead
         if required:
             raise
         _triton["module"] = None
         _triton["failed"] = f"{type(e).__name__}: {e}"
+        ran[name] = f"torch ops ({_triton['failed']})"
         warnings.warn(
             f"oxcomm 1-bit kernels: Triton's {name} failed ({_triton['failed']}); using torch ops "
             f"from now on (set {KERNELS_ENV}=torch to skip Triton)",
@@ -163,6 +176,13 @@ def _run_triton(name, *args):
             stacklevel=3,
         )
         return False
+    ran[name] = "triton"
+    return True
+
+
+def _layout_fallback(name):
+    """A layout the Triton kernel does not take: the torch ops run (recorded for :func:`report`)."""
+    _triton.setdefault("ran", {})[name] = "torch ops (a layout the Triton kernel does not take)"
 
 
 def pack_signs(v, out=None, method=None):
@@ -173,6 +193,7 @@ def pack_signs(v, out=None, method=None):
     ``TRITON_INTERPRET=1``); by default Triton on CUDA as :data:`KERNELS_ENV` says."""
     if v.shape[-1] % 8 != 0:
         raise ValueError(f"pack_signs: the last dimension ({v.shape[-1]}) is not a multiple of 8")
+    named = method == "triton"
     method = _pick(method, v.device, "torch")
     if method == "triton":
         rows = v.reshape(-1, v.shape[-1]).contiguous()
@@ -183,7 +204,9 @@ def pack_signs(v, out=None, method=None):
             flat = target.view(rows.shape[0], -1)  # (rows, L/8), any row stride
         except RuntimeError:
             flat = None
-        if flat is not None and flat.stride(-1) == 1 and _run_triton("pack_signs", rows, flat):
+        if flat is None or flat.stride(-1) != 1:
+            _layout_fallback("pack_signs")
+        elif _run_triton("pack_signs", rows, flat, named=named):
             return target
     elif method != "torch":
         raise ValueError(f"pack_signs: unknown method {method!r} (torch or triton)")
@@ -212,6 +235,7 @@ def unpack_scaled(signs, scales, out=None, method=None):
     :data:`KERNELS_ENV` says), ``"select"`` (one torch select pass: CUDA's torch-ops path) or
     ``"flip"`` (integer ops on the scale's bits, CPU's: torch's CPU select of broadcast
     scalars is several times slower). All give the same bits."""
+    named = method == "triton"
     method = _pick(method, signs.device, "flip")
     if method == "triton":
         rows = signs.reshape(-1, signs.shape[-1])
@@ -221,7 +245,7 @@ def unpack_scaled(signs, scales, out=None, method=None):
         target = out if out is not None and out.is_contiguous() else None
         if target is None:
             target = torch.empty(rows.shape[0], rows.shape[1] * 8, dtype=torch.float32, device=signs.device)
-        if _run_triton("unpack_scaled", rows, per_row, target.view(rows.shape[0], -1)):
+        if _run_triton("unpack_scaled", rows, per_row, target.view(rows.shape[0], -1), named=named):
             if out is not None and target is not out:
                 out.copy_(target.view(out.shape))
                 return out
@@ -260,11 +284,13 @@ def minus_signed(v, scale, out, method=None):
     """``out = v − scale · sgn(v)`` (the error update; ``sgn(±0) = sgn(NaN) = +1``), with
     ``scale`` a 0-d float32 tensor. ``out`` may be ``v``. ``method`` as in
     :func:`unpack_scaled` (the same bits either way)."""
+    named = method == "triton"
     method = _pick(method, v.device, "flip")
     if method == "triton":
-        if v.is_contiguous() and out.is_contiguous():
-            if _run_triton("minus_signed", v.view(-1), scale.reshape(1), out.view(-1)):
-                return out
+        if not (v.is_contiguous() and out.is_contiguous()):
+            _layout_fallback("minus_signed")
+        elif _run_triton("minus_signed", v.view(-1), scale.reshape(1), out.view(-1), named=named):
+            return out
         method = None
     if _method(method, v.device) == "select":
         return torch.where(torch.lt(v, 0), v + scale, v - scale, out=out)
@@ -282,14 +308,19 @@ def add_pack_squares(x, u, signs, method=None):
     last whole block); by default Triton on CUDA as :data:`KERNELS_ENV` says."""
     rows, row_len = u.shape
     x = x.reshape(-1)
+    named = method == "triton"
     method = _pick(method, u.device, "torch")
-    if method == "triton" and u.is_contiguous() and signs.stride(-1) == 1:
-        module = _triton_module(_kernels_choice() == "triton")
-        if module is not None:
+    if method == "triton" and not (u.is_contiguous() and signs.stride(-1) == 1):
+        _layout_fallback("add_pack_squares")
+    elif method == "triton":
+        module = _triton_module(named or _kernels_choice() == "triton")
+        if module is None:
+            _triton.setdefault("ran", {})["add_pack_squares"] = f"torch ops ({_triton['failed']})"
+        else:
             blocks = -(-row_len // SQUARE_BLOCK)
             partial = torch.empty(rows, blocks, SQUARE_LANES, dtype=torch.float32, device=u.device)
             exact = torch.empty(rows, module.programs(row_len), dtype=torch.float64, device=u.device)
-            if _run_triton("add_pack_squares", x.contiguous(), u, signs, partial, exact):
+            if _run_triton("add_pack_squares", x.contiguous(), u, signs, partial, exact, named=named):
                 whole = row_len // SQUARE_BLOCK
                 total = partial[:, :whole].sum(dim=(1, 2), dtype=torch.float64)
                 if whole * SQUARE_BLOCK < row_len:

@@ -52,9 +52,13 @@ def _unpack_kernel(signs_ptr, signs_stride, scales_ptr, out_ptr, n_bytes, row_by
     inside = b < n_bytes
     row = b // row_bytes
     byte = tl.load(signs_ptr + row * signs_stride + (b - row * row_bytes), mask=inside, other=0).to(tl.int32)
-    scale = tl.load(scales_ptr + row, mask=inside, other=0.0)
+    scale = tl.load(scales_ptr + row, mask=inside, other=0.0).to(tl.uint32, bitcast=True)
     bit = (byte[:, None] >> (7 - j)[None, :]) & 1
-    value = tl.where(bit != 0, scale[:, None], -scale[:, None])
+    # bit 0: the scale with its sign bit flipped, by integer ops: the Tritons before
+    # triton-lang/triton#10270 (May 2026) compile a float negation to 0 − x, +0.0 for a zero
+    # scale where the torch ops and the Rust path write −0.0
+    flip = (1 - bit).to(tl.uint32) << 31
+    value = (scale[:, None] ^ flip).to(tl.float32, bitcast=True)
     tl.store(out_ptr + b[:, None] * 8 + j[None, :], value, mask=inside[:, None])
 
 

@@ -39,12 +39,10 @@ def _on_host(comm, tensors, what):
         return tensors, None
     if not all(owned):
         raise ValueError(f"oxcomm: {what}: device and host tensors in one list; pass all of them on one device")
-    import torch
-
     comm._drain(what)
     host = []
     for t in tensors:
-        h = torch.empty(t.shape, dtype=t.dtype)
+        h = _dev.device().host_empty(t.shape, t.dtype)
         h.copy_(t)  # blocking, on the tensor's current stream
         host.append(h)
     return host, tensors[0].device

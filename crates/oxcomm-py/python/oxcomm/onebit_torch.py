@@ -51,12 +51,14 @@ tensors: the caller does, as in DeepSpeed.
 from __future__ import annotations
 
 import math
+import time
 import weakref
 
 import torch
 
 import oxcomm
 from oxcomm import _onebit_kernels as kernels
+from oxcomm._cuda import device as _dev
 
 __all__ = ["CompressedAllreduce", "padded_len"]
 
@@ -126,11 +128,12 @@ class _Staged:
     """Another transport's collectives on host copies of device tensors.
 
     The packed bytes are copied device-to-host into pinned buffers (reused: one pair per
-    shape), the host waits for that copy (an event on the current stream, so everything
-    queued before it is done), the collective runs on the host buffers, and the result is
-    copied back host-to-device on the current stream without waiting. Before a host buffer is
-    written again, the host waits for the last copy out of it. On CPU tensors the same steps
-    run with plain copies (the tests use this to run the staging logic)."""
+    shape) on the current stream, the host waits for that copy (an event recorded after it, so
+    everything queued before it is done), the collective runs on the host buffers, and the
+    result is copied back host-to-device on the current stream without waiting. Before a host
+    buffer is written again, the host waits for the last copy out of it. The device is
+    ``oxcomm._cuda.device``'s (CUDA, or the tests' fake device); on host tensors the same
+    steps run with plain copies (the tests use this to run the staging logic)."""
 
     def __init__(self, inner):
         self.inner = inner
@@ -143,32 +146,36 @@ class _Staged:
     def all_gather(self, row, out):
         self._run(self.inner.all_gather, "all_gather", row.reshape(1, -1), out)
 
-    def _buffers(self, op, send, recv):
+    def _buffers(self, op, send, recv, dev):
         key = (op, tuple(send.shape), tuple(recv.shape))
         bufs = self._host.get(key)
         if bufs is None:
-            pin = send.device.type == "cuda"
-            bufs = tuple(torch.empty(t.shape, dtype=torch.uint8, pin_memory=pin) for t in (send, recv))
+            if dev is None:
+                bufs = tuple(torch.empty(t.shape, dtype=torch.uint8) for t in (send, recv))
+            else:
+                bufs = tuple(dev.pinned(t.numel()).view(t.shape) for t in (send, recv))
             self._host[key] = bufs
         return bufs
 
     def _run(self, collective, op, send, recv):
-        host_send, host_recv = self._buffers(op, send, recv)
-        cuda = send.device.type == "cuda"
+        dev = _dev.device() if _dev.owns(send) else None
+        host_send, host_recv = self._buffers(op, send, recv, dev)
+        if dev is None:
+            host_send.copy_(send)
+            collective(host_send, host_recv)
+            recv.copy_(host_recv)
+            return
+        what = f"compressed_allreduce: {op}"
+        deadline = time.monotonic() + _dev.TIMEOUT_S
         if self._last_upload is not None:
-            self._last_upload.synchronize()
+            dev.host_wait(self._last_upload, deadline, f"{what}: the last copy out of the host buffers")
             self._last_upload = None
-        host_send.copy_(send, non_blocking=cuda)
-        if cuda:
-            stream = torch.cuda.current_stream(send.device)
-            downloaded = torch.cuda.Event()
-            downloaded.record(stream)
-            downloaded.synchronize()
+        stream = dev.current_stream(dev.key(send))
+        dev.copy(host_send, send, stream)
+        dev.host_wait(dev.record(stream), deadline, f"{what}: copying the packed rows to the host")
         collective(host_send, host_recv)
-        recv.copy_(host_recv, non_blocking=cuda)
-        if cuda:
-            self._last_upload = torch.cuda.Event()
-            self._last_upload.record(torch.cuda.current_stream(recv.device))
+        dev.copy(recv, host_recv, stream)
+        self._last_upload = dev.record(stream)
 
 
 class _Scratch:
@@ -248,14 +255,16 @@ class CompressedAllreduce:
 
     @staticmethod
     def _oxcomm_of(backend):
-        from oxcomm.torch.process_group import ProcessGroupOxcomm
+        """The communicator of an oxcomm c10d backend (its ``comm``), else None (asked of the
+        object, not of :mod:`oxcomm.torch`'s classes: this module sits below that package)."""
+        comm = getattr(backend, "comm", None)
+        return comm if isinstance(comm, oxcomm.Communicator) else None
 
-        return backend.comm if isinstance(backend, ProcessGroupOxcomm) else None
-
-    def _transport(self, device):
+    def _transport(self, device, staged=None):
         """The transport for tensors on ``device``: None for the Rust path (CPU tensors on an
-        oxcomm group), else one of the transports above."""
-        kind = device.type
+        oxcomm group), else one of the transports above. ``staged``: whether they are device
+        tensors (``oxcomm._cuda.device`` owns them; default: ``device`` is CUDA)."""
+        kind = "cuda" if (device.type == "cuda" if staged is None else staged) else device.type
         if kind in self._transports:
             return self._transports[kind]
         if kind not in ("cpu", "cuda"):
@@ -300,7 +309,7 @@ class CompressedAllreduce:
                 raise ValueError(
                     f"compressed_allreduce: rank {self.rank}: {name} is on {t.device} but buffer_m on {device}"
                 )
-        transport = self._transport(device)
+        transport = self._transport(device, _dev.owns(buffer_m))
         shape = buffer_m.shape
         length = buffer_m.numel()
         n_padded = worker_error.numel()

@@ -5,6 +5,7 @@
 //! math; [`plan`] picks an algorithm from the op, the buffer size and the group size, unless
 //! the caller forces one through [`crate::OpOptions`].
 
+pub(crate) mod agreement;
 pub(crate) mod barrier;
 pub mod cost;
 pub(crate) mod dispatch;

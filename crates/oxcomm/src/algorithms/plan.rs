@@ -46,6 +46,8 @@ pub fn candidates(kind: OpKind) -> &'static [Algorithm] {
         OpKind::Gather | OpKind::Scatter => &[Algorithm::Flat, Algorithm::ShmDirect],
         OpKind::Barrier => &[Algorithm::Star, Algorithm::Dissemination, Algorithm::ShmDirect],
         OpKind::MonitoredBarrier | OpKind::NewGroup | OpKind::P2p => &[Algorithm::Star],
+        // Run by the backend's fault-tolerance protocol, over control messages.
+        OpKind::Agree | OpKind::Shrink => &[],
     }
 }
 

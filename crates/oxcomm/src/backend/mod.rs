@@ -27,6 +27,7 @@
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub(crate) mod native;
+mod native_ft;
 
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -40,6 +41,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::ReduceOp;
 use crate::transport::Transport;
 use crate::wire::{Fingerprint, OpKind, FP_BYTES};
+pub(crate) use native_ft::Shrunk;
 
 /// The group an op runs in, as a backend sees it.
 #[derive(Debug, Clone, Copy)]
@@ -86,6 +88,9 @@ pub(crate) struct OpEnv<'a> {
     pub stats: &'a mut LinkStats,
     /// The communicator's abort flag: a wait that sees it set gives up.
     pub cancel: &'a AtomicBool,
+    /// The heartbeat lapse after which a waiting op gives up on a silent member (zero: off;
+    /// see [`crate::CommConfig::suspect_after`]).
+    pub suspect_after: Duration,
     /// When the op started ([`crate::clock::monotonic_ns`], the flight record's start): the
     /// op's one clock reading, which the backend stamps its heartbeat from.
     pub now_ns: u64,
@@ -243,9 +248,24 @@ backend_ops! {
             group: &GroupView<'_>,
             forced: Option<Algorithm>,
         ) -> Result<Route>;
-        /// Closes every connection after the communicator aborted (`culprit`: the peer to blame
-        /// and why), so that peers notice at once.
-        fn close(&self, culprit: Option<(usize, ErrorKind)>);
+        /// Revokes the communicator after it aborted (`cause`: the first error, naming the peer
+        /// to blame where there is one): every peer is told at once, and its ops fail. The
+        /// connections stay, for [`Backend::agree`] and [`Backend::shrink`]; they close when the
+        /// backend is dropped. Idempotent.
+        fn revoke(&self, cause: &Error);
+        /// The fault-tolerant agreement of [`crate::Communicator::agree`] among the world
+        /// members of this backend: the AND of the live members' `flag`s and the failed
+        /// members' world ranks, the same on every member that returns.
+        fn agree(&self, env: &mut OpEnv<'_>, flag: u64) -> Result<(u64, Vec<usize>)>;
+        /// The survivors' backend ([`crate::Communicator::shrink`]): agrees on the failed
+        /// members, then hands the links to the survivors over to a new backend, ranks
+        /// renumbered in the old order. The caller revoked the communicator first.
+        fn shrink(&self, env: &mut OpEnv<'_>) -> Result<Shrunk>;
+        /// The world ranks this backend knows have failed (died, or suspected).
+        fn known_failed(&self) -> Vec<usize>;
+        /// Whether this backend revokes, agrees and shrinks ([`ErrorKind::Unsupported`], naming
+        /// what is missing, if not).
+        fn fault_tolerance(&self) -> Result<()>;
         /// Whether creating a group needs an op of its own on the parent group ([`Backend::new_group`]
         /// after the members are known); otherwise agreeing on the members is enough.
         fn group_needs_op(&self) -> bool;
@@ -351,7 +371,7 @@ backend_ops! {
 /// Every name a [`Route`] can carry (the flight recorder reads its records back with them):
 /// each native algorithm's, and the routes that are not algorithms.
 pub(crate) fn route_names() -> impl Iterator<Item = &'static str> {
-    Algorithm::ALL.into_iter().map(Algorithm::name).chain(["p2p", "mpi"])
+    Algorithm::ALL.into_iter().map(Algorithm::name).chain(["p2p", "mpi", "ft"])
 }
 
 /// The buffers of a coalesced op laid end to end, in order.

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::{concat, split_back, unpack_gathered, Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route};
+use super::native_ft::FtState;
+use super::{concat, split_back, unpack_gathered, Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route, Shrunk};
 use crate::algorithms::cost::{Network, Shape};
 use crate::algorithms::dispatch::Direct;
 use crate::algorithms::{self, dispatch, plan, Algorithm};
@@ -23,24 +24,33 @@ use crate::dtype::Element;
 #[cfg(target_os = "linux")]
 use crate::engine::PeerWatch;
 use crate::engine::{Ctx, Xfer};
-use crate::error::{ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::reduce::ReduceOp;
 use crate::transport::{Doorbell, Link, Transport};
 use crate::wire::{Fingerprint, OpKind, FP_BYTES};
 
+/// An op that took at least this long (coarse clock) looks for a revocation at its end even
+/// when the doorbell's control count did not move (see `NativeBackend::run`): a few syscalls
+/// per link, nothing for the fast ops.
+const SLOW_OP_NS: u64 = 50_000_000;
+
 /// What one op locks while it runs.
-struct State {
+pub(super) struct State {
     /// Links indexed by world rank (`None` at this rank, and once closed).
-    links: Vec<Option<Box<dyn Link>>>,
+    pub(super) links: Vec<Option<Box<dyn Link>>>,
     scratch: Vec<u64>,
     #[cfg(target_os = "linux")]
     direct_state: crate::algorithms::shm_direct::DirectState,
+    /// Revocation, agreement, control messages (`native_ft.rs`).
+    pub(super) ft: FtState,
 }
 
 /// oxcomm's links and algorithms, as a [`Backend`].
 pub(crate) struct NativeBackend {
-    transport: Transport,
-    bell: Arc<dyn Doorbell>,
+    /// This rank in the world of the links.
+    pub(super) rank: usize,
+    pub(super) transport: Transport,
+    pub(super) bell: Arc<dyn Doorbell>,
     state: Mutex<State>,
     /// The clock reading ([`OpEnv::now_ns`]) the heartbeat was last stamped at: an op stamps
     /// it only when the coarse clock has moved on since (see [`NativeBackend::beat`]).
@@ -55,9 +65,10 @@ pub(crate) struct NativeBackend {
 }
 
 impl NativeBackend {
-    /// A backend over ready links (`links[p]`: the link to world rank `p`, `None` at this rank)
-    /// that ring `bell`.
+    /// A backend of world rank `rank` over ready links (`links[p]`: the link to world rank
+    /// `p`, `None` at this rank) that ring `bell`.
     pub(crate) fn new(
+        rank: usize,
         links: Vec<Option<Box<dyn Link>>>,
         bell: Arc<dyn Doorbell>,
         transport: Transport,
@@ -68,7 +79,9 @@ impl NativeBackend {
             // `init` reports a bad value as an error before it builds the backend.
             Network::from_env().ok().flatten().unwrap_or_default()
         });
+        let ft = FtState::new(bell.ctrl_count());
         NativeBackend {
+            rank,
             net: Mutex::new(net),
             transport,
             bell,
@@ -78,6 +91,7 @@ impl NativeBackend {
                 scratch: Vec::new(),
                 #[cfg(target_os = "linux")]
                 direct_state: Default::default(),
+                ft,
             }),
             #[cfg(target_os = "linux")]
             direct,
@@ -89,14 +103,17 @@ impl NativeBackend {
     /// scheduler tick (a few ms), so back-to-back ops stamp it once per tick instead of
     /// reading the clock again each; a peer names a rank frozen only after 500 ms without a
     /// stamp (`engine::FROZEN_AFTER`), and a wait stamps it as it goes.
-    fn beat(&self, now: u64) {
+    fn beat(&self, now: u64, fp: &Fingerprint) {
         if self.beat_at.load(Ordering::Relaxed) != now {
             self.beat_at.store(now, Ordering::Relaxed);
             self.bell.heartbeat();
+            // The op this rank was last seen in, for a peer that suspects it (one store per
+            // tick too; a wait stamps its own op as it goes).
+            self.bell.set_op(fp.op_word());
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -190,12 +207,20 @@ impl NativeBackend {
         route: Route,
         f: impl FnOnce(&mut Ctx<'_>, Option<&mut Direct<'_>>) -> Result<R>,
     ) -> Result<R> {
-        self.beat(env.now_ns);
+        self.beat(env.now_ns, env.fp);
         let mut state = self.lock();
         #[cfg(target_os = "linux")]
-        let State { links, scratch, direct_state } = &mut *state;
+        let State { links, scratch, direct_state, ft } = &mut *state;
         #[cfg(not(target_os = "linux"))]
-        let State { links, scratch } = &mut *state;
+        let State { links, scratch, ft } = &mut *state;
+        if let Some(e) = ft.take_deferred() {
+            return Err(e);
+        }
+        let ctrl_seen = ft.ctrl_seen;
+        let (rank, epoch) = (self.rank, ft.epoch);
+        let seq = (env.fp.group == 0).then_some(env.fp.seq);
+        let cell = RefCell::new(&mut *ft);
+        let hook = |links: &mut [Option<Box<dyn Link>>]| cell.borrow_mut().poll(rank, epoch, seq, links);
         let mut ctx = Ctx::new(
             env.group.rank,
             env.group.members,
@@ -207,6 +232,10 @@ impl NativeBackend {
             scratch,
         );
         ctx.cancel = Some(env.cancel);
+        ctx.op_word = env.fp.op_word();
+        ctx.suspect_after = env.suspect_after;
+        ctx.ctrl_seen = ctrl_seen;
+        ctx.ft = Some(&hook);
         #[cfg(target_os = "linux")]
         let mut direct =
             self.direct.as_ref().filter(|_| env.group.id == 0).map(|shm| Direct { shm, state: direct_state });
@@ -218,10 +247,39 @@ impl NativeBackend {
         {
             ctx.watch = direct.as_ref().map(|d| d.shm as &dyn PeerWatch);
         }
-        if route.agree {
-            algorithms::star::agree(&mut ctx, env.fp)?;
+        let result = match route.agree {
+            true => algorithms::star::agree(&mut ctx, env.fp).and_then(|()| f(&mut ctx, direct.as_mut())),
+            false => f(&mut ctx, direct.as_mut()),
+        };
+        let seen = ctx.ctrl_seen;
+        ft.ctrl_seen = seen;
+        // An op that completed while a control message came (a peer revoked the communicator
+        // and gave up on this op, as a rank that was frozen finds when it resumes) fails: it
+        // must not complete on this rank when its peers have abandoned it. One load when no
+        // message came.
+        let count = self.bell.ctrl_count();
+        if count != seen && result.is_ok() {
+            ft.ctrl_seen = count;
+            ft.poll(self.rank, ft.epoch, seq, links)?;
         }
-        f(&mut ctx, direct.as_mut())
+        if result.is_ok() && crate::clock::monotonic_ns().saturating_sub(env.now_ns) >= SLOW_OP_NS {
+            // A slow op may be one of a rank that was frozen and has resumed: on TCP the
+            // revocations and the close that left it out sit behind the bytes the op read, and
+            // the control count has not moved yet. Look for them before reporting success.
+            ft.ctrl_seen = self.bell.ctrl_count();
+            ft.poll(self.rank, ft.epoch, seq, links)?;
+            if let Some(p) = (0..links.len()).find(|&p| links[p].as_mut().is_some_and(|l| l.left_out_by_peer())) {
+                return Err(ft.left_out_by(p));
+            }
+        }
+        if let Err(e) = &result {
+            if e.kind() == ErrorKind::PeerGone {
+                // A peer that revoked and then left (its thread or process ended) closed its
+                // links behind its revocation: the revocation says why.
+                ft.poll(self.rank, ft.epoch, seq, links)?;
+            }
+        }
+        result
     }
 }
 
@@ -236,6 +294,15 @@ const CALIBRATION_BYTES: usize = 1 << 20;
 /// The algorithm of a native route (every native route has one).
 fn algo(route: Route) -> Algorithm {
     route.algorithm.unwrap_or(Algorithm::Star)
+}
+
+impl Drop for NativeBackend {
+    /// A revoked backend that goes away (its process ends after the error) ends each link
+    /// with the revocation's culprit (see `FtState::farewell`).
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        state.ft.farewell(&mut state.links);
+    }
 }
 
 impl Backend for NativeBackend {
@@ -266,13 +333,24 @@ impl Backend for NativeBackend {
         Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) && !folded })
     }
 
-    fn close(&self, culprit: Option<(usize, ErrorKind)>) {
-        let mut state = self.lock();
-        for l in state.links.iter_mut() {
-            if let Some(mut link) = l.take() {
-                link.close(culprit);
-            }
-        }
+    fn revoke(&self, cause: &Error) {
+        self.ft_revoke(cause);
+    }
+
+    fn agree(&self, env: &mut OpEnv<'_>, flag: u64) -> Result<(u64, Vec<usize>)> {
+        self.ft_agree(env, flag)
+    }
+
+    fn shrink(&self, env: &mut OpEnv<'_>) -> Result<Shrunk> {
+        self.ft_shrink(env)
+    }
+
+    fn known_failed(&self) -> Vec<usize> {
+        self.lock().ft.failed.iter().copied().collect()
+    }
+
+    fn fault_tolerance(&self) -> Result<()> {
+        Ok(())
     }
 
     fn group_needs_op(&self) -> bool {

@@ -11,6 +11,14 @@ use crate::logging::LoggerConfig;
 pub const ENV_TIMEOUT: &str = "OXCOMM_TIMEOUT";
 /// Default of [`ENV_TIMEOUT`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Environment variable: the heartbeat lapse, in milliseconds: an op that has waited this long
+/// gives up on a member that has shown no sign of life inside oxcomm for as long (it is
+/// stopped, or stuck outside the library) instead of waiting for its deadline; `0` turns it
+/// off. Default [`DEFAULT_SUSPECT_AFTER`].
+pub const ENV_SUSPECT_AFTER: &str = "OXCOMM_SUSPECT_AFTER_MS";
+/// Default of [`ENV_SUSPECT_AFTER`]: a tenth of [`DEFAULT_TIMEOUT`], longer than a rank
+/// normally spends outside the library while others wait for it (a checkpoint save, say).
+pub const DEFAULT_SUSPECT_AFTER: Duration = Duration::from_secs(30);
 /// Default largest number of bytes one transfer call moves.
 pub const DEFAULT_MAX_SEGMENT_BYTES: usize = 1 << 20;
 
@@ -27,6 +35,11 @@ pub struct CommConfig {
     pub algorithm: Option<Algorithm>,
     /// The comms logger's settings (default: from `OXCOMM_COMMS_LOGGER*`, off if unset).
     pub logger: LoggerConfig,
+    /// The heartbeat lapse ([`ENV_SUSPECT_AFTER`]; zero: off): an op that has waited this long
+    /// fails naming a member silent for as long, with the op that member was last seen in,
+    /// and revokes the communicator, so the survivors can [`crate::Communicator::shrink`] it
+    /// out. A lapse not shorter than an op's timeout never fires before the deadline.
+    pub suspect_after: Duration,
 }
 
 impl Default for CommConfig {
@@ -41,7 +54,12 @@ impl Default for CommConfig {
             tracing::warn!(target: "oxcomm::comms", "ignoring the comms logger settings: {e}");
             LoggerConfig::default()
         });
-        CommConfig { timeout, max_segment_bytes: DEFAULT_MAX_SEGMENT_BYTES, algorithm: None, logger }
+        let suspect_after = std::env::var(ENV_SUSPECT_AFTER)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(DEFAULT_SUSPECT_AFTER);
+        CommConfig { timeout, max_segment_bytes: DEFAULT_MAX_SEGMENT_BYTES, algorithm: None, logger, suspect_after }
     }
 }
 

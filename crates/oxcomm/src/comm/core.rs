@@ -120,7 +120,7 @@ impl Communicator {
         let fp = &mut fp;
         let core = &*self.core;
         let timeout = opts.timeout.unwrap_or_else(|| self.timeout());
-        let _turn = core.await_turn(ticket, timeout, || self.describe(fp))?;
+        let _turn = core.await_turn(ticket, timeout, false, || self.describe(fp))?;
         // Only the turn's holder moves a group's sequence number (every op of the group takes
         // this core's turn), so a load and a store do, without a read-modify-write.
         fp.seq = self.group.seq.load(Ordering::Relaxed);
@@ -145,6 +145,7 @@ impl Communicator {
             max_segment_bytes: opts.max_segment_bytes.unwrap_or(core.config.max_segment_bytes),
             stats: &mut stats,
             cancel: &core.aborted,
+            suspect_after: core.config.suspect_after,
             now_ns,
         };
         let result = crate::unwind::catch(core.world_rank, || body(&core.backend, &mut env));
@@ -156,6 +157,15 @@ impl Communicator {
             core.flight.finish(flight, Ok(()));
         }
         result.map_err(|e| {
+            // An op that gave up because another thread revoked or aborted the communicator
+            // reports why it was.
+            if e.kind() == ErrorKind::Aborted && core.aborted.load(Ordering::SeqCst) {
+                if let Some(cause) = core.cause.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+                    let e = cause.aborted(fp.to_string()).with_rank(core.world_rank);
+                    core.flight.finish(flight, Err(&e));
+                    return e;
+                }
+            }
             let e = e.with_op(fp.to_string()).with_rank(core.world_rank);
             let e = core.flight.annotate(flight, e, core.world_rank);
             core.fail(e.clone());
@@ -319,7 +329,8 @@ impl Core {
         Ok(())
     }
 
-    /// Records the first error and closes every link so peers notice.
+    /// Records the first error and revokes the communicator: every peer is told (its ops
+    /// fail), this rank's waiting ops end, and every later op fails with the first error.
     pub(super) fn fail(&self, err: Error) {
         {
             let mut cause = self.cause.lock().unwrap_or_else(|e| e.into_inner());
@@ -333,15 +344,20 @@ impl Core {
             let _g = self.turn_lock.lock().unwrap_or_else(|e| e.into_inner());
             self.turn_cv.notify_all();
         }
-        let culprit =
-            self.cause.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|e| e.peer().map(|p| (p, e.kind())));
-        self.backend.close(culprit);
+        let cause = self.cause.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(cause) = cause {
+            self.backend.revoke(&cause);
+        }
     }
 
+    /// Waits for `ticket`'s turn (at most `timeout`); fails at once if the communicator is
+    /// aborted, unless `even_if_aborted` (the fault-tolerance ops, which run on a revoked
+    /// communicator).
     pub(super) fn await_turn(
         &self,
         ticket: u64,
         timeout: Duration,
+        even_if_aborted: bool,
         op: impl FnOnce() -> String,
     ) -> Result<TurnGuard<'_>> {
         if ticket == HELD {
@@ -358,8 +374,10 @@ impl Core {
             if self.turn.load(Ordering::SeqCst) == ticket {
                 break Ok(TurnGuard { core: self, advance: true });
             }
-            if let Err(e) = self.check_alive(|| op_name.take().map_or_else(String::new, |f| f())) {
-                break Err(e);
+            if !even_if_aborted {
+                if let Err(e) = self.check_alive(|| op_name.take().map_or_else(String::new, |f| f())) {
+                    break Err(e);
+                }
             }
             let now = Instant::now();
             if now >= deadline {
@@ -401,7 +419,7 @@ impl Core {
                 HELD_TURN.with(|h| h.set(self.0));
             }
         }
-        let _turn = self.await_turn(ticket, self.config.timeout, || "an async op".to_string())?;
+        let _turn = self.await_turn(ticket, self.config.timeout, false, || "an async op".to_string())?;
         let _restore = Restore(HELD_TURN.with(|h| h.replace(self as *const Core as usize)));
         f()
     }
@@ -463,7 +481,7 @@ impl Core {
     /// receives issued after it run after it, since it may take the message they would.
     pub(super) fn run_p2p(&self, ticket: u64, msgs: &mut [P2pMsg], timeout: Duration) -> Result<()> {
         let first = msgs.first().map(|m| m.fp.to_string()).unwrap_or_default();
-        let _turn = self.await_turn(ticket, timeout, || first.clone())?;
+        let _turn = self.await_turn(ticket, timeout, false, || first.clone())?;
         self.check_alive(|| first.clone())?;
         if !msgs.iter().any(P2pMsg::is_any_source) {
             return self.run_p2p_batch(msgs, &first, timeout);
@@ -533,6 +551,7 @@ impl Core {
             max_segment_bytes: self.config.max_segment_bytes,
             stats: &mut state.stats,
             cancel: &self.aborted,
+            suspect_after: self.config.suspect_after,
             now_ns,
         };
         let result = crate::unwind::catch(self.world_rank, || self.backend.p2p(&mut env, msgs));

@@ -18,6 +18,7 @@ mod async_ops;
 mod collectives;
 pub mod config;
 mod core;
+mod ft;
 mod groups;
 mod p2p;
 mod work;
@@ -37,7 +38,11 @@ use crate::transport::Transport;
 use crate::wire::{Fingerprint, OpKind};
 
 pub use async_ops::OwnedBuf;
-pub use config::{CommConfig, OpOptions, DEFAULT_MAX_SEGMENT_BYTES, DEFAULT_TIMEOUT, ENV_TIMEOUT};
+pub use config::{
+    CommConfig, OpOptions, DEFAULT_MAX_SEGMENT_BYTES, DEFAULT_SUSPECT_AFTER, DEFAULT_TIMEOUT, ENV_SUSPECT_AFTER,
+    ENV_TIMEOUT,
+};
+pub use ft::Agreed;
 pub use work::Work;
 
 /// One rank's handle on a group of ranks. Cheap to clone; clones share everything.

@@ -131,7 +131,7 @@ fn name_word(name: &str) -> u64 {
 }
 
 /// Every error kind, in the order of [`kind_code`].
-const KINDS: [ErrorKind; 9] = [
+const KINDS: [ErrorKind; 11] = [
     ErrorKind::InvalidArgument,
     ErrorKind::Timeout,
     ErrorKind::PeerGone,
@@ -141,6 +141,8 @@ const KINDS: [ErrorKind; 9] = [
     ErrorKind::Unsupported,
     ErrorKind::Io,
     ErrorKind::Rendezvous,
+    ErrorKind::Revoked,
+    ErrorKind::Suspected,
 ];
 
 fn kind_code(kind: ErrorKind) -> u64 {
@@ -154,6 +156,8 @@ fn kind_code(kind: ErrorKind) -> u64 {
         ErrorKind::Unsupported => 6,
         ErrorKind::Io => 7,
         ErrorKind::Rendezvous => 8,
+        ErrorKind::Revoked => 9,
+        ErrorKind::Suspected => 10,
     }
 }
 

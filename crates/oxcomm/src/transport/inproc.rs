@@ -22,10 +22,20 @@ pub const QUEUE_BYTES: usize = 1 << 20;
 pub struct ThreadDoorbell {
     epoch: AtomicU32,
     heartbeat: std::sync::atomic::AtomicU64,
+    /// The op word of the op this rank last ran ([`Doorbell::set_op`]).
+    last_op: std::sync::atomic::AtomicU64,
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     cond: Condvar,
+    /// Control messages sent to this rank so far (peers add one per message), on a line of
+    /// its own: the owner reads it twice per op, peers write it only with a message.
+    ctrl: Padded<AtomicU32>,
 }
+
+/// A value on a 128-byte line of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded<T>(T);
 
 impl std::fmt::Debug for ThreadDoorbell {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,11 +88,28 @@ impl Doorbell for ThreadDoorbell {
     fn heartbeat(&self) {
         self.heartbeat.store(super::monotonic_ns(), Ordering::Relaxed);
     }
+
+    fn set_op(&self, op: u64) {
+        self.last_op.store(op, Ordering::Relaxed);
+    }
+
+    fn ctrl_count(&self) -> u32 {
+        self.ctrl.0.load(Ordering::Acquire)
+    }
+
+    fn wake(&self) {
+        self.ring();
+    }
 }
+
+/// Most control messages one direction of a thread link holds unread.
+const MAX_CTRL_QUEUED: usize = 1024;
 
 /// One direction of a link.
 struct Queue {
-    bytes: Mutex<VecDeque<u8>>,
+    bytes: Mutex<Stream>,
+    /// Control messages, apart from the bytes ([`Link::send_ctrl`]).
+    ctrl: Mutex<VecDeque<Vec<u8>>>,
     /// Set when the sending end is dropped.
     writer_gone: AtomicBool,
     /// Set when the receiving end is dropped.
@@ -93,10 +120,40 @@ struct Queue {
     cause: AtomicU32,
 }
 
+/// The bytes of one direction, with the writer's epoch marks.
+struct Stream {
+    bytes: VecDeque<u8>,
+    /// Bytes ever written.
+    written: u64,
+    /// The writer's last mark: bytes before `mark_at` (of all ever written) belong to the
+    /// epochs before `mark_epoch` ([`Link::end_epoch`]).
+    mark_epoch: u32,
+    mark_at: u64,
+}
+
+impl std::ops::Deref for Stream {
+    type Target = VecDeque<u8>;
+    fn deref(&self) -> &VecDeque<u8> {
+        &self.bytes
+    }
+}
+
+impl std::ops::DerefMut for Stream {
+    fn deref_mut(&mut self) -> &mut VecDeque<u8> {
+        &mut self.bytes
+    }
+}
+
 impl Queue {
     fn new() -> Arc<Queue> {
         Arc::new(Queue {
-            bytes: Mutex::new(VecDeque::with_capacity(QUEUE_BYTES)),
+            bytes: Mutex::new(Stream {
+                bytes: VecDeque::with_capacity(QUEUE_BYTES),
+                written: 0,
+                mark_epoch: 0,
+                mark_at: 0,
+            }),
+            ctrl: Mutex::new(VecDeque::new()),
             writer_gone: AtomicBool::new(false),
             reader_gone: AtomicBool::new(false),
             culprit: AtomicUsize::new(usize::MAX),
@@ -107,6 +164,8 @@ impl Queue {
 
 /// This rank's end of an in-process link.
 pub struct ThreadLink {
+    /// This rank (what a close notice naming it is compared with).
+    rank: usize,
     peer: usize,
     out: Arc<Queue>,
     inbox: Arc<Queue>,
@@ -136,7 +195,7 @@ impl ThreadLink {
                     .with_peer(c);
             }
             if c != usize::MAX {
-                return super::cascaded(self.peer, c, super::cause_kind(q.cause.load(Ordering::SeqCst)));
+                return super::cascaded_to(self.rank, self.peer, c, super::cause_kind(q.cause.load(Ordering::SeqCst)));
             }
         }
         Error::new(ErrorKind::PeerGone, format!("rank {} is gone (its thread dropped its communicator)", self.peer))
@@ -157,6 +216,7 @@ impl Link for ThreadLink {
             let mut q = self.out.bytes.lock().unwrap_or_else(|e| e.into_inner());
             let n = (QUEUE_BYTES - q.len()).min(data.len());
             q.extend(&data[..n]);
+            q.written += n as u64;
             n
         };
         if n > 0 {
@@ -217,6 +277,70 @@ impl Link for ThreadLink {
         super::idle_since(self.peer_bell.heartbeat.load(Ordering::Relaxed))
     }
 
+    fn send_ctrl(&mut self, msg: &[u8]) -> Result<bool> {
+        if msg.len() > super::MAX_CTRL_BYTES {
+            return Err(Error::invalid(format!("a control message of {} bytes", msg.len())));
+        }
+        if self.out.reader_gone.load(Ordering::SeqCst) {
+            return Err(self.gone());
+        }
+        {
+            let mut q = self.out.ctrl.lock().unwrap_or_else(|e| e.into_inner());
+            if q.len() >= MAX_CTRL_QUEUED {
+                return Ok(false);
+            }
+            q.push_back(msg.to_vec());
+        }
+        self.peer_bell.ctrl.0.fetch_add(1, Ordering::AcqRel);
+        self.peer_bell.ring();
+        Ok(true)
+    }
+
+    fn recv_ctrl(&mut self, out: &mut Vec<u8>) -> Result<bool> {
+        let msg = self.inbox.ctrl.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        match msg {
+            Some(m) => {
+                *out = m;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn end_epoch(&mut self, epoch: u32) -> Result<bool> {
+        let mut q = self.out.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        if q.mark_epoch < epoch {
+            q.mark_epoch = epoch;
+            q.mark_at = q.written;
+        }
+        drop(q);
+        self.peer_bell.ring();
+        Ok(true)
+    }
+
+    fn begin_epoch(&mut self, epoch: u32) -> Result<bool> {
+        let mut q = self.inbox.bytes.lock().unwrap_or_else(|e| e.into_inner());
+        if q.mark_epoch < epoch {
+            // Not marked yet: what arrived so far is the old epoch's, and goes.
+            q.bytes.clear();
+            return Ok(false);
+        }
+        // Bytes written after the mark stay; those before it (still queued) go.
+        let after = (q.written - q.mark_at) as usize;
+        let before = q.bytes.len().saturating_sub(after);
+        q.bytes.drain(..before);
+        Ok(true)
+    }
+
+    fn peer_last_op(&mut self) -> Option<u64> {
+        Some(self.peer_bell.last_op.load(Ordering::Relaxed))
+    }
+
+    fn renumber(&mut self, rank: usize, peer: usize, _world: usize) {
+        self.rank = rank;
+        self.peer = peer;
+    }
+
     fn kind(&self) -> crate::transport::Transport {
         crate::transport::Transport::Threads
     }
@@ -252,6 +376,7 @@ pub fn mesh(n: usize) -> Vec<ThreadEndpoint> {
             links: (0..n)
                 .map(|p| {
                     (p != r).then(|| ThreadLink {
+                        rank: r,
                         peer: p,
                         out: queues[r][p].clone(),
                         inbox: queues[p][r].clone(),

@@ -111,6 +111,50 @@ impl<L: Link> Link for Watched<L> {
     fn kind(&self) -> super::Transport {
         self.inner.kind()
     }
+
+    fn send_ctrl(&mut self, msg: &[u8]) -> Result<bool> {
+        self.inner.send_ctrl(msg)
+    }
+
+    fn recv_ctrl(&mut self, out: &mut Vec<u8>) -> Result<bool> {
+        let got = self.inner.recv_ctrl(out)?;
+        if !got {
+            self.interest.store(true, Ordering::SeqCst);
+        }
+        Ok(got)
+    }
+
+    fn end_epoch(&mut self, epoch: u32) -> Result<bool> {
+        let done = self.inner.end_epoch(epoch)?;
+        if !done {
+            self.interest.store(true, Ordering::SeqCst);
+        }
+        Ok(done)
+    }
+
+    fn begin_epoch(&mut self, epoch: u32) -> Result<bool> {
+        let done = self.inner.begin_epoch(epoch)?;
+        if !done {
+            self.interest.store(true, Ordering::SeqCst);
+        }
+        Ok(done)
+    }
+
+    fn left_out_by_peer(&mut self) -> bool {
+        self.inner.left_out_by_peer()
+    }
+
+    fn beat(&mut self, op: u64) {
+        self.inner.beat(op);
+    }
+
+    fn peer_last_op(&mut self) -> Option<u64> {
+        self.inner.peer_last_op()
+    }
+
+    fn renumber(&mut self, rank: usize, peer: usize, world: usize) {
+        self.inner.renumber(rank, peer, world);
+    }
 }
 
 /// The doorbell of a rank with links of both kinds; see the [module docs](self).
@@ -168,6 +212,19 @@ impl Doorbell for MixedDoorbell {
     fn heartbeat(&self) {
         self.shm.heartbeat();
         self.tcp.heartbeat();
+    }
+
+    fn set_op(&self, op: u64) {
+        self.shm.set_op(op);
+    }
+
+    fn ctrl_count(&self) -> u32 {
+        self.shm.ctrl_count().wrapping_add(self.tcp.ctrl_count())
+    }
+
+    fn wake(&self) {
+        self.shm.wake();
+        self.tcp.wake();
     }
 }
 

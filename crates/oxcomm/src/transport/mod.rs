@@ -89,7 +89,90 @@ pub trait Link: Send {
 
     /// The transport this link belongs to, for logs and plans.
     fn kind(&self) -> Transport;
+
+    // ---------------------------------------------------------------- fault tolerance
+    //
+    // What revoking, agreeing and shrinking a communicator need of a link (see
+    // `backend/native_ft.rs`): a control channel beside the byte stream, epoch marks that let
+    // both sides drop what an abandoned op left in the stream and go on with the same link,
+    // and, where the peer cannot read this rank's heartbeat in shared memory, heartbeats sent
+    // while waiting. The defaults say the transport has none of it (a test's wrapper link).
+
+    /// Sends one control message of at most [`MAX_CTRL_BYTES`], whole or not at all:
+    /// `Ok(false)` when the link cannot take it now (try again later). Control messages from
+    /// one side arrive in order. Where the transport has room apart from the byte stream
+    /// (shared memory, threads) they overtake it; where it has not (TCP) they travel as
+    /// control frames between its data frames, so a peer finds them behind what was sent
+    /// before. Either way the peer's doorbell is rung and, once the message is where
+    /// [`Link::recv_ctrl`] finds it, its [`Doorbell::ctrl_count`] moves.
+    fn send_ctrl(&mut self, msg: &[u8]) -> Result<bool> {
+        let _ = msg;
+        Err(Error::unsupported("this link has no control channel"))
+    }
+
+    /// Takes the next control message from the peer into `out` (replacing what it held):
+    /// `Ok(false)` when none has arrived. On TCP this reads the control frames at the head
+    /// of the stream; data in front of them stops it, unless [`Link::begin_epoch`] asked to
+    /// drop that data.
+    fn recv_ctrl(&mut self, out: &mut Vec<u8>) -> Result<bool> {
+        let _ = out;
+        Ok(false)
+    }
+
+    /// Ends this side's byte stream of the epochs before `epoch`: everything sent so far
+    /// belongs to them, everything sent later to `epoch` (a data frame sent in part is first
+    /// completed with padding that the peer drops). `Ok(false)`: not done yet (a full
+    /// socket); call again before sending anything else. Idempotent per epoch.
+    fn end_epoch(&mut self, epoch: u32) -> Result<bool> {
+        let _ = epoch;
+        Err(Error::unsupported("this link cannot start a new epoch"))
+    }
+
+    /// Starts reading epoch `epoch`: drops every byte the peer sent before its
+    /// [`Link::end_epoch`]`(epoch)`, and returns `Ok(true)` once past that point; `Ok(false)`
+    /// while the peer's mark has not arrived (bytes before it are dropped as they come; call
+    /// again). Control messages are not dropped.
+    fn begin_epoch(&mut self, epoch: u32) -> Result<bool> {
+        let _ = epoch;
+        Err(Error::unsupported("this link cannot start a new epoch"))
+    }
+
+    /// Whether the peer has closed the link telling this rank it was left out (the close of
+    /// [`Link::close`] with cause `(this rank, Revoked)`, which a shrink sends the members it
+    /// leaves out), even while bytes it sent before are unread. Where the transport's control
+    /// channel overtakes the byte stream (shared memory, threads) the revocation already says
+    /// so: `false`.
+    fn left_out_by_peer(&mut self) -> bool {
+        false
+    }
+
+    /// Shows the peer that this rank is alive inside oxcomm, in the op of op word `op`
+    /// (`Fingerprint::op_word`, crate-internal), where the peer cannot read this rank's
+    /// doorbell heartbeat (TCP: a heartbeat frame, at most one per [`BEAT_EVERY`], and only
+    /// between data frames). Waits call it every few tens of milliseconds; elsewhere it does
+    /// nothing.
+    fn beat(&mut self, op: u64) {
+        let _ = op;
+    }
+
+    /// The op word (`Fingerprint::op_word`, crate-internal) of the op the peer last showed
+    /// life in, where the transport can tell.
+    fn peer_last_op(&mut self) -> Option<u64> {
+        None
+    }
+
+    /// Renames the two ends after a shrink renumbered the ranks: this rank is now `rank` and
+    /// the peer `peer`, in a world of `world` (what errors and close notices name).
+    fn renumber(&mut self, rank: usize, peer: usize, world: usize) {
+        let _ = (rank, peer, world);
+    }
 }
+
+/// Largest control message a link carries ([`Link::send_ctrl`]).
+pub const MAX_CTRL_BYTES: usize = 4096;
+
+/// Shortest time between two heartbeat frames on one link ([`Link::beat`]).
+pub const BEAT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How a communicator moves bytes: which transport its links use, or MPI.
 ///
@@ -162,9 +245,14 @@ pub fn cause_code(kind: ErrorKind) -> u32 {
         ErrorKind::PeerGone => 2,
         ErrorKind::Mismatch => 3,
         ErrorKind::Protocol => 4,
+        ErrorKind::Revoked => 5,
+        ErrorKind::Suspected => 6,
         _ => 0,
     }
 }
+
+/// The largest [`cause_code`].
+pub const MAX_CAUSE_CODE: u32 = 6;
 
 /// The error kind of a [`cause_code`].
 pub fn cause_kind(code: u32) -> ErrorKind {
@@ -173,19 +261,48 @@ pub fn cause_kind(code: u32) -> ErrorKind {
         2 => ErrorKind::PeerGone,
         3 => ErrorKind::Mismatch,
         4 => ErrorKind::Protocol,
+        5 => ErrorKind::Revoked,
+        6 => ErrorKind::Suspected,
         _ => ErrorKind::Aborted,
     }
 }
 
 /// The error a rank reports when `peer` closed its link because `culprit` failed with `kind`.
+/// A close of kind [`ErrorKind::Revoked`] names the rank a shrink left out: this rank when
+/// `culprit` is `me`.
+pub fn cascaded_to(me: usize, peer: usize, culprit: usize, kind: ErrorKind) -> Error {
+    if kind == ErrorKind::Revoked && culprit == me {
+        return Error::new(
+            ErrorKind::Revoked,
+            format!(
+                "rank {peer} left this rank out of the communicator it shrank to (this rank was failed or suspected)"
+            ),
+        )
+        .with_peer(peer);
+    }
+    cascaded(peer, culprit, kind)
+}
+
+/// The error a rank reports when `peer` closed its link because `culprit` failed with `kind`.
 pub fn cascaded(peer: usize, culprit: usize, kind: ErrorKind) -> Error {
+    if kind == ErrorKind::Revoked {
+        return Error::new(
+            ErrorKind::Revoked,
+            format!("rank {peer} left rank {culprit} out of the communicator it shrank to"),
+        )
+        .with_peer(culprit);
+    }
     let how = match kind {
         ErrorKind::Timeout => format!("timed out waiting for rank {culprit}"),
         ErrorKind::PeerGone => format!("lost rank {culprit}"),
         ErrorKind::Mismatch => format!("found that rank {culprit} called a different collective"),
+        ErrorKind::Suspected => {
+            format!("suspected rank {culprit} (no sign of life inside oxcomm for the heartbeat lapse)")
+        }
         _ => format!("failed because of rank {culprit}"),
     };
-    let kind = if matches!(kind, ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Mismatch) {
+    let kind = if matches!(kind, ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Mismatch | ErrorKind::Suspected)
+    {
         kind
     } else {
         ErrorKind::PeerGone
@@ -219,6 +336,24 @@ pub trait Doorbell: Send + Sync {
     /// [`Link::peer_idle`]). Called at the start of every op and every few milliseconds
     /// while waiting.
     fn heartbeat(&self) {}
+
+    /// Records the op word (`Fingerprint::op_word`, crate-internal) of the op this rank runs,
+    /// beside its heartbeat, where peers read it ([`Link::peer_last_op`]).
+    fn set_op(&self, op: u64) {
+        let _ = op;
+    }
+
+    /// How many control messages have arrived for this rank's links so far (wrapping), where
+    /// the transport counts them: when it moved since a caller last looked, some link's
+    /// [`Link::recv_ctrl`] has one. A plain load of memory only this rank reads unless a
+    /// message arrives (the op path reads it twice per op). 0 where nothing counts.
+    fn ctrl_count(&self) -> u32 {
+        0
+    }
+
+    /// Wakes this rank's waits at once (another thread of this rank revoked the
+    /// communicator): a wait returns as if a peer had rung.
+    fn wake(&self) {}
 }
 
 // The clock lives at the values level (`crate::clock`); transports stamp heartbeats with it.

@@ -448,7 +448,7 @@ fn p2p_tag_or_size_mismatch_fails_without_writing() {
     })
     .unwrap();
     let e = out[1].clone().unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Mismatch);
+    assert_eq!(e.kind(), ErrorKind::Mismatch, "{e}");
     assert!(e.to_string().contains("tag 5") && e.to_string().contains("tag 6"), "{e}");
 }
 

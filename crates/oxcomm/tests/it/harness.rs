@@ -35,6 +35,15 @@ pub fn role() -> Option<String> {
     std::env::var(ROLE).ok()
 }
 
+/// The world communicator of a child rank ([`oxcomm::init`]); exits with code 3, saying why,
+/// if it cannot be made.
+pub fn init_child() -> oxcomm::Communicator {
+    oxcomm::init().unwrap_or_else(|e| {
+        eprintln!("init failed: {e}");
+        std::process::exit(3)
+    })
+}
+
 /// How long a finished process's output may still take to arrive (a grandchild can hold the
 /// pipes open).
 const DRAIN: Duration = Duration::from_secs(5);
@@ -400,6 +409,12 @@ impl Job {
     /// Sends `signal` to rank `rank`.
     pub fn signal(&self, rank: usize, signal: libc::c_int) {
         self.ranks[rank].signal(signal);
+    }
+
+    /// Waits until rank `rank` prints a line that satisfies `pred` and returns it; fails the
+    /// test after `limit`.
+    pub fn wait_line(&mut self, rank: usize, limit: Duration, pred: impl Fn(&str) -> bool) -> Line {
+        self.ranks[rank].wait_line(limit, pred)
     }
 
     /// Fails the test if a rank has exited.

@@ -7,6 +7,7 @@ mod compression_kernels;
 mod dtypes;
 mod failures;
 mod faults;
+mod ft;
 mod fuzz;
 mod harness;
 #[cfg(unix)]

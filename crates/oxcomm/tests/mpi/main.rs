@@ -164,6 +164,7 @@ fn rank_main() -> i32 {
         ("reduce_scatter_coalesced_matches_threads", reduce_scatter_coalesced_matches_threads),
         ("qgz_matches_threads", qgz_matches_threads),
         ("onebit_matches_threads", onebit_matches_threads),
+        ("fault_tolerance_is_unsupported_naming_ulfm", fault_tolerance_is_unsupported_naming_ulfm),
         // Last: a mismatch aborts the communicator.
         ("fingerprint_mismatch_names_a_rank", fingerprint_mismatch_names_a_rank),
     ];
@@ -510,6 +511,22 @@ fn isend_irecv_exchange(comm: &Communicator) -> CaseResult {
         check(&format!("irecv from {p}"), &got, &want)?;
     }
     Ok(())
+}
+
+/// Revoke, agree and shrink (issue 39) need ULFM: an `Unsupported` error that names it, and
+/// the communicator goes on (nothing was revoked).
+fn fault_tolerance_is_unsupported_naming_ulfm(comm: &Communicator) -> CaseResult {
+    let errors = [("revoke", comm.revoke().err()), ("agree", comm.agree(1).err()), ("shrink", comm.shrink().err())];
+    for (what, err) in errors {
+        let err = err.ok_or_else(|| format!("{what} succeeded on the MPI backend"))?;
+        if err.kind() != oxcomm::ErrorKind::Unsupported || !err.to_string().contains("ULFM") {
+            return Err(format!("{what}: {err}"));
+        }
+    }
+    if comm.is_revoked() {
+        return Err("the communicator was revoked".into());
+    }
+    comm.barrier().map_err(e("barrier after them"))
 }
 
 fn barriers(comm: &Communicator) -> CaseResult {

@@ -8,9 +8,9 @@ caching allocator that a stream uses a tensor. It knows nothing about collective
 buffers' reuse (``staging.py`` and ``pool.py`` do).
 
 The staging code sees only a :class:`Device`, so the same code runs on CUDA and, in the tests, on a
-fake device whose copies are deferred until something waits for them (``tests/test_cuda_staging.py``):
-a staging bug that reads a buffer too early, reuses one too early or forgets a stream wait then
-gives a wrong answer on a CPU machine. :func:`use_device` swaps the device for a test.
+fake device whose streams run late on threads of their own (``tests/_fake_device.py``): a staging
+bug that reads a buffer too early, reuses one too early or forgets a stream wait then gives a wrong
+answer on a CPU machine. :func:`use_device` swaps the device for a test.
 
 What the interface promises (the fake keeps the same promises, no more):
 
@@ -21,10 +21,19 @@ What the interface promises (the fake keeps the same promises, no more):
   ``oxcomm.TimeoutError`` at the deadline; :meth:`Device.query` never blocks.
 - A copy reads its source and writes its destination at some moment between its enqueueing and
   the completion of an event recorded after it on the same stream: not earlier, not later.
+- A thread oxcomm started makes the op's device current (:meth:`Device.use`) before it queues
+  work on that device's streams or completes a future of its op: a CUDA thread starts with
+  device 0 current, and leaving a stream context switches back to it, which creates a CUDA
+  context (~0.5 GB) on GPU 0 in every rank. A caller's thread is left as the caller set it.
+- An op's torch future is made by :meth:`Device.future` and completed inside
+  :meth:`Device.completing`; then-callbacks of a device op's future run on a stream ordered after
+  the result (CUDA: a CUDA-aware future, whose callbacks run on a stream that waits for the
+  events recorded when it completed), not on the completing thread's default stream.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -82,8 +91,26 @@ class Device:
         """A pinned (page-locked) host tensor of ``nbytes`` bytes (uint8)."""
         raise NotImplementedError
 
+    def host_empty(self, shape, dtype):
+        """A host tensor (pageable memory) that oxcomm copies a device tensor into: oxcomm's own
+        host tensors come from here or :meth:`pinned` (the tests' fake device, where every other
+        CPU tensor is device memory, must know them)."""
+        raise NotImplementedError
+
     def keep(self, x, stream):
         """Tell the allocator that ``stream`` uses ``x`` (so its memory is not reused early)."""
+        raise NotImplementedError
+
+    def use(self, key):
+        """Make device ``key`` the calling thread's current device (see the module docs)."""
+        raise NotImplementedError
+
+    def completing(self, key):
+        """A context manager under which the calling thread completes futures of ops on ``key``."""
+        raise NotImplementedError
+
+    def future(self, key):
+        """A ``torch.futures.Future`` for the result of an op on device ``key``."""
         raise NotImplementedError
 
 
@@ -155,17 +182,41 @@ class TorchCuda(Device):
             poll(event.query, deadline, what)
 
     def copy(self, dst, src, stream):
-        with self._torch.cuda.stream(stream):
+        cuda = self._torch.cuda
+        # The device guard first: torch.cuda.stream's exit restores the current device's stream,
+        # which on a thread whose current device is another one would make a context there.
+        with cuda.device(stream.device), cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
 
+    @contextlib.contextmanager
     def on_stream(self, stream):
-        return self._torch.cuda.stream(stream)
+        cuda = self._torch.cuda
+        with cuda.device(stream.device), cuda.stream(stream):
+            yield
 
     def pinned(self, nbytes):
         return self._torch.empty(nbytes, dtype=self._torch.uint8, pin_memory=True)
 
+    def host_empty(self, shape, dtype):
+        return self._torch.empty(shape, dtype=dtype)
+
     def keep(self, x, stream):
         x.record_stream(stream)
+
+    def use(self, key):
+        cuda = self._torch.cuda
+        if cuda.current_device() != key.index:
+            cuda.set_device(key)
+
+    @contextlib.contextmanager
+    def completing(self, key):
+        self.use(key)
+        yield
+
+    def future(self, key):
+        # CUDA-aware: completing it records events on the current streams of ``key``, and its
+        # callbacks (a DDP comm hook's ``then``) run on a stream that waits for them.
+        return self._torch.futures.Future(devices=[key])
 
 
 _REAL = None

@@ -6,15 +6,18 @@ buffers, and gives them back with that event when its last copy is queued; the n
 takes one makes its first copy wait on the event (a stream wait, not a host wait). A buffer is
 grown (replaced by a larger one) when an op needs more than any free buffer holds, so after the
 first steps of a training loop no op allocates: the pool holds one buffer per slot of the
-largest op seen (``staging.SLOTS`` for a chunked op). It knows nothing about ops or streams
-beyond carrying the release event.
+largest op seen (``staging.SLOTS`` for a chunked op), up to :data:`KEEP_BYTES` in all; a buffer
+given back past that is dropped (an unchunked op on a large tensor, an all-gather's output, then
+allocates each time). It knows nothing about ops or streams beyond carrying the release event.
 
 Pinned memory is allocated by the device (torch's caching host allocator on CUDA, which also
-keeps a dropped buffer alive until the copies queued on it are done).
+keeps a dropped buffer alive until the copies queued on it are done, and then keeps its block
+cached for the next pinned allocation: ``torch._C._host_emptyCache()`` gives those back).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 #: Buffers are allocated in multiples of this many bytes (and at least this much), so that sizes
@@ -22,6 +25,9 @@ import threading
 GRAIN = 1 << 16
 #: Byte offset alignment of the parts laid out in one buffer (a cache line; CUDA copies want 16).
 ALIGN = 256
+#: The most bytes of free pinned buffers one communicator keeps: ``OXCOMM_CUDA_POOL_BYTES``,
+#: default 256 MiB (the three slots of a chunked op take 3 × ``OXCOMM_CUDA_CHUNK_BYTES``).
+KEEP_BYTES = int(os.environ.get("OXCOMM_CUDA_POOL_BYTES", str(256 << 20)))
 
 
 class Buffer:
@@ -76,8 +82,14 @@ class PinnedPool:
         return Buffer(self._device.pinned(size))
 
     def give(self, buffers, released):
-        """Back to the pool; the device is done with them once ``released`` completes."""
+        """Back to the pool; the device is done with them once ``released`` completes. Past
+        :data:`KEEP_BYTES` of free buffers, the largest are dropped."""
         with self._lock:
             for b in buffers:
                 b.released = released
                 self._free.append(b)
+            held = sum(b.capacity for b in self._free)
+            while held > KEEP_BYTES and self._free:
+                big = max(self._free, key=lambda b: b.capacity)
+                self._free.remove(big)
+                held -= big.capacity

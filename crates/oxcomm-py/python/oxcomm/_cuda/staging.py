@@ -60,18 +60,31 @@ _local = threading.local()
 
 
 class then:  # noqa: N801 - used as a context manager, like torch.cuda.stream
-    """``with then(fn): comm.<op>(device tensors, async_op=True)``: ``fn()`` runs after the op's
-    copies back, ordered on the device before the op's completion (its torch ops go to the copy
-    stream). The torch backend uses it to copy out of scratch tensors."""
+    """``with then(fn): <ops on device tensors, async>``: ``fn()`` runs on the device after the
+    copies back of the block's ops, before their completion (its torch ops go to the copy
+    stream). The torch backend uses it to copy out of scratch tensors after a call that is one
+    oxcomm op per dtype. ``fn`` goes with the block's *last* device op: the ops of a block are
+    one communicator's, on one device, so their copies back are queued in issue order on one
+    copy stream and the last one's come after all the others'. A block without device ops (the
+    call's tensors turned out to be host memory) runs ``fn`` at its end."""
 
     def __init__(self, fn):
         self.fn = fn
+        self.jobs = []
 
     def __enter__(self):
-        _local.epilogue = self.fn
+        self._outer = getattr(_local, "block", None)
+        _local.block = self
+        return self
 
-    def __exit__(self, *exc):
-        _local.epilogue = None
+    def __exit__(self, kind, *exc):
+        _local.block = self._outer
+        if kind is not None or self.fn is None:
+            return
+        if self.jobs:
+            self.jobs[-1].then(self.fn)
+        else:
+            self.fn()
 
 
 class Staged:
@@ -165,13 +178,11 @@ class Stager:
         ``async_op=True`` and returns a native Work that the op's completion waits for.
         """
         key = self._device_of(what, staged)
-        epilogue = getattr(_local, "epilogue", None)
-        _local.epilogue = None
         if key is None:
             bufs = [None if s is None else s.t for s in staged]
             if self.lane.idle():
                 return start(bufs, async_op)
-            job = HostJob(start, bufs, what, has_async=async_op or p2p)
+            job = HostJob(start, bufs, what, has_async=async_op or p2p, lane=self.lane if p2p else None)
             self.lane.submit(job)
             if async_op:
                 return job
@@ -179,10 +190,11 @@ class Stager:
             return None
         dev = self.device
         ready = dev.record(dev.current_stream(key))
-        op = _Op(self, what, key, ready, plan(staged, chunked and not p2p), start, epilogue, p2p)
-        deferred = op.host_done if p2p else None
-        source = op.source_rank if p2p else None
-        job = DeviceJob(dev, key, what, op.issue, op.finish, deferred, source)
+        op = _Op(self, what, key, ready, plan(staged, chunked and not p2p), start, p2p)
+        job = DeviceJob(dev, key, what, op, self.lane)
+        block = getattr(_local, "block", None)
+        if block is not None:
+            block.jobs.append(job)
         if not async_op and self.lane.idle():
             job.run()
             job.wait()
@@ -221,11 +233,14 @@ class Stager:
 
 class _Op:
     """One staged op's pipeline (see the module docs): ``issue`` copies out and runs the host op
-    part by part, ``finish`` records the final event and returns the slots."""
+    part by part, ``finish`` queues the copies back of a point-to-point op and the
+    ``epilogues`` (:class:`then`), records the final event and returns the slots; ``after``
+    runs an epilogue given after ``finish``."""
 
-    def __init__(self, stager, what, key, ready, parts, start, epilogue, p2p):
+    def __init__(self, stager, what, key, ready, parts, start, p2p):
         self.st, self.what, self.key, self.ready = stager, what, key, ready
-        self.parts, self.start, self.epilogue, self.p2p = parts, start, epilogue, p2p
+        self.parts, self.start, self.p2p = parts, start, p2p
+        self.epilogues = []
         self.native = None
         self.slots = []
 
@@ -293,9 +308,9 @@ class _Op:
             if self.native is not None:
                 self.native.wait()
             self._copy_back(self.parts[0], self.hosts, h2d)
-        if self.epilogue is not None:
+        for fn in self.epilogues:
             with dev.on_stream(h2d):
-                self.epilogue()
+                fn()
         for v in self.parts[0]:
             if v is not None and v[2]:
                 dev.keep(v[0], h2d)
@@ -303,3 +318,11 @@ class _Op:
         st.pool.give(self.slots, final)
         self.slots = []
         return final
+
+    def after(self, fn):
+        """``fn`` on the copy stream after everything ``finish`` queued; the new final event."""
+        dev = self.st.device
+        _, h2d = self.st.streams(self.key)
+        with dev.on_stream(h2d):
+            fn()
+        return dev.record(h2d)

@@ -50,10 +50,15 @@ class OnebitLamb(OnebitOptimizer):
       ``f`` (see the module docs; with weight decay it is moved towards 1 by the share of ``u``
       that is not decay), ``p ← p − lr·C·f·u``.
 
-    ``mask_zero_variance`` (default on; DeepSpeed had only the user's ``exp_avg_mask``) zeroes
-    the decompressed momentum of elements whose frozen variance is exactly 0: they never had a
-    gradient, and 1-bit noise divided by ``eps`` would throw them far. A momentum of norm 0 gets
-    the scaling coefficient 1 (DeepSpeed divided by that norm: NaN in every parameter).
+    The momenta are fused into one buffer padded to a multiple of ``8·size``; the padding keeps
+    what the last compressed all-reduce left there, as DeepSpeed's buffer does (it enters the
+    next compression's scale).
+
+    ``mask_zero_variance`` (off by default, as DeepSpeed has only the user's ``exp_avg_mask``)
+    zeroes the decompressed momentum of elements whose frozen variance is exactly 0: they never
+    had a gradient, and 1-bit noise divided by ``eps`` throws them far. A momentum of norm 0 gets
+    the scaling coefficient 1 (DeepSpeed divided by that norm: NaN in every parameter; nothing
+    else changes where DeepSpeed's result is finite).
 
     :meth:`get_lamb_coeffs` returns the coefficients of the last step, as DeepSpeed's. No bias
     correction, as in DeepSpeed (``bias_correction`` is accepted and ignored). Who averages the
@@ -81,7 +86,7 @@ class OnebitLamb(OnebitOptimizer):
         bias_correction=True,
         amsgrad=False,
         deepspeed=None,
-        mask_zero_variance=True,
+        mask_zero_variance=False,
     ):
         check_adam_args("1-bit LAMB", lr, betas, amsgrad)
         if not 0.0 < min_coeff <= max_coeff:
@@ -206,7 +211,9 @@ class OnebitLamb(OnebitOptimizer):
         for m in momenta:
             self._flat[at : at + m.numel()].copy_(m.view(-1))
             at += m.numel()
-        self._flat[at:].zero_()
+        # The padding past the momenta keeps what the previous compressed all-reduce left there
+        # (zeros before the first), as DeepSpeed's fused buffer does: it enters the scale of
+        # the next compression.
         self.comms.compressed_(self._flat, self._worker_error, self._server_error)
         at = 0
         for m in momenta:
@@ -239,7 +246,13 @@ class OnebitLamb(OnebitOptimizer):
         p.add_(update, alpha=-group["lr"] * coeff)
 
     def _extra_state(self):
-        return {"frozen": self.frozen, "worker_error": self._worker_error, "server_error": self._server_error}
+        # the fused buffer too: its padding carries into the next compressed step
+        return {
+            "frozen": self.frozen,
+            "worker_error": self._worker_error,
+            "server_error": self._server_error,
+            "fused": self._flat,
+        }
 
     def _load_extra_state(self, extra, own_errors):
         if "frozen" in extra:
@@ -248,6 +261,9 @@ class OnebitLamb(OnebitOptimizer):
             self.frozen = self.steps >= max(2, self.freeze_step)
         self._flat = None
         self._worker_error = self._server_error = None
+        device = next((p.device for g in self.param_groups for p in g["params"]), None)
+        if extra.get("fused") is not None:
+            self._flat = extra["fused"].to(device=device, dtype=torch.float32, copy=True)
         we, se = extra.get("worker_error"), extra.get("server_error")
         if own_errors and we is not None:
             device = next((p.device for g in self.param_groups for p in g["params"]), we.device)

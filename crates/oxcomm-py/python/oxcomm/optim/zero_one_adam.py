@@ -39,22 +39,25 @@ class ZeroOneAdam(OnebitOptimizer):
       group's ``exp_avg_mask``, if any); then ``p ← p − lr·(m/(√v + eps) + wd·p)``. After step
       ``var_freeze_step + 1`` the local phase starts and the error buffers are zeroed (they
       held gradients' errors; they will hold displacements').
-    * local phase, with this rank's own gradient: ``m ← β1·m + (1−β1)·g``, the same update of
-      ``p``, ``Σlr`` accumulated. On a sync step (``k % local_step_interval == 0``), with
-      ``a`` the parameters at the last sync: ``d ← `` the 1-bit all-reduce of
-      ``(p − a)·(√v + eps)``, ``m ← −d/Σlr``, ``p ← a + d/(√v + eps)``, ``a ← p``, ``Σlr ← 0``.
+    * local phase, with this rank's own gradient: ``m ← β1·m + (1−β1)·g``, the same update
+      ``δ = −lr·(m/(√v + eps) + wd·p)`` added to ``p`` and to the running sum ``u``, ``Σlr``
+      accumulated. On a sync step (``k % local_step_interval == 0``): ``p ← p − u``,
+      ``d ← `` the 1-bit all-reduce of ``u·(√v + eps)``, ``m ← −d/Σlr``,
+      ``p ← p + d/(√v + eps)``, ``u ← 0``, ``Σlr ← 0`` (DeepSpeed's arithmetic, step for step).
 
-    ``mask_zero_variance`` (default on; DeepSpeed had only the user's ``exp_avg_mask``) zeroes
-    the decompressed gradient or displacement of elements whose variance is exactly 0: they
-    never had a gradient, and 1-bit noise divided by ``eps`` would throw them far. With
-    ``Σlr = 0`` (a learning rate of 0) the momentum becomes 0 (DeepSpeed divided by it: NaN).
+    Options that depart from DeepSpeed, each off by default: ``identical_sync`` keeps the
+    parameters of the last sync ``a`` instead of the running sum (``d`` is the all-reduce of
+    ``(p − a)·(√v + eps)`` and ``p ← a + d/(√v + eps)``, ``a ← p``): DeepSpeed's ``p − u`` leaves
+    each rank's parameters off by its own rounding after every sync, ``a`` gives every rank the
+    same parameters, bit for bit. ``mask_zero_variance`` zeroes the decompressed gradient or
+    displacement of elements whose variance is exactly 0 (DeepSpeed had only the user's
+    ``exp_avg_mask``): they never had a gradient, and 1-bit noise divided by ``eps`` throws
+    them far. With ``Σlr = 0`` (a learning rate of 0) the momentum becomes 0 (DeepSpeed divided
+    by it: NaN; nothing else changes where DeepSpeed's result is finite).
 
-    DeepSpeed restored ``p`` by adding back a running sum of the local updates, which leaves
-    each rank's parameters off by its own rounding after every sync; keeping ``a`` instead
-    (the same memory as that sum) gives every rank the same parameters, bit for bit, after each
-    sync step. Who averages the variance steps' gradients (and ``group``): as
-    :class:`~oxcomm.optim.OnebitAdam`; the DDP hook and the DeepSpeed engine send nothing on
-    the other steps. No bias correction, as in DeepSpeed.
+    Who averages the variance steps' gradients (and ``group``): as
+    :class:`~oxcomm.optim.OnebitAdam`; the DDP hook and the DeepSpeed engine send nothing on the
+    other steps. No bias correction, as in DeepSpeed.
     """
 
     NAME = "ZeroOneAdam"
@@ -75,9 +78,11 @@ class ZeroOneAdam(OnebitOptimizer):
         bias_correction=True,
         amsgrad=False,
         deepspeed=None,
-        mask_zero_variance=True,
+        mask_zero_variance=False,
+        identical_sync=False,
     ):
         check_adam_args("0/1 Adam", lr, betas, amsgrad)
+        self.identical_sync = bool(identical_sync)
         for name, v in (
             ("var_update_scaler", var_update_scaler),
             ("local_step_scaler", local_step_scaler),
@@ -148,19 +153,49 @@ class ZeroOneAdam(OnebitOptimizer):
             state = self.state[p]
             beta1 = group["betas"][0]
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            if "anchor" not in state:
+            if self.identical_sync and "anchor" not in state:
                 state["anchor"] = p.detach().clone()
+            if not self.identical_sync and "momentum_accumulator" not in state:
+                state["momentum_accumulator"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             exp_avg.mul_(beta1).add_(p.grad, alpha=1 - beta1)
             state["lrs"] += group["lr"]
-            self._adam_update(group, p, exp_avg, exp_avg_sq)
-            if sync:
-                self._sync(group, p, state)
+            if self.identical_sync:
+                self._adam_update(group, p, exp_avg, exp_avg_sq)
+                if sync:
+                    self._sync_to_anchor(group, p, state)
+            else:
+                update = exp_avg / (exp_avg_sq.sqrt() + group["eps"])
+                if group["weight_decay"] > 0.0:
+                    update += group["weight_decay"] * p
+                delta = -group["lr"] * update
+                p.add_(delta)
+                state["momentum_accumulator"].add_(delta)
+                if sync:
+                    self._sync(group, p, state)
         self.local_step_counter += 1
         if self.local_step_counter == self.local_step_scaler:
             self.local_step_counter = 0
             self.local_step_interval = min(self.local_step_clipper, self.local_step_interval * 2)
 
     def _sync(self, group, p, state):
+        """DeepSpeed's sync: back by the running sum ``u``, forward by the group's mean of it."""
+        exp_avg, exp_avg_sq, u = state["exp_avg"], state["exp_avg_sq"], state["momentum_accumulator"]
+        p.add_(-1 * u)
+        u.mul_(exp_avg_sq.sqrt() + group["eps"])
+        if self.size > 1:
+            self.comms.compressed_(u, *self._errors(p, state))
+            self._mask_(group, u, exp_avg_sq)
+        if state["lrs"] > 0:
+            exp_avg.zero_().add_(u / state["lrs"], alpha=-1)
+        else:
+            # DeepSpeed divides by the summed learning rates unguarded: NaN with lr = 0.
+            exp_avg.zero_()
+        p.add_(u / (exp_avg_sq.sqrt() + group["eps"]))
+        u.zero_()
+        state["lrs"] = 0.0
+
+    def _sync_to_anchor(self, group, p, state):
+        """``identical_sync``: from the parameters of the last sync, the same on every rank."""
         exp_avg, anchor = state["exp_avg"], state["anchor"]
         denom = state["exp_avg_sq"].sqrt().add_(group["eps"])
         moved = (p - anchor).mul_(denom)

@@ -7,6 +7,10 @@ changing one word::
     import oxcomm.torch  # noqa: F401  (registers "oxcomm")
     torch.distributed.init_process_group("oxcomm")   # under torchrun or `oxcomm launch`
 
+With the package installed the import is not needed on torch 2.15: its entry point (in torch's
+``torch.distributed.backends`` group, :mod:`oxcomm._entry_points`) imports this package the
+first time torch is asked for the backend.
+
 The backend is registered for ``cpu`` and ``cuda``: ``init_process_group("oxcomm")`` serves CPU
 and CUDA tensors (CUDA ones staged through pinned host memory with NCCL's stream semantics, see
 :mod:`oxcomm._cuda`), and a spec that mixes backends (``"cpu:gloo,cuda:oxcomm"``,
@@ -21,8 +25,8 @@ default group's links with ``comm.group(global_ranks)``, which only the members 
 torch requires. When the default group is not oxcomm (``init_process_group("gloo")`` then
 ``new_group(backend="oxcomm")``) the members rendezvous on the new group's own store.
 
-The package is split by question: :mod:`.process_group` maps c10d's calls onto a
-communicator, :mod:`.work` completes async ops, :mod:`.rendezvous` serves ``env://`` under
+The package is split by question: :mod:`.process_group` holds the group classes torch builds
+(its docstring lists the modules its calls are split into), :mod:`.work` completes async ops, :mod:`.rendezvous` serves ``env://`` under
 ``oxcomm launch``; this file builds groups and registers the backend. The optimizers
 (:class:`OnebitAdam`, :class:`OnebitLamb`, :class:`ZeroOneAdam`) live in :mod:`oxcomm.optim`
 and are re-exported here.
@@ -161,6 +165,6 @@ if "deepspeed.comm" in sys.modules and "oxcomm.deepspeed" not in sys.modules:
     # DeepSpeed came first (``import deepspeed; import oxcomm.torch``): take its CPU hot path
     # off its own shm op now, before init_distributed builds that op (see oxcomm.deepspeed,
     # which does it itself when it is the one importing this package).
-    from oxcomm.deepspeed import patch_deepspeed
+    from .deepspeed_patch import patch_deepspeed
 
     patch_deepspeed()

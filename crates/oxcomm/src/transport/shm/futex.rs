@@ -181,6 +181,18 @@ impl Doorbell for ShmDoorbell {
     fn heartbeat(&self) {
         self.seg.bell().heartbeat.store(crate::transport::monotonic_ns(), Ordering::Relaxed);
     }
+
+    fn set_op(&self, op: u64) {
+        self.seg.bell().last_op.store(op, Ordering::Relaxed);
+    }
+
+    fn ctrl_count(&self) -> u32 {
+        self.seg.bell().ctrl.load(Ordering::Acquire)
+    }
+
+    fn wake(&self) {
+        self.ring();
+    }
 }
 
 #[cfg(all(test, not(loom)))]

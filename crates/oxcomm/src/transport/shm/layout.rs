@@ -19,7 +19,9 @@ use super::sync::AtomicU32;
 
 /// The doorbell words in the owner's segment: the counter and its sleepers on one 128-byte
 /// line, the heartbeat on the next, so that the owner stamping its heartbeat every op does not
-/// take the line that peers read to decide whether to ring.
+/// take the line that peers read to decide whether to ring, and the count of control
+/// messages on a third, which the owner reads twice per op and peers write only when they
+/// send one (a ring, which every send makes, must not take it from the owner's cache).
 #[repr(C, align(128))]
 #[derive(Default)]
 pub(crate) struct Bell {
@@ -31,6 +33,12 @@ pub(crate) struct Bell {
     pub(super) _line: [u64; 15],
     /// When the owner last showed life inside oxcomm (monotonic ns; 0 never).
     pub(crate) heartbeat: std::sync::atomic::AtomicU64,
+    /// The op word of the op the owner last ran ([`crate::wire::Fingerprint::op_word`]).
+    pub(crate) last_op: std::sync::atomic::AtomicU64,
+    /// Padding to the end of the second line.
+    pub(super) _line2: [u64; 14],
+    /// Control messages peers have put in the owner's control rings so far (wrapping).
+    pub(crate) ctrl: std::sync::atomic::AtomicU32,
 }
 
 /// Largest payload that travels inline in a slot (small-message path).

@@ -76,6 +76,10 @@ pub struct ShmLink {
     pub(super) tx: Producer,
     /// From this rank's segment.
     pub(super) rx: Consumer,
+    /// Control messages into the peer's segment ([`Link::send_ctrl`]).
+    pub(super) ctrl_tx: Producer,
+    /// Control messages from this rank's segment.
+    pub(super) ctrl_rx: Consumer,
     /// Keeps the peer's mapping (and its doorbell) alive.
     pub(super) peer_seg: Arc<Segment>,
     pub(super) process: PeerProcess,
@@ -103,8 +107,9 @@ fn closed_flag(cause: Option<(usize, ErrorKind)>) -> u32 {
     cause.map_or(CLOSED, |(r, kind)| 2 + ((r as u32) << 3 | crate::transport::cause_code(kind)))
 }
 
-/// Why a link with close flag `flag` is gone: a plain reason, or the error naming the culprit.
-fn closed_reason(flag: u32, peer: usize) -> Option<std::result::Result<String, Error>> {
+/// Why a link of rank `me` with close flag `flag` is gone: a plain reason, or the error naming
+/// the culprit.
+fn closed_reason(flag: u32, me: usize, peer: usize) -> Option<std::result::Result<String, Error>> {
     match flag {
         0 => None,
         CLOSED => Some(Ok("it closed its shared-memory link".to_string())),
@@ -113,7 +118,7 @@ fn closed_reason(flag: u32, peer: usize) -> Option<std::result::Result<String, E
             if culprit == peer {
                 Some(Ok("it closed its shared-memory link after failing".to_string()))
             } else {
-                Some(Err(crate::transport::cascaded(peer, culprit, crate::transport::cause_kind(code))))
+                Some(Err(crate::transport::cascaded_to(me, peer, culprit, crate::transport::cause_kind(code))))
             }
         }
     }
@@ -144,13 +149,13 @@ impl ShmLink {
 
     /// Why the peer can no longer read, if it cannot, and the rank to blame.
     fn reader_gone(&self) -> Option<std::result::Result<String, Error>> {
-        closed_reason(self.tx.ctrl().flags.0.reader_closed.load(Ordering::Acquire), self.peer)
+        closed_reason(self.tx.ctrl().flags.0.reader_closed.load(Ordering::Acquire), self.rank, self.peer)
             .or_else(|| self.process_gone.then(|| Ok("its process exited".to_string())))
     }
 
     /// Why the peer will send no more, if it will not, and the rank to blame.
     fn writer_gone(&self) -> Option<std::result::Result<String, Error>> {
-        closed_reason(self.rx.ctrl().flags.0.writer_closed.load(Ordering::Acquire), self.peer)
+        closed_reason(self.rx.ctrl().flags.0.writer_closed.load(Ordering::Acquire), self.rank, self.peer)
             .or_else(|| self.process_gone.then(|| Ok("its process exited".to_string())))
     }
 }
@@ -215,6 +220,72 @@ impl Link for ShmLink {
 
     fn peer_idle(&mut self) -> Option<std::time::Duration> {
         crate::transport::idle_since(self.peer_seg.bell().heartbeat.load(Ordering::Relaxed))
+    }
+
+    fn send_ctrl(&mut self, msg: &[u8]) -> Result<bool> {
+        if msg.len() > crate::transport::MAX_CTRL_BYTES {
+            return Err(Error::invalid(format!("a control message of {} bytes", msg.len())));
+        }
+        if let Some(why) = self.reader_gone() {
+            return Err(self.gone(why));
+        }
+        let len = (msg.len() as u32).to_le_bytes();
+        if !self.ctrl_tx.try_write_all(&[&len, msg]).map_err(|c| self.corrupt(c, "to"))? {
+            return Ok(false);
+        }
+        // Release: the peer that sees the count sees the message (published before it).
+        self.peer_seg.bell().ctrl.fetch_add(1, Ordering::AcqRel);
+        self.peer_seg.bell().ring();
+        Ok(true)
+    }
+
+    fn recv_ctrl(&mut self, out: &mut Vec<u8>) -> Result<bool> {
+        let mut len = [0u8; 4];
+        if self.ctrl_rx.peek(&mut len).map_err(|c| self.corrupt(c, "from"))? < len.len() {
+            return Ok(false);
+        }
+        let len = u32::from_le_bytes(len) as usize;
+        if len > crate::transport::MAX_CTRL_BYTES {
+            return Err(Error::protocol(format!(
+                "rank {} sent a control message of {len} bytes (at most {})",
+                self.peer,
+                crate::transport::MAX_CTRL_BYTES
+            ))
+            .with_peer(self.peer)
+            .with_rank(self.rank));
+        }
+        if (self.ctrl_rx.available().map_err(|c| self.corrupt(c, "from"))? as usize) < 4 + len {
+            return Ok(false); // written whole: not possible, but never read a part
+        }
+        self.ctrl_rx.try_read(&mut [0u8; 4]).map_err(|c| self.corrupt(c, "from"))?;
+        out.resize(len, 0);
+        let got = self.ctrl_rx.try_read(out).map_err(|c| self.corrupt(c, "from"))?;
+        debug_assert_eq!(got, len);
+        Ok(true)
+    }
+
+    fn end_epoch(&mut self, epoch: u32) -> Result<bool> {
+        self.tx.mark(epoch);
+        self.peer_seg.bell().ring();
+        Ok(true)
+    }
+
+    fn begin_epoch(&mut self, epoch: u32) -> Result<bool> {
+        let passed = self.rx.skip_to_mark(epoch).map_err(|c| self.corrupt(c, "from"))?;
+        // Dropped bytes are freed space: a writer blocked on a full ring waits for it.
+        if self.rx.take_writer_blocked() {
+            self.peer_seg.bell().ring();
+        }
+        Ok(passed)
+    }
+
+    fn peer_last_op(&mut self) -> Option<u64> {
+        Some(self.peer_seg.bell().last_op.load(Ordering::Relaxed))
+    }
+
+    fn renumber(&mut self, rank: usize, peer: usize, _world: usize) {
+        self.rank = rank;
+        self.peer = peer;
     }
 
     fn kind(&self) -> crate::transport::Transport {

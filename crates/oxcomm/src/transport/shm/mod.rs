@@ -302,6 +302,8 @@ impl ShmEndpoint {
             peer: p,
             tx,
             rx: self.own.consumer(my_slot),
+            ctrl_tx: seg.ctrl_producer(their_slot),
+            ctrl_rx: self.own.ctrl_consumer(my_slot),
             peer_seg: seg,
             process,
             process_gone: false,

@@ -52,6 +52,12 @@ pub(crate) struct RingFlags {
     /// Set by the producer when it found the ring full; cleared by the consumer, which then
     /// owes it a doorbell ring (see [`Consumer::take_writer_blocked`]).
     writer_blocked: AtomicU32,
+    /// The producer's last epoch mark ([`Producer::mark`]): bytes before `mark_at` belong to
+    /// the epochs before `mark_epoch`. Stored by the producer only: `mark_at` first, then
+    /// `mark_epoch` with `Release`.
+    mark_epoch: AtomicU32,
+    _pad: u32,
+    mark_at: AtomicU64,
 }
 
 /// The control block of one ring, placed right before its data area. All zero is the valid
@@ -202,6 +208,54 @@ impl Producer {
         self.raw.ctrl().tail.0.store(self.tail, Ordering::Release);
         Ok(n)
     }
+
+    /// Writes all of `parts`, one after the other, or nothing: `Ok(false)` when the ring has
+    /// not room for them all now (a control message goes whole or not at all). The consumer
+    /// sees them together, with one `tail` store.
+    pub(crate) fn try_write_all(&mut self, parts: &[&[u8]]) -> Result<bool, Corrupt> {
+        let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let cap = self.raw.cap;
+        if total > cap {
+            return Ok(false);
+        }
+        // Acquire: the consumer's reads of the space it freed happen before our writes.
+        self.head_cache = self.raw.ctrl().head.0.load(Ordering::Acquire);
+        let free = cap - self.raw.check(self.head_cache, self.tail)?;
+        if free < total {
+            return Ok(false);
+        }
+        let mut at = self.tail;
+        for part in parts {
+            let pos = (at & (cap - 1)) as usize;
+            let first = part.len().min(cap as usize - pos);
+            // SAFETY: as in `try_write`: `pos + first <= cap` and the wrapped rest starts at
+            // the data area's beginning; the `total` bytes after `tail` are free (checked
+            // above) and not readable by the consumer until `tail` is published below.
+            unsafe {
+                let base = self.raw.data.as_ptr();
+                crate::copy::copy_raw(base.add(pos), part.as_ptr(), first);
+                crate::copy::copy_raw(base, part.as_ptr().add(first), part.len() - first);
+            }
+            at += part.len() as u64;
+        }
+        self.tail = at;
+        // Release: publishes the bytes copied above.
+        self.raw.ctrl().tail.0.store(self.tail, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Marks the end of the epochs before `epoch`: every byte written so far belongs to them,
+    /// every later one to `epoch` ([`Consumer::skip_to_mark`]). Only the producer stores the
+    /// mark; a mark for an epoch not above the last one is ignored.
+    pub(crate) fn mark(&mut self, epoch: u32) {
+        let flags = &self.raw.ctrl().flags.0;
+        if flags.mark_epoch.load(Ordering::Relaxed) >= epoch {
+            return;
+        }
+        flags.mark_at.store(self.tail, Ordering::Relaxed);
+        // Release: a consumer that sees the epoch sees `mark_at` (and the bytes before it).
+        flags.mark_epoch.store(epoch, Ordering::Release);
+    }
 }
 
 impl Consumer {
@@ -292,6 +346,35 @@ impl Consumer {
         flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::Relaxed) != 0
     }
 
+    /// Drops every byte the producer wrote before its mark for `epoch` ([`Producer::mark`]):
+    /// `Ok(true)` once the mark is there and passed, `Ok(false)` while the producer has not
+    /// marked that epoch (then every readable byte is dropped: all of it is older). Bytes after
+    /// the mark stay.
+    pub(crate) fn skip_to_mark(&mut self, epoch: u32) -> Result<bool, Corrupt> {
+        let flags = &self.raw.ctrl().flags.0;
+        // Acquire: pairs with the producer's Release store of the epoch (after `mark_at`).
+        let marked = flags.mark_epoch.load(Ordering::Acquire) >= epoch;
+        let to = if marked {
+            flags.mark_at.load(Ordering::Relaxed)
+        } else {
+            self.tail_cache = self.raw.ctrl().tail.0.load(Ordering::Acquire);
+            self.tail_cache
+        };
+        if to > self.head {
+            // The mark lies within what the producer has published (it stores `tail` before
+            // marking), unless the counters are corrupt.
+            self.tail_cache = self.raw.ctrl().tail.0.load(Ordering::Acquire);
+            self.raw.check(self.head, self.tail_cache)?;
+            if to > self.tail_cache {
+                return Err(Corrupt { head: to, tail: self.tail_cache });
+            }
+            self.head = to;
+            // Release: nothing was read, but the producer may reuse the space.
+            self.raw.ctrl().head.0.store(self.head, Ordering::Release);
+        }
+        Ok(marked)
+    }
+
     /// Copies readable bytes into a prefix of `buf`; returns how many (0 when none).
     pub(crate) fn try_read(&mut self, buf: &mut [u8]) -> Result<usize, Corrupt> {
         let mut at = 0;
@@ -360,6 +443,33 @@ mod tests {
         assert_eq!(rx.try_read(&mut all).unwrap(), 10);
         assert_eq!(all, [9, 10, 11, 12, 13, 14, 15, 16, 17, 18]);
         assert_eq!(rx.peek(&mut head).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_mark_splits_the_stream_between_epochs() {
+        let (mut tx, mut rx) = heap_pair(64);
+        tx.try_write(&[1, 2, 3]).unwrap();
+        rx.try_read(&mut [0u8; 1]).unwrap();
+        // Not marked yet: what is there is the old epoch's.
+        assert!(!rx.skip_to_mark(1).unwrap());
+        assert_eq!(rx.peek(&mut [0u8; 4]).unwrap(), 0);
+        tx.try_write(&[4, 5]).unwrap();
+        tx.mark(1);
+        tx.mark(1); // idempotent
+        tx.try_write(&[6, 7]).unwrap();
+        assert!(rx.skip_to_mark(1).unwrap());
+        let mut buf = [0u8; 4];
+        assert_eq!(rx.try_read(&mut buf).unwrap(), 2);
+        assert_eq!(&buf[..2], &[6, 7]);
+        assert!(rx.skip_to_mark(1).unwrap(), "passing a mark twice drops nothing");
+        // Whole writes: all or nothing.
+        assert!(tx.try_write_all(&[&[8u8; 30], &[9u8; 30]]).unwrap());
+        assert!(!tx.try_write_all(&[&[1u8; 5]]).unwrap(), "4 bytes free");
+        assert_eq!(rx.try_read(&mut [0u8; 64]).unwrap(), 60);
+        assert!(tx.try_write_all(&[&[1u8; 40], &[2u8; 24]]).unwrap(), "wraps");
+        let mut all = [0u8; 64];
+        assert_eq!(rx.try_read(&mut all).unwrap(), 64);
+        assert_eq!((&all[..40], &all[40..]), (&[1u8; 40][..], &[2u8; 24][..]));
     }
 
     #[test]

@@ -5,14 +5,14 @@
 //! which peers attach or when names are unlinked (the endpoint does), nor the ring or doorbell
 //! protocols (`ring.rs`, `futex.rs`).
 //!
-//! # Layout (version 3)
+//! # Layout (version 6)
 //!
 //! | offset | what |
 //! | --- | --- |
 //! | 0 | [`Header`] (128 bytes): magic, version, world, owner rank and pid, layout sizes |
-//! | 128 | the owner's doorbell ([`Bell`], two 128-byte lines: counter and sleepers, then heartbeat) |
-//! | 384 | slot table: `world` × `u32`, the inbound ring slot of each rank or `u32::MAX` |
-//! | `rings_offset` (page-aligned) | `slots` rings, each a 384-byte control block + `ring_bytes` of data |
+//! | 128 | the owner's doorbell ([`Bell`], three 128-byte lines: counter and sleepers; heartbeat and last op; count of control messages) |
+//! | 512 | slot table: `world` × `u32`, the inbound ring slot of each rank or `u32::MAX` |
+//! | `rings_offset` (page-aligned) | `slots` ring pairs, each a 384-byte control block + `ring_bytes` of data (the byte stream), then a 384-byte control block + [`CTRL_RING_BYTES`] (the control messages: `u32` length, then the message) |
 //! | `workspace_offset` (page-aligned) | [`WORKSPACE_BYTES`] for the direct collectives |
 //!
 //! The creator writes everything, then stores `magic` last with `Release`; an attacher that
@@ -40,7 +40,9 @@ use crate::error::{Error, ErrorKind, Result};
 /// "OXCOMSHM" little-endian.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"OXCOMSHM");
 /// Bumped whenever the layout changes.
-pub(crate) const VERSION: u32 = 5;
+pub(crate) const VERSION: u32 = 6;
+/// Bytes of each control ring (control messages of [`crate::transport::Link::send_ctrl`]).
+pub(crate) const CTRL_RING_BYTES: usize = 16 << 10;
 /// Smallest ring accepted (one page).
 pub(crate) const MIN_RING_BYTES: usize = 4096;
 /// Largest ring accepted.
@@ -162,7 +164,7 @@ impl Layout {
         }
         let table_end = TABLE_OFFSET.checked_add(world.checked_mul(4)?)?;
         let rings_offset = table_end.checked_next_multiple_of(PAGE)?;
-        let ring_stride = CTRL_BYTES.checked_add(ring_bytes)?;
+        let ring_stride = CTRL_BYTES.checked_add(ring_bytes)?.checked_add(CTRL_BYTES + CTRL_RING_BYTES)?;
         let rings_end = rings_offset.checked_add(ring_stride.checked_mul(slots)?)?;
         let workspace_offset = rings_end.checked_next_multiple_of(PAGE)?;
         let total_bytes = workspace_offset.checked_add(WORKSPACE_BYTES)?;
@@ -443,6 +445,34 @@ impl Segment {
         }
     }
 
+    /// Pointers to the control ring of slot `slot` (after its byte ring).
+    fn ctrl_ring_ptrs(&self, slot: usize) -> (NonNull<RingCtrl>, NonNull<u8>) {
+        let (ctrl, _) = self.ring_ptrs(slot);
+        // SAFETY: the control ring is the last `CTRL_BYTES + CTRL_RING_BYTES` of the slot's
+        // stride (`Layout::new`), inside the mapping; `ring_bytes` and `CTRL_BYTES` are
+        // multiples of 128, so it is 128-aligned.
+        unsafe {
+            let c = ctrl.cast::<u8>().add(CTRL_BYTES + self.layout.ring_bytes);
+            (c.cast::<RingCtrl>(), c.add(CTRL_BYTES))
+        }
+    }
+
+    /// The writing end of slot `slot`'s control ring. One per ring (the caller).
+    pub(crate) fn ctrl_producer(self: &Arc<Self>, slot: usize) -> Producer {
+        let (ctrl, data) = self.ctrl_ring_ptrs(slot);
+        let owner: Arc<dyn Any + Send + Sync> = self.clone();
+        // SAFETY: as in `producer`, for the control ring (`CTRL_RING_BYTES`, a power of two).
+        unsafe { Producer::new(owner, ctrl, data, CTRL_RING_BYTES) }
+    }
+
+    /// The reading end of slot `slot`'s control ring. One per ring (the caller).
+    pub(crate) fn ctrl_consumer(self: &Arc<Self>, slot: usize) -> Consumer {
+        let (ctrl, data) = self.ctrl_ring_ptrs(slot);
+        let owner: Arc<dyn Any + Send + Sync> = self.clone();
+        // SAFETY: as in `consumer`, for the control ring.
+        unsafe { Consumer::new(owner, ctrl, data, CTRL_RING_BYTES) }
+    }
+
     /// The control block of ring `slot` (for its flags).
     pub(crate) fn ring_ctrl(&self, slot: usize) -> &RingCtrl {
         let (ctrl, _) = self.ring_ptrs(slot);
@@ -520,7 +550,7 @@ mod tests {
         assert_eq!(l.table_offset, TABLE_OFFSET);
         assert!(l.table_offset + 4 * 8 <= l.rings_offset);
         assert_eq!(l.rings_offset % PAGE, 0);
-        assert_eq!(l.ring_stride, CTRL_BYTES + MIN_RING_BYTES);
+        assert_eq!(l.ring_stride, 2 * CTRL_BYTES + MIN_RING_BYTES + CTRL_RING_BYTES);
         assert_eq!(l.ring_stride % 128, 0);
         assert!(l.rings_offset + 3 * l.ring_stride <= l.workspace_offset);
         assert_eq!(l.workspace_offset % PAGE, 0);

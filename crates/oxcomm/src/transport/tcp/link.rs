@@ -26,7 +26,7 @@ use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::io::Errno;
 use rustix::net::{RecvAncillaryBuffer, RecvFlags, SendAncillaryBuffer, SendFlags};
 
-use super::frame::{self, HEADER_BYTES};
+use super::frame::{self, HEADER_BYTES, TAG_BEAT, TAG_CTRL, TAG_DATA, TAG_MARK};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::{Doorbell, Link};
 
@@ -43,11 +43,14 @@ const WANT_WRITE: u8 = 2;
 pub(crate) struct Shared {
     pub(crate) sock: TcpStream,
     interest: AtomicU8,
+    /// Control frames the link has taken off the stream so far (the doorbell's
+    /// [`Doorbell::ctrl_count`] adds them up).
+    ctrl: AtomicU32,
 }
 
 impl Shared {
     pub(crate) fn new(sock: TcpStream) -> Arc<Shared> {
-        Arc::new(Shared { sock, interest: AtomicU8::new(0) })
+        Arc::new(Shared { sock, interest: AtomicU8::new(0), ctrl: AtomicU32::new(0) })
     }
 
     fn want(&self, bits: u8) {
@@ -88,7 +91,40 @@ pub struct TcpLink {
     peeked: Vec<u8>,
     /// The first error; the link is unusable after it.
     failed: Option<Error>,
+    /// Fault tolerance: control frames, epoch marks, heartbeats (see [`Ft`]).
+    ft: Ft,
 }
+
+/// What a TCP link keeps for fault tolerance: control messages that arrived, the epochs of
+/// both directions, control frames waiting to go out, and what it knows of the peer's life.
+struct Ft {
+    /// Control messages taken off the stream, for [`Link::recv_ctrl`].
+    ctrl_in: std::collections::VecDeque<Vec<u8>>,
+    /// The peer's last epoch mark seen: data frames after it wait for [`Link::begin_epoch`].
+    mark_in: u32,
+    /// The epoch this side reads: data of it is delivered.
+    epoch_in: u32,
+    /// The epoch [`Link::begin_epoch`] drops the stream up to, while its mark has not come.
+    skip_to: Option<u32>,
+    /// The last epoch this side marked ([`Link::end_epoch`]).
+    mark_out: u32,
+    /// Encoded control frames (marks, control messages, heartbeats) not yet written; data
+    /// frames wait for them.
+    out: Vec<u8>,
+    out_at: usize,
+    /// When this side last queued a heartbeat (monotonic ns).
+    beat_sent: u64,
+    /// The op word of the peer's last heartbeat, if any came.
+    beat_op: Option<u64>,
+    /// What the receive side looked like at the last [`Link::peer_idle`], and when it last
+    /// changed: any frame taken, any byte arrived, counts as a sign of life.
+    heard: (u64, usize, usize, usize, usize, usize),
+    heard_at: u64,
+}
+
+/// Most control messages a link holds that nobody took yet (a peer sending more is breaking
+/// the protocol: every exchange of control messages waits for answers).
+const MAX_CTRL_QUEUED: usize = 1024;
 
 impl std::fmt::Debug for TcpLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -128,6 +164,19 @@ impl TcpLink {
             stage_end: 0,
             peeked: Vec::new(),
             failed: None,
+            ft: Ft {
+                ctrl_in: std::collections::VecDeque::new(),
+                mark_in: 0,
+                epoch_in: 0,
+                skip_to: None,
+                mark_out: 0,
+                out: Vec::new(),
+                out_at: 0,
+                beat_sent: 0,
+                beat_op: None,
+                heard: (0, 0, 0, 0, 0, 0),
+                heard_at: crate::clock::monotonic_ns(),
+            },
         }
     }
 
@@ -265,9 +314,20 @@ impl TcpLink {
                 let err = if culprit == self.peer {
                     self.gone("it aborted after failing")
                 } else {
-                    crate::transport::cascaded(self.peer, culprit, code)
+                    crate::transport::cascaded_to(self.rank, self.peer, culprit, code)
                 };
                 return Err(self.fail(err));
+            }
+            if header.tag != TAG_DATA {
+                if !self.take_control_frame(header.tag, header.len)? {
+                    return Ok(false);
+                }
+                continue;
+            }
+            if self.ft.mark_in > self.ft.epoch_in && self.ft.skip_to.is_none() {
+                // A newer epoch's data: it waits for `begin_epoch` (an op of the old epoch
+                // never reads it).
+                return Ok(false);
             }
             self.stage_at += HEADER_BYTES;
             self.recv_seq += 1;
@@ -387,6 +447,11 @@ impl TcpLink {
     /// was alive when it failed, and the reader is to find its cause there. Only called once
     /// the peer has closed, so everything it sent is here.
     fn ends_with_abort(&self) -> bool {
+        self.ends_with_abort_word(None)
+    }
+
+    /// Whether the unread end of the stream is an abort frame (with word `word`, if given).
+    fn ends_with_abort_word(&self, want: Option<u32>) -> bool {
         let pending = rustix::io::ioctl_fionread(&self.shared.sock).unwrap_or(0) as usize;
         let mut unread = self.stage[self.stage_at..self.stage_end].to_vec();
         let at = unread.len();
@@ -398,7 +463,7 @@ impl TcpLink {
         let Some(tail) = unread.len().checked_sub(HEADER_BYTES).map(|from| &unread[from..]) else { return false };
         let seq = u64::from_le_bytes(tail[8..16].try_into().expect("8 bytes"));
         let word = u32::from_le_bytes(tail[16..20].try_into().expect("4 bytes"));
-        tail == frame::encode_raw(frame::TAG_ABORT, seq, word)
+        want.is_none_or(|w| w == word) && tail == frame::encode_raw(frame::TAG_ABORT, seq, word)
     }
 
     fn peer_closed(&self) -> Result<()> {
@@ -427,6 +492,10 @@ impl Link for TcpLink {
         if data.is_empty() {
             return Ok(0);
         }
+        // Control frames queued between data frames go first.
+        if self.ft.out_at < self.ft.out.len() && !self.flush_control().map_err(|e| self.fail(e))? {
+            return Ok(0);
+        }
         let n = self.send_inner(data).map_err(|e| self.fail(e))?;
         if n < data.len() {
             // The socket is full (or nearly): wake the next wait when it has room again.
@@ -447,7 +516,9 @@ impl Link for TcpLink {
         if early == buf.len() {
             return Ok(early);
         }
-        self.recv_inner(&mut buf[early..]).map(|n| early + n).map_err(|e| self.fail(e))
+        let n = self.recv_inner(&mut buf[early..]).map(|n| early + n).map_err(|e| self.fail(e))?;
+        self.take_staged_control();
+        Ok(n)
     }
 
     fn peek(&mut self, buf: &mut [u8]) -> Result<usize> {
@@ -527,7 +598,7 @@ impl Link for TcpLink {
         // Tell the peer who caused this, if no data frame is half-sent (best effort: a full
         // socket just closes without the notice).
         if let Some((culprit, kind)) = cause {
-            if self.send_left == 0 && self.header_sent == HEADER_BYTES {
+            if self.at_frame_boundary() && self.ft.out_at == self.ft.out.len() {
                 let word = (culprit as u32) << 3 | crate::transport::cause_code(kind);
                 let h = frame::encode_raw(frame::TAG_ABORT, self.send_seq, word);
                 let _ = rustix::net::send(&self.shared.sock, &h, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
@@ -537,6 +608,243 @@ impl Link for TcpLink {
 
     fn kind(&self) -> crate::transport::Transport {
         crate::transport::Transport::Tcp
+    }
+
+    fn send_ctrl(&mut self, msg: &[u8]) -> Result<bool> {
+        self.check_failed()?;
+        if msg.is_empty() || msg.len() > crate::transport::MAX_CTRL_BYTES {
+            return Err(Error::invalid(format!("a control message of {} bytes", msg.len())));
+        }
+        if !self.at_frame_boundary() {
+            return Ok(false); // a data frame is half sent: after it
+        }
+        self.queue_frame(TAG_CTRL, msg.len() as u32, msg);
+        self.flush_control().map_err(|e| self.fail(e))?;
+        Ok(true)
+    }
+
+    fn recv_ctrl(&mut self, out: &mut Vec<u8>) -> Result<bool> {
+        self.check_failed()?;
+        self.flush_control().map_err(|e| self.fail(e))?;
+        if self.ft.ctrl_in.is_empty() {
+            self.read_control().map_err(|e| self.fail(e))?;
+        }
+        match self.ft.ctrl_in.pop_front() {
+            Some(m) => {
+                *out = m;
+                Ok(true)
+            }
+            None => {
+                self.shared.want(WANT_READ);
+                Ok(false)
+            }
+        }
+    }
+
+    fn end_epoch(&mut self, epoch: u32) -> Result<bool> {
+        self.check_failed()?;
+        if self.ft.mark_out < epoch {
+            // Complete a half-sent data frame with padding (the peer drops it), then mark.
+            let zeros = [0u8; 4096];
+            while !self.at_frame_boundary() {
+                let n = self.send_left.min(zeros.len()).max(1);
+                if self.send_inner(&zeros[..n]).map_err(|e| self.fail(e))? == 0 && !self.at_frame_boundary() {
+                    self.shared.want(WANT_WRITE);
+                    return Ok(false);
+                }
+            }
+            self.queue_frame(TAG_MARK, epoch, &[]);
+            self.ft.mark_out = epoch;
+        }
+        self.flush_control().map_err(|e| self.fail(e))
+    }
+
+    fn begin_epoch(&mut self, epoch: u32) -> Result<bool> {
+        self.check_failed()?;
+        if self.ft.epoch_in >= epoch {
+            return Ok(true);
+        }
+        if self.ft.mark_in >= epoch {
+            // The mark came while an op of the old epoch read: what is after it is the new.
+            self.ft.epoch_in = epoch;
+            self.ft.skip_to = None;
+            return Ok(true);
+        }
+        self.ft.skip_to = Some(epoch);
+        self.peeked.clear();
+        self.read_control().map_err(|e| self.fail(e))?;
+        Ok(self.ft.epoch_in >= epoch)
+    }
+
+    fn beat(&mut self, op: u64) {
+        if self.failed.is_some() || !self.at_frame_boundary() || self.ft.out_at < self.ft.out.len() {
+            return;
+        }
+        let now = crate::clock::monotonic_ns();
+        if now.saturating_sub(self.ft.beat_sent) < crate::transport::BEAT_EVERY.as_nanos() as u64 {
+            return;
+        }
+        self.ft.beat_sent = now;
+        self.queue_frame(TAG_BEAT, frame::BEAT_BYTES as u32, &op.to_le_bytes());
+        if let Err(e) = self.flush_control() {
+            self.fail(e);
+        }
+    }
+
+    fn left_out_by_peer(&mut self) -> bool {
+        let mut fds = [PollFd::from_borrowed_fd(self.shared.sock.as_fd(), PollFlags::RDHUP)];
+        let now = Timespec { tv_sec: 0, tv_nsec: 0 };
+        let ended = PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR;
+        if !(matches!(poll(&mut fds, Some(&now)), Ok(n) if n > 0) && fds[0].revents().intersects(ended)) {
+            return false;
+        }
+        let word = (self.rank as u32) << 3 | crate::transport::cause_code(ErrorKind::Revoked);
+        self.ends_with_abort_word(Some(word))
+    }
+
+    fn peer_idle(&mut self) -> Option<Duration> {
+        // Any frame taken or any byte arrived since the last look is a sign of life. Bytes
+        // that sit unread hide the heartbeats behind them: then this side cannot tell.
+        let unread = rustix::io::ioctl_fionread(&self.shared.sock).unwrap_or(0) as usize;
+        let now = (
+            self.recv_seq,
+            self.recv_left,
+            self.stage_at,
+            self.stage_end,
+            self.peeked.len() + self.ft.ctrl_in.len(),
+            unread,
+        );
+        if now != self.ft.heard {
+            self.ft.heard = now;
+            self.ft.heard_at = crate::clock::monotonic_ns();
+        } else if unread > 0 || (self.staged() > 0 && self.recv_left > 0) {
+            return None;
+        }
+        crate::clock::idle_since(self.ft.heard_at)
+    }
+
+    fn peer_last_op(&mut self) -> Option<u64> {
+        self.ft.beat_op
+    }
+
+    fn renumber(&mut self, rank: usize, peer: usize, world: usize) {
+        self.rank = rank;
+        self.peer = peer;
+        self.world = world;
+    }
+}
+
+impl TcpLink {
+    /// Whether no data frame is half sent (a control frame may go now).
+    fn at_frame_boundary(&self) -> bool {
+        self.send_left == 0 && self.header_sent == HEADER_BYTES
+    }
+
+    /// Appends a frame of kind `tag` (header with `len`, then `payload`) to the control frames
+    /// waiting to go out.
+    fn queue_frame(&mut self, tag: u8, len: u32, payload: &[u8]) {
+        if self.ft.out_at == self.ft.out.len() {
+            self.ft.out.clear();
+            self.ft.out_at = 0;
+        }
+        self.ft.out.extend_from_slice(&frame::encode_raw(tag, self.send_seq, len));
+        self.ft.out.extend_from_slice(payload);
+        self.send_seq += 1;
+    }
+
+    /// Writes what it can of the control frames waiting; `Ok(true)` once none waits.
+    fn flush_control(&mut self) -> Result<bool> {
+        while self.ft.out_at < self.ft.out.len() {
+            let flags = SendFlags::DONTWAIT | SendFlags::NOSIGNAL;
+            match rustix::net::send(&self.shared.sock, &self.ft.out[self.ft.out_at..], flags) {
+                Ok(n) => self.ft.out_at += n,
+                Err(Errno::AGAIN) => {
+                    self.shared.want(WANT_WRITE);
+                    return Ok(false);
+                }
+                Err(Errno::INTR) => {}
+                Err(e) => return Err(self.os_error("sending to", e)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Takes a control frame (`tag` is not data) whose header is staged: a mark is noted, a
+    /// control message queued for [`Link::recv_ctrl`], a heartbeat's op word kept. `Ok(false)`
+    /// while its payload has not all arrived (the header stays staged).
+    fn take_control_frame(&mut self, tag: u8, len: u32) -> Result<bool> {
+        let body = if tag == TAG_MARK { 0 } else { len as usize };
+        while self.staged() < HEADER_BYTES + body {
+            if !self.fill_stage()? {
+                return Ok(false);
+            }
+        }
+        let at = self.stage_at + HEADER_BYTES;
+        match tag {
+            TAG_MARK => {
+                self.ft.mark_in = self.ft.mark_in.max(len);
+                if let Some(to) = self.ft.skip_to.filter(|to| self.ft.mark_in >= *to) {
+                    self.ft.epoch_in = to;
+                    self.ft.skip_to = None;
+                }
+            }
+            TAG_CTRL => {
+                if self.ft.ctrl_in.len() >= MAX_CTRL_QUEUED {
+                    return Err(Error::protocol(format!(
+                        "rank {} sent more than {MAX_CTRL_QUEUED} control messages nobody took",
+                        self.peer
+                    )));
+                }
+                self.ft.ctrl_in.push_back(self.stage[at..at + body].to_vec());
+                self.shared.ctrl.fetch_add(1, Ordering::AcqRel);
+            }
+            TAG_BEAT => {
+                let word: [u8; 8] = self.stage[at..at + 8].try_into().expect("8 bytes");
+                self.ft.beat_op = Some(u64::from_le_bytes(word));
+            }
+            _ => unreachable!("decode accepts only these tags"),
+        }
+        self.stage_at += HEADER_BYTES + body;
+        self.recv_seq += 1;
+        Ok(true)
+    }
+
+    /// After a read: a control frame whose header already sits in the stage behind the data
+    /// just read is taken now, so that the op that read the data learns of it from memory
+    /// (a peer's control message right behind its last data: a revocation) before it returns.
+    fn take_staged_control(&mut self) {
+        if self.recv_left == 0 && self.staged() >= HEADER_BYTES && self.stage[self.stage_at + 5] != TAG_DATA {
+            if let Err(e) = self.open_frame() {
+                self.fail(e);
+            }
+        }
+    }
+
+    /// Reads the stream as far as control frames go: takes every control frame, and while
+    /// [`Link::begin_epoch`] drops the old epoch, drops its data frames too. Stops at data
+    /// the reader must take, or when nothing more has arrived.
+    fn read_control(&mut self) -> Result<()> {
+        loop {
+            if self.recv_left > 0 {
+                if self.ft.skip_to.is_none() {
+                    return Ok(());
+                }
+                // Drop the old epoch's payload.
+                if self.staged() == 0 && !self.fill_stage()? {
+                    return Ok(());
+                }
+                let n = self.recv_left.min(self.staged());
+                self.stage_at += n;
+                self.recv_left -= n;
+                continue;
+            }
+            if !self.open_frame()? {
+                return Ok(());
+            }
+            if self.ft.skip_to.is_none() {
+                return Ok(()); // a data frame of the current epoch: the reader's
+            }
+        }
     }
 }
 
@@ -724,6 +1032,14 @@ impl TcpDoorbell {
 impl Doorbell for TcpDoorbell {
     fn epoch(&self) -> u32 {
         self.epoch.load(Ordering::SeqCst)
+    }
+
+    fn ctrl_count(&self) -> u32 {
+        self.links.iter().fold(0u32, |sum, l| sum.wrapping_add(l.ctrl.load(Ordering::Acquire)))
+    }
+
+    fn wake(&self) {
+        self.ring();
     }
 
     fn wait(&self, epoch: u32, until: Instant) {
