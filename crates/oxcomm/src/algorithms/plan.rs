@@ -3,7 +3,7 @@
 //!
 //! | op | choice |
 //! | --- | --- |
-//! | all_reduce across hosts ([`Across`]: links over TCP) | the lowest predicted time of recursive doubling, halving-doubling, ring and (when the group spans hosts evenly) hierarchical, from the links' measured alpha and beta ([`super::cost::best`]); recursive doubling with fewer elements than ranks |
+//! | all_reduce across hosts ([`Across`]: links over TCP), up to [`SMALL_ALL_REDUCE_BYTES`] | the lowest predicted time of recursive doubling, halving-doubling, ring and (when the group spans hosts evenly) hierarchical, from the links' measured alpha and beta ([`super::cost::best`]); recursive doubling with fewer elements than ranks |
 //! | all_reduce otherwise | recursive doubling below [`SMALL_ALL_REDUCE_BYTES`] (or fewer elements than ranks); above, hierarchical when the group spans hosts evenly, else ring |
 //! | all_gather, reduce_scatter | shm direct on one host (shm transport), else hierarchical when the group spans hosts evenly, else ring |
 //! | broadcast | hierarchical when the group spans hosts evenly, else binomial tree |
@@ -117,7 +117,14 @@ pub fn choose(
         };
     }
     Ok(match kind {
-        OpKind::AllReduce | OpKind::AllReduceCoalesced if count >= size && across.is_some() => {
+        // Across hosts the model chooses up to `SMALL_ALL_REDUCE_BYTES`; above, the ring (or
+        // hierarchical) as on one host: at 1 Gbit/s on 4 and 8 hosts (docs/perf_many_hosts.md,
+        // 256 KiB-16 MiB) the ring was the fastest or within 1% of it, while the model's
+        // halving-doubling ran up to 1.57x the ring's time at 8 hosts (its steps are not
+        // pipelined; the model prices them alike).
+        OpKind::AllReduce | OpKind::AllReduceCoalesced
+            if count >= size && across.is_some() && bytes <= SMALL_ALL_REDUCE_BYTES =>
+        {
             let x = across.expect("checked above");
             let folded = x.folds_at(kind, bytes);
             let allowed: Vec<Algorithm> = cost::ALL_REDUCE
@@ -197,12 +204,13 @@ mod tests {
         };
         let (slow, fast) = (across(4, 20.0, 1.0), across(4, 20.0, 10.0));
         assert_eq!(pick(&slow, 8), Algorithm::RecursiveDoubling);
-        // Large: the bandwidth-optimal ones tie on bytes; halving-doubling has fewer steps.
-        assert_eq!(pick(&slow, 64 << 20), Algorithm::HalvingDoubling);
+        // Above 64 KiB: the ring, as measured best at 1 Gbit/s on 4 and 8 hosts.
+        assert_eq!(pick(&slow, 64 << 20), Algorithm::Ring);
+        assert_eq!(pick(&across(8, 20.0, 1.0), 256 << 10), Algorithm::Ring);
         // 64 KiB at 10 Gbit/s: the ring's 6 steps cost more than doubling's extra bytes.
         assert_eq!(pick(&fast, 64 << 10), Algorithm::RecursiveDoubling);
         assert_ne!(pick(&slow, 1 << 20), Algorithm::RecursiveDoubling);
-        assert_eq!(pick(&across(16, 20.0, 1.0), 256 << 10), Algorithm::HalvingDoubling);
+        assert_eq!(pick(&across(16, 20.0, 1.0), 64 << 10), Algorithm::HalvingDoubling);
         // The same inputs give the same choice (every rank computes it alone).
         assert_eq!(pick(&slow, 100_000), pick(&slow, 100_000));
         // Forcing still wins; fewer elements than ranks stay on recursive doubling.

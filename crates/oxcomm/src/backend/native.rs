@@ -262,7 +262,11 @@ impl NativeBackend {
             ft.ctrl_seen = count;
             ft.poll(self.rank, ft.epoch, seq, links)?;
         }
-        if result.is_ok() && crate::clock::monotonic_ns().saturating_sub(env.now_ns) >= SLOW_OP_NS {
+        // A folded all-reduce (no agreement round trip first, `dispatch::folds_agreement`) can
+        // complete on a rank that resumes after being frozen from the contributions its peers
+        // sent before they gave up on it: look for their revocation behind those bytes too.
+        let folded = !route.agree && self.transport == Transport::Tcp;
+        if result.is_ok() && (folded || crate::clock::monotonic_ns().saturating_sub(env.now_ns) >= SLOW_OP_NS) {
             // A slow op may be one of a rank that was frozen and has resumed: on TCP the
             // revocations and the close that left it out sit behind the bytes the op read, and
             // the control count has not moved yet. Look for them before reporting success.
