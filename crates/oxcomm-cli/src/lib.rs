@@ -26,6 +26,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod check;
 mod launch;
+mod plan;
 mod plot;
 
 /// Collective communication for Rust: launch jobs, benchmark and check collectives.
@@ -44,6 +45,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run every collective on every transport with exact inputs and print a pass/fail table.
     Check(check::CheckArgs),
+    /// Print each all-reduce algorithm's predicted time on a described cluster and the
+    /// planner's choice (the library's cost model; runs nothing).
+    Plan(plan::PlanArgs),
     /// Test helper: connect to the launcher's store from a rank and exchange a key.
     #[command(hide = true)]
     StorePing(launch::StorePingArgs),
@@ -89,6 +93,7 @@ where
         Command::Launch(args) => launch::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Check(args) => check::run(args),
+        Command::Plan(args) => plan::run(args),
         Command::StorePing(args) => launch::store_ping(args),
     };
     match result {

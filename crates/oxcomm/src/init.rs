@@ -268,8 +268,8 @@ impl Init {
                 deadline,
             )
             .map_err(fail)?;
-            return Communicator::from_links(rank, links, bell, self.config.clone(), Transport::Tcp)?
-                .with_hosts(&hosts);
+            let comm = Communicator::from_links(rank, links, bell, self.config.clone(), Transport::Tcp)?;
+            return calibrated(comm.with_hosts(&hosts)?, &hosts);
         }
         // The cores the local ranks share, counted before this rank is pinned to one.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -331,7 +331,7 @@ impl Init {
                 Communicator::from_links(rank, links, bell, self.config.clone(), Transport::ShmTcp)?
             }
         };
-        comm.with_hosts(&hosts)
+        calibrated(comm.with_hosts(&hosts)?, &hosts)
     }
 
     /// The address TCP links bind and their settings.
@@ -342,6 +342,24 @@ impl Init {
         let tcp = crate::transport::tcp::TcpConfig::from_env().map_err(|e| e.with_rank(self.rank))?;
         Ok((ip, tcp))
     }
+}
+
+/// `comm` after measuring its links for the planner, when its ranks span several hosts and
+/// neither `OXCOMM_NET_ALPHA_US` nor `OXCOMM_NET_GBPS` describes them, unless
+/// `OXCOMM_NET_CALIBRATE=0` (default 1: a few milliseconds at start-up; see
+/// `NativeBackend::calibrate`). A bad value of any of the three is an error.
+fn calibrated<L: PartialEq>(comm: Communicator, hosts: &[L]) -> Result<Communicator> {
+    let described = crate::algorithms::cost::Network::from_env()?.is_some();
+    let on = match std::env::var("OXCOMM_NET_CALIBRATE").ok().as_deref().map(str::trim) {
+        None | Some("") | Some("1") => true,
+        Some("0") => false,
+        Some(v) => return Err(Error::invalid(format!("OXCOMM_NET_CALIBRATE={v:?} must be 0 or 1"))),
+    };
+    let spans_hosts = hosts.iter().any(|h| *h != hosts[0]);
+    if on && !described && spans_hosts {
+        comm.calibrate_links()?;
+    }
+    Ok(comm)
 }
 
 /// Pins the calling thread to the `local_rank`-th core it may run on, when there is one per

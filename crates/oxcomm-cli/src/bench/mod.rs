@@ -42,7 +42,7 @@ mod workers;
 use anyhow::{anyhow, bail};
 
 use args::Backend;
-pub use args::BenchArgs;
+pub use args::{parse_size, BenchArgs};
 use cases::human;
 use oxcomm::rendezvous::env::OXCOMM_TRANSPORT;
 use oxcomm::Transport;

@@ -147,12 +147,14 @@ pub(super) struct Report {
 
 impl Report {
     /// Opens the output files and prints the header. `transport`: its name for the header and
-    /// the files (the communicator's, or the flag's). `progress`: whether a bar may be drawn
-    /// (still hidden with --quiet or when stderr is not a terminal).
+    /// the files (the communicator's, or the flag's). `links`: what the planner knows of the
+    /// links between hosts (`Communicator::links_model`), printed when known. `progress`:
+    /// whether a bar may be drawn (still hidden with --quiet or when stderr is not a terminal).
     pub(super) fn create(
         plan: &BenchPlan,
         world: usize,
         transport: impl std::fmt::Display,
+        links: Option<oxcomm::algorithms::cost::Network>,
         progress: bool,
     ) -> anyhow::Result<Report> {
         let open = |p: &PathBuf| -> anyhow::Result<BufWriter<File>> {
@@ -188,7 +190,15 @@ impl Report {
             lines_done: 0,
             points: Vec::new(),
         };
-        report.print(&report.header())?;
+        let mut header = report.header();
+        if let Some(net) = links {
+            header.push_str(&format!(
+                "# links (the planner's model): one-way {:.1} us, {:.3} Gbit/s\n",
+                net.alpha * 1e6,
+                net.gbit_per_s()
+            ));
+        }
+        report.print(&header)?;
         report.bar.set_message(report.next_label());
         Ok(report)
     }

@@ -33,7 +33,7 @@ use super::sweep::rank_main;
 
 /// Runs the plan on `world` thread ranks of this process; prints the table here.
 pub(super) fn run_threads(plan: &BenchPlan, world: usize) -> anyhow::Result<i32> {
-    let report = Mutex::new(Report::create(plan, world, plan.transport, true)?);
+    let report = Mutex::new(Report::create(plan, world, plan.transport, None, true)?);
     let sink = |line: &Line| report.lock().unwrap_or_else(|e| e.into_inner()).line(line);
     let results = oxcomm::threads::run_with(world, CommConfig::default(), |comm| {
         rank_main(&comm, plan, if comm.rank() == 0 { Some(&sink) } else { None })
@@ -53,7 +53,7 @@ pub(super) fn run_shm(plan: &BenchPlan, world: usize) -> anyhow::Result<i32> {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    let report = Report::create(plan, world, plan.transport, true)?;
+    let report = Report::create(plan, world, plan.transport, None, true)?;
     let (socket, name) = channel::bind()?;
     let stop = Arc::new(AtomicBool::new(false));
     let receiver = {
@@ -108,7 +108,8 @@ pub(super) fn run_in_job(plan: &BenchPlan) -> anyhow::Result<i32> {
             Ok(0)
         }
         None => {
-            let report = Mutex::new(Report::create(plan, comm.size(), comm.transport(), !plan.quiet)?);
+            let report =
+                Mutex::new(Report::create(plan, comm.size(), comm.transport(), comm.links_model(), !plan.quiet)?);
             let sink = |line: &Line| report.lock().unwrap_or_else(|e| e.into_inner()).line(line);
             let result = rank_main(&comm, plan, Some(&sink));
             let report = report.into_inner().unwrap_or_else(|e| e.into_inner());

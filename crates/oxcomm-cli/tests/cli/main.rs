@@ -6,6 +6,7 @@ mod check;
 mod launch;
 mod mpi;
 mod netns;
+mod plan;
 
 /// The process harness of the library's integration tests: the `oxcomm` binary started with a
 /// deadline, its output read as it comes, and its whole process tree killed on drop.

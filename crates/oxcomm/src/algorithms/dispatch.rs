@@ -19,6 +19,7 @@ use crate::dtype::Element;
 use crate::engine::Ctx;
 use crate::error::{Error, Result};
 use crate::reduce::ReduceOp;
+use crate::transport::Transport;
 use crate::wire::Fingerprint;
 
 /// Whether `algo` needs the agreement phase over the links before it runs (the direct path
@@ -41,11 +42,22 @@ pub(crate) type Direct<'v> = super::shm_direct::Direct<'v>;
 #[cfg(not(target_os = "linux"))]
 pub(crate) type Direct<'v> = std::marker::PhantomData<&'v ()>;
 
+/// Whether an all-reduce of `bytes` per rank with `algo` over `transport`'s links folds its
+/// agreement into its data ([`super::doubling::all_reduce_folded`]) instead of running the
+/// agreement phase first: recursive doubling over TCP alone, up to
+/// [`super::doubling::FOLD_MAX_BYTES`], where the phase's round trip is most of the op.
+pub(crate) fn folds_agreement(algo: Algorithm, transport: Transport, bytes: usize) -> bool {
+    algo == Algorithm::RecursiveDoubling && transport == Transport::Tcp && bytes <= super::doubling::FOLD_MAX_BYTES
+}
+
 /// All-reduce with `algo` (`op` is the combiner: `Avg` is finished by the communicator on
-/// the returned buffer, which holds the result).
+/// the returned buffer, which holds the result). `agreed` says whether the agreement phase
+/// ran; recursive doubling without it folds the agreement into its messages.
+#[allow(clippy::too_many_arguments)] // the op's buffers plus what the route hands every algorithm
 pub(crate) fn all_reduce<'b, T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
+    agreed: bool,
     layout: Option<&HostLayout>,
     fp: &Fingerprint,
     io: ReduceBuffers<'b, T>,
@@ -55,6 +67,11 @@ pub(crate) fn all_reduce<'b, T: Element>(
     #[cfg(not(target_os = "linux"))]
     let _ = (fp, d);
     match (algo, layout) {
+        (Algorithm::RecursiveDoubling, _) if !agreed => {
+            let buf = io.into_in_place();
+            super::doubling::all_reduce_folded(ctx, fp, buf, op)?;
+            Ok(buf)
+        }
         #[cfg(target_os = "linux")]
         (Algorithm::ShmDirect, _) => super::shm_direct::all_reduce(ctx, direct(d)?, fp, io, op),
         (Algorithm::Hierarchical, Some(l)) => {
@@ -70,7 +87,8 @@ pub(crate) fn all_reduce<'b, T: Element>(
     }
 }
 
-/// In-place all-reduce with one of the link algorithms (ring, star, else recursive doubling).
+/// In-place all-reduce with one of the link algorithms (ring, halving-doubling, star, else
+/// recursive doubling).
 pub(crate) fn all_reduce_in_place<T: Element>(
     ctx: &mut Ctx<'_>,
     algo: Algorithm,
@@ -79,6 +97,7 @@ pub(crate) fn all_reduce_in_place<T: Element>(
 ) -> Result<()> {
     match algo {
         Algorithm::Ring => super::ring::all_reduce(ctx, buf, op),
+        Algorithm::HalvingDoubling => super::halving::all_reduce(ctx, buf, op),
         Algorithm::Star => super::star::all_reduce(ctx, buf, op),
         _ => super::doubling::all_reduce(ctx, buf, op),
     }

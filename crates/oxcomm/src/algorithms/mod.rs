@@ -7,8 +7,10 @@
 
 pub(crate) mod agreement;
 pub(crate) mod barrier;
+pub mod cost;
 pub(crate) mod dispatch;
 pub(crate) mod doubling;
+pub(crate) mod halving;
 pub mod hierarchical;
 pub(crate) mod pairwise;
 pub mod plan;
@@ -33,6 +35,9 @@ pub enum Algorithm {
     Ring,
     /// Recursive doubling (all_reduce), any group size.
     RecursiveDoubling,
+    /// Recursive halving reduce-scatter + recursive doubling all-gather (all_reduce), any
+    /// group size: the ring's bytes in 2 · log2 n steps.
+    HalvingDoubling,
     /// Rank 0 reduces everything and sends the result back (all_reduce); the agreement
     /// phase as barrier.
     Star,
@@ -54,9 +59,10 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 9] = [
+    pub const ALL: [Algorithm; 10] = [
         Algorithm::Ring,
         Algorithm::RecursiveDoubling,
+        Algorithm::HalvingDoubling,
         Algorithm::Star,
         Algorithm::BinomialTree,
         Algorithm::Pairwise,
@@ -66,11 +72,12 @@ impl Algorithm {
         Algorithm::Hierarchical,
     ];
 
-    /// Short name for logs and the CLI (`ring`, `rd`, `star`, `tree`, `pairwise`, `dissem`, `flat`, `direct`, `hier`).
+    /// Short name for logs and the CLI (`ring`, `rd`, `rhd`, `star`, `tree`, `pairwise`, `dissem`, `flat`, `direct`, `hier`).
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::RecursiveDoubling => "rd",
+            Algorithm::HalvingDoubling => "rhd",
             Algorithm::Star => "star",
             Algorithm::BinomialTree => "tree",
             Algorithm::Pairwise => "pairwise",
@@ -81,12 +88,13 @@ impl Algorithm {
         }
     }
 
-    /// Parses [`Algorithm::name`] (also `recursive_doubling`, `binomial`, `dissemination`,
-    /// `hierarchical`), in any case, as [`crate::ReduceOp::parse`] and the dtypes' names are.
+    /// Parses [`Algorithm::name`] (also `recursive_doubling`, `halving_doubling`,
+    /// `rabenseifner`, `binomial`, `dissemination`, `hierarchical`), in any case, as [`crate::ReduceOp::parse`] and the dtypes' names are.
     pub fn parse(s: &str) -> Option<Algorithm> {
         Some(match s.to_ascii_lowercase().as_str() {
             "ring" => Algorithm::Ring,
             "rd" | "recursive_doubling" | "doubling" => Algorithm::RecursiveDoubling,
+            "rhd" | "halving_doubling" | "rabenseifner" => Algorithm::HalvingDoubling,
             "star" => Algorithm::Star,
             "tree" | "binomial" => Algorithm::BinomialTree,
             "pairwise" => Algorithm::Pairwise,

@@ -87,6 +87,40 @@ pub fn recursive_doubling(rank: usize, size: usize) -> Doubling {
     Doubling { p, fold, in_rounds: true, partners }
 }
 
+/// One step of recursive halving (reduce-scatter) for a rank taking part in the rounds of
+/// [`recursive_doubling`]: the partner, the element range this rank keeps (and reduces the
+/// partner's half of into) and the one it sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Halving {
+    /// Rank exchanged with (`rank ^ mask`).
+    pub partner: usize,
+    /// The half of the range held before the step that this rank keeps.
+    pub keep: Range<usize>,
+    /// The other half, which the partner keeps.
+    pub send: Range<usize>,
+}
+
+/// The recursive-halving steps of `rank` (< `p`, a power of two) over `count` elements, in
+/// order: step `k` pairs ranks `p / 2^(k+1)` apart and halves the range each holds, the rank
+/// with that bit clear keeping the lower half. After the last step the rank holds its final
+/// block (`keep` of the last step); all-gather by recursive doubling runs the steps backwards,
+/// sending `keep` and receiving `send`.
+pub fn recursive_halving(rank: usize, p: usize, count: usize) -> Vec<Halving> {
+    debug_assert!(p.is_power_of_two() && rank < p);
+    let mut steps = Vec::new();
+    let mut held = 0..count;
+    let mut mask = p >> 1;
+    while mask > 0 {
+        let mid = held.start + (held.end - held.start) / 2;
+        let (lower, upper) = (held.start..mid, mid..held.end);
+        let (keep, send) = if rank & mask == 0 { (lower, upper) } else { (upper, lower) };
+        steps.push(Halving { partner: rank ^ mask, keep: keep.clone(), send });
+        held = keep;
+        mask >>= 1;
+    }
+    steps
+}
+
 /// Pairwise exchange step `step` in `1..size`: `(peer to send to, peer to receive from)`.
 pub fn pairwise(rank: usize, size: usize, step: usize) -> (usize, usize) {
     ((rank + step) % size, sub_mod(rank, step, size))
@@ -124,6 +158,38 @@ pub(crate) fn ranges(counts: &[usize]) -> Vec<Range<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recursive_halving_splits_and_pairs_up() {
+        for p in [1usize, 2, 4, 8, 16] {
+            for count in [0usize, 1, 5, 16, 1001] {
+                let all: Vec<Vec<Halving>> = (0..p).map(|r| recursive_halving(r, p, count)).collect();
+                let mut finals = Vec::new();
+                for (r, steps) in all.iter().enumerate() {
+                    assert_eq!(steps.len(), p.trailing_zeros() as usize);
+                    let mut held = 0..count;
+                    for (k, s) in steps.iter().enumerate() {
+                        // The two halves split what was held, and the partner mirrors them.
+                        assert_eq!(s.keep.len() + s.send.len(), held.len());
+                        assert!(s.keep.start == held.start || s.send.start == held.start);
+                        let theirs = &all[s.partner][k];
+                        assert_eq!(theirs.partner, r);
+                        assert_eq!((theirs.keep.clone(), theirs.send.clone()), (s.send.clone(), s.keep.clone()));
+                        held = s.keep.clone();
+                    }
+                    finals.push(held);
+                }
+                // The final blocks tile the buffer.
+                finals.sort_by_key(|r| (r.start, r.end));
+                let mut next = 0;
+                for f in finals {
+                    assert_eq!(f.start, next);
+                    next = f.end;
+                }
+                assert_eq!(next, count);
+            }
+        }
+    }
 
     #[test]
     fn chunks_cover_exactly() {

@@ -121,109 +121,218 @@ pub(crate) fn agree(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
 
 /// [`agree`] over the links.
 fn agree_over_links(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
-    let (n, r) = (ctx.size, ctx.rank);
-    if r != 0 {
+    let n = ctx.size;
+    if ctx.rank != 0 {
         ctx.send(0, &mine.encode())?;
         let mut v = [0u8; VERDICT_BYTES];
         let deadline = ctx.deadline();
         ctx.set_deadline(deadline + VERDICT_GRACE);
         ctx.recv(0, &mut v)?;
-        let root = ctx.world(0);
-        let from_root =
-            |e: Error| Error::protocol(format!("verdict from rank {root}: {}", e.message())).with_peer(root);
-        return match decode_verdict(&v, n, r).map_err(from_root)? {
-            Verdict::Agreed => Ok(()),
-            Verdict::Mismatch { culprit, theirs } => {
-                let who = ctx.world(culprit);
-                Err(Error::new(
-                    ErrorKind::Mismatch,
-                    format!("ranks called different collectives: rank {who} called {theirs}, this rank called {mine}"),
-                )
-                .with_peer(who))
-            }
-            Verdict::Missing { count, theirs } => {
-                // `count` is at most n - 2, checked by the decoder: the allocation is bounded
-                // by the group size, never by the peer.
-                let mut raw = vec![0u8; 8 * count];
-                ctx.recv(0, &mut raw)?;
-                let missing: Vec<usize> =
-                    decode_missing(&raw, n, r).map_err(from_root)?.into_iter().map(|m| ctx.world(m)).collect();
-                Err(Error::new(
-                    ErrorKind::Timeout,
-                    format!(
-                        "timed out: rank {root} reports that rank(s) {} did not join {theirs} before the deadline",
-                        list(&missing),
-                    ),
-                )
-                .with_peer(missing[0]))
-            }
-        };
+        return heed_verdict(ctx, mine, &v);
     }
-    // Rank 0: collect every fingerprint.
+    // Rank 0: collect every fingerprint. When one differs from its own, the ranks heard from
+    // so far get their verdicts at once: a rank running an op that folds its agreement into its
+    // data (`doubling::all_reduce_folded`) sends rank 0 nothing more and waits for rank 0's
+    // data, so only the verdict (read as data, and failing the check) frees it.
     let mut raw = vec![[0u8; FP_BYTES]; n];
-    let result = {
-        let mut xfers: Vec<Xfer<'_>> = raw.iter_mut().enumerate().skip(1).map(|(p, b)| Xfer::recv(p, b)).collect();
-        let res = ctx.run(&mut xfers);
-        let arrived: Vec<bool> = xfers.iter().map(|x| x.finished()).collect();
-        res.map_err(|e| (e, arrived))
-    };
-    if let Err((e, arrived)) = result {
-        if e.kind() != ErrorKind::Timeout {
-            return Err(e);
+    let mut known = vec![false; n];
+    let mut told = vec![false; n];
+    (known[0], told[0]) = (true, true);
+    let encoded = mine.encode();
+    let mut failed = None;
+    while known.iter().any(|k| !k) {
+        let differs = std::cell::Cell::new(None);
+        let checks: Vec<_> = (0..n)
+            .map(|p| {
+                let (encoded, differs) = (&encoded, &differs);
+                move |got: &[u8]| {
+                    if got == encoded {
+                        return Ok(());
+                    }
+                    differs.set(Some(p));
+                    Err(Error::new(ErrorKind::Mismatch, "a fingerprint differs"))
+                }
+            })
+            .collect();
+        let ranks: Vec<usize> = (1..n).filter(|p| !known[*p]).collect();
+        let (res, finished) = {
+            let mut xfers: Vec<Xfer<'_>> = raw
+                .iter_mut()
+                .zip(&checks)
+                .enumerate()
+                .filter(|(p, _)| !known[*p])
+                .map(|(p, (b, check))| Xfer::recv_checked(p, b, check, &mut []))
+                .collect();
+            let res = ctx.run(&mut xfers);
+            let finished: Vec<usize> =
+                ranks.iter().zip(&xfers).filter(|(_, x)| x.finished()).map(|(p, _)| *p).collect();
+            (res, finished)
+        };
+        for p in finished {
+            known[p] = true;
         }
-        let missing: Vec<usize> = (1..n).filter(|p| !arrived[p - 1]).collect();
-        let here: Vec<usize> = (1..n).filter(|p| arrived[p - 1]).collect();
-        // Tell the ranks that came which ones did not; best effort within a short deadline.
-        let mut tail = Vec::with_capacity(8 * missing.len());
-        for m in &missing {
-            tail.extend_from_slice(&(*m as u64).to_le_bytes());
+        match (res, differs.get()) {
+            (Ok(()), _) => {}
+            (Err(_), Some(c)) => {
+                known[c] = true;
+                let (verdicts, _) = judge(ctx, mine, &raw, &known)?;
+                let mut xfers: Vec<Xfer<'_>> = Vec::new();
+                for p in 1..n {
+                    if known[p] && !told[p] {
+                        told[p] = true;
+                        xfers.push(Xfer::send(p, &verdicts[p]));
+                    }
+                }
+                ctx.run(&mut xfers)?;
+            }
+            (Err(e), None) => {
+                failed = Some(e);
+                break;
+            }
         }
-        let v = verdict(MISSING, missing.len() as u64, mine);
-        ctx.set_deadline(Instant::now() + VERDICT_GRACE / 2);
-        let mut xfers: Vec<Xfer<'_>> = Vec::new();
-        for p in &here {
-            xfers.push(Xfer::send(*p, &v));
-            xfers.push(Xfer::send(*p, &tail));
+    }
+    let (verdicts, outcome) = judge(ctx, mine, &raw, &known)?;
+    match failed {
+        // Nobody differed from rank 0: a wait that failed names the missing ranks.
+        Some(e) if outcome.is_ok() => {
+            let arrived: Vec<bool> = known[1..].to_vec();
+            Err(report_missing(ctx, mine, e, &arrived))
         }
-        let _ = ctx.run(&mut xfers);
-        let world: Vec<usize> = missing.iter().map(|m| ctx.world(*m)).collect();
+        // Someone differed and the rest may be gone because of it: tell those left, best effort.
+        Some(_) => {
+            let mut xfers: Vec<Xfer<'_>> = (1..n).filter(|p| !told[*p]).map(|p| Xfer::send(p, &verdicts[p])).collect();
+            ctx.set_deadline(Instant::now() + VERDICT_GRACE / 2);
+            let _ = ctx.run(&mut xfers);
+            outcome
+        }
+        None => {
+            let mut xfers: Vec<Xfer<'_>> = (1..n).filter(|p| !told[*p]).map(|p| Xfer::send(p, &verdicts[p])).collect();
+            ctx.run(&mut xfers)?;
+            outcome
+        }
+    }
+}
+
+/// What a verdict from rank 0 means to non-root rank `ctx.rank`: `Ok` when every rank agreed,
+/// else the error naming who differs or who is missing (whose list it reads from rank 0).
+pub(crate) fn heed_verdict(ctx: &mut Ctx<'_>, mine: &Fingerprint, v: &[u8]) -> Result<()> {
+    let (n, r) = (ctx.size, ctx.rank);
+    let root = ctx.world(0);
+    let from_root = |e: Error| Error::protocol(format!("verdict from rank {root}: {}", e.message())).with_peer(root);
+    // A rank 0 that runs an op folding its agreement into its data sends that data, which
+    // starts with its op's fingerprint, where this rank expects a verdict.
+    if let Ok(theirs) = Fingerprint::decode(&v[..FP_BYTES.min(v.len())]) {
         return Err(Error::new(
-            ErrorKind::Timeout,
-            format!(
-                "timed out after {:?}: rank(s) {} did not join {mine} within the timeout (OXCOMM_TIMEOUT, or \
-                 the group's own)",
-                ctx.timeout(),
-                list(&world)
-            ),
+            ErrorKind::Mismatch,
+            format!("ranks called different collectives: rank {root} called {theirs}, this rank called {mine}"),
         )
-        .with_peer(world[0]));
+        .with_peer(root));
     }
-    let mut fps = Vec::with_capacity(n);
-    fps.push(*mine);
-    for (p, b) in raw.iter().enumerate().skip(1) {
-        fps.push(Fingerprint::decode_from(b, ctx.world(p))?);
-    }
-    let culprit = (1..n).find(|p| fps[*p] != *mine);
-    let verdicts: Vec<[u8; VERDICT_BYTES]> = (0..n)
-        .map(|p| match culprit {
-            None => verdict(OK, 0, mine),
-            Some(_) if fps[p] != *mine => verdict(MISMATCH, 0, mine),
-            Some(c) => verdict(MISMATCH, c as u64, &fps[c]),
-        })
-        .collect();
-    let mut xfers: Vec<Xfer<'_>> = verdicts.iter().enumerate().skip(1).map(|(p, v)| Xfer::send(p, v)).collect();
-    ctx.run(&mut xfers)?;
-    match culprit {
-        None => Ok(()),
-        Some(c) => {
-            let who = ctx.world(c);
+    match decode_verdict(v, n, r).map_err(from_root)? {
+        Verdict::Agreed => Ok(()),
+        Verdict::Mismatch { culprit, theirs } => {
+            let who = ctx.world(culprit);
             Err(Error::new(
                 ErrorKind::Mismatch,
-                format!("ranks called different collectives: rank {who} called {}, this rank called {mine}", fps[c]),
+                format!("ranks called different collectives: rank {who} called {theirs}, this rank called {mine}"),
             )
             .with_peer(who))
         }
+        Verdict::Missing { count, theirs } => {
+            // `count` is at most n - 2, checked by the decoder: the allocation is bounded
+            // by the group size, never by the peer.
+            let mut raw = vec![0u8; 8 * count];
+            ctx.recv(0, &mut raw)?;
+            let missing: Vec<usize> =
+                decode_missing(&raw, n, r).map_err(from_root)?.into_iter().map(|m| ctx.world(m)).collect();
+            Err(Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "timed out: rank {root} reports that rank(s) {} did not join {theirs} before the deadline",
+                    list(&missing),
+                ),
+            )
+            .with_peer(missing[0]))
+        }
     }
+}
+
+/// Rank 0, whose wait for the fingerprints ended with `e` (`arrived[p - 1]`: rank p's came):
+/// on a timeout, tells the ranks that came which did not (best effort, within a short
+/// deadline) and returns the error naming them; any other error as it is.
+pub(crate) fn report_missing(ctx: &mut Ctx<'_>, mine: &Fingerprint, e: Error, arrived: &[bool]) -> Error {
+    if e.kind() != ErrorKind::Timeout {
+        return e;
+    }
+    let n = ctx.size;
+    let missing: Vec<usize> = (1..n).filter(|p| !arrived[p - 1]).collect();
+    if missing.is_empty() {
+        return e; // every fingerprint came: the timeout was another transfer's
+    }
+    let here: Vec<usize> = (1..n).filter(|p| arrived[p - 1]).collect();
+    let mut tail = Vec::with_capacity(8 * missing.len());
+    for m in &missing {
+        tail.extend_from_slice(&(*m as u64).to_le_bytes());
+    }
+    let v = verdict(MISSING, missing.len() as u64, mine);
+    ctx.set_deadline(Instant::now() + VERDICT_GRACE / 2);
+    let mut xfers: Vec<Xfer<'_>> = Vec::new();
+    for p in &here {
+        xfers.push(Xfer::send(*p, &v));
+        xfers.push(Xfer::send(*p, &tail));
+    }
+    let _ = ctx.run(&mut xfers);
+    let world: Vec<usize> = missing.iter().map(|m| ctx.world(*m)).collect();
+    Error::new(
+        ErrorKind::Timeout,
+        format!(
+            "timed out after {:?}: rank(s) {} did not join {mine} within the timeout (OXCOMM_TIMEOUT, or \
+             the group's own)",
+            ctx.timeout(),
+            list(&world)
+        ),
+    )
+    .with_peer(world[0])
+}
+
+/// Rank 0's judgement of the fingerprints it read (`raw[p]` for p ≥ 1 where `known[p]`;
+/// index 0 unused): the verdict for each rank (index 0 unused) and rank 0's own outcome. The
+/// culprit is the lowest known rank whose op differs from rank 0's; a rank not read yet is told
+/// the culprit's op.
+#[allow(clippy::type_complexity)] // the verdicts and the outcome, used apart
+pub(crate) fn judge(
+    ctx: &Ctx<'_>,
+    mine: &Fingerprint,
+    raw: &[[u8; FP_BYTES]],
+    known: &[bool],
+) -> Result<(Vec<[u8; VERDICT_BYTES]>, Result<()>)> {
+    let n = ctx.size;
+    let mut fps: Vec<Option<Fingerprint>> = Vec::with_capacity(n);
+    fps.push(Some(*mine));
+    for (p, b) in raw.iter().enumerate().skip(1) {
+        fps.push(if known[p] { Some(Fingerprint::decode_from(b, ctx.world(p))?) } else { None });
+    }
+    let culprit = (1..n).find(|p| fps[*p].is_some_and(|f| f != *mine));
+    let verdicts: Vec<[u8; VERDICT_BYTES]> = (0..n)
+        .map(|p| match culprit {
+            None => verdict(OK, 0, mine),
+            Some(_) if fps[p].is_some_and(|f| f != *mine) => verdict(MISMATCH, 0, mine),
+            Some(c) => verdict(MISMATCH, c as u64, &fps[c].expect("the culprit's op is known")),
+        })
+        .collect();
+    let outcome = match culprit {
+        None => Ok(()),
+        Some(c) => {
+            let who = ctx.world(c);
+            let theirs = fps[c].expect("the culprit's op is known");
+            Err(Error::new(
+                ErrorKind::Mismatch,
+                format!("ranks called different collectives: rank {who} called {theirs}, this rank called {mine}"),
+            )
+            .with_peer(who))
+        }
+    };
+    Ok((verdicts, outcome))
 }
 
 /// Flat gather: the root's output (n blocks; in place, its own block already there) receives

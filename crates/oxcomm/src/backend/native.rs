@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use super::native_ft::FtState;
 use super::{concat, split_back, unpack_gathered, Backend, GroupView, NewGroup, OpEnv, P2pMsg, Route, Shrunk};
+use crate::algorithms::cost::{Network, Shape};
 use crate::algorithms::dispatch::Direct;
 use crate::algorithms::{self, dispatch, plan, Algorithm};
 use crate::buffers::{ExchangeBuffers, GatherBuffers, ReduceBuffers, ScatterBuffers};
@@ -57,6 +58,10 @@ pub(crate) struct NativeBackend {
     /// Every rank's shared-memory workspace, when all ranks share this host.
     #[cfg(target_os = "linux")]
     direct: Option<crate::transport::shm::workspace::ShmDirect>,
+    /// The links' parameters the planner prices all-reduces with, on transports that cross
+    /// hosts (TCP, shm+TCP): `OXCOMM_NET_*` ([`Network::from_env`]), else measured by
+    /// [`NativeBackend::calibrate`], else the model's defaults. Every rank holds the same.
+    net: Mutex<Option<Network>>,
 }
 
 impl NativeBackend {
@@ -70,9 +75,14 @@ impl NativeBackend {
         #[cfg(target_os = "linux")] direct: Option<crate::transport::shm::workspace::ShmDirect>,
     ) -> NativeBackend {
         bell.heartbeat();
+        let net = matches!(transport, Transport::Tcp | Transport::ShmTcp).then(|| {
+            // `init` reports a bad value as an error before it builds the backend.
+            Network::from_env().ok().flatten().unwrap_or_default()
+        });
         let ft = FtState::new(bell.ctrl_count());
         NativeBackend {
             rank,
+            net: Mutex::new(net),
             transport,
             bell,
             beat_at: AtomicU64::new(0),
@@ -105,6 +115,72 @@ impl NativeBackend {
 
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What the planner knows of the links `group`'s all-reduces cross: on TCP every rank
+    /// counts as a host of its own; on shm+TCP the group's even spread over hosts (none when
+    /// uneven: the size rules apply).
+    fn across(&self, group: &GroupView<'_>) -> Option<plan::Across> {
+        let net = self.network()?;
+        let shape = match self.transport {
+            Transport::Tcp => Shape { hosts: group.size(), ranks_per_host: 1 },
+            Transport::ShmTcp => {
+                let l = group.layout?;
+                Shape { hosts: l.num_hosts(), ranks_per_host: l.ranks_per_host() }
+            }
+            _ => return None,
+        };
+        Some(plan::Across { net, shape, folds: self.transport == Transport::Tcp })
+    }
+
+    /// The links' parameters the planner uses (see the field).
+    pub(crate) fn network(&self) -> Option<Network> {
+        *self.net.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Measures the links (world group, every rank at once, before any op): alpha from 8-byte
+    /// recursive-doubling all-reduces (the median of [`CALIBRATION_SMALL`], per step), beta
+    /// from 1 MiB ring all-reduces (the fastest of [`CALIBRATION_LARGE`], less its steps'
+    /// alpha); then the largest of every rank's values, by a recursive-doubling all-reduce
+    /// (bitwise equal on every rank), so all ranks plan alike. No agreement phase: every rank
+    /// runs it at the same point of setting up. Returns what it set.
+    pub(crate) fn calibrate(&self, rank: usize, timeout: Duration) -> Result<Network> {
+        let mut state = self.lock();
+        let State { links, scratch, .. } = &mut *state;
+        let members: Vec<usize> = (0..links.len()).collect();
+        let n = members.len();
+        let mut stats = crate::engine::LinkStats::default();
+        let mut ctx = Ctx::new(rank, &members, links, &*self.bell, timeout, 1 << 20, &mut stats, scratch);
+        let mut times = Vec::with_capacity(CALIBRATION_SMALL);
+        let mut small = [0f32; 2];
+        for _ in 0..CALIBRATION_SMALL {
+            let t = std::time::Instant::now();
+            algorithms::doubling::all_reduce(&mut ctx, &mut small, ReduceOp::Sum)?;
+            times.push(t.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        let d = algorithms::schedule::recursive_doubling(rank, n);
+        let steps = d.p.trailing_zeros() as f64 + if d.p == n { 0.0 } else { 2.0 };
+        let alpha = times[times.len() / 2] / steps.max(1.0);
+        let mut large = vec![0f32; CALIBRATION_BYTES / 4];
+        let mut best = f64::INFINITY;
+        for _ in 0..CALIBRATION_LARGE {
+            let t = std::time::Instant::now();
+            algorithms::ring::all_reduce(&mut ctx, &mut large, ReduceOp::Sum)?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let ring_steps = 2.0 * (n - 1) as f64;
+        let bytes = ring_steps / n as f64 * CALIBRATION_BYTES as f64;
+        // No faster than 400 Gbit/s links: the ring's time may be mostly alpha on fast ones.
+        let beta = ((best - ring_steps * alpha) / bytes).max(8.0 / 400e9);
+        let mut agreed = [alpha, beta];
+        algorithms::doubling::all_reduce(&mut ctx, &mut agreed, ReduceOp::Max)?;
+        let net = Network { alpha: agreed[0], beta: agreed[1], ..Network::default() };
+        drop(state);
+        tracing::info!(target: "oxcomm::plan", rank, alpha_us = net.alpha * 1e6, gbit_per_s = net.gbit_per_s(),
+            "measured the links");
+        *self.net.lock().unwrap_or_else(|e| e.into_inner()) = Some(net);
+        Ok(net)
     }
 
     /// Whether ops of `group` can take the direct shared-memory path (world group, shm).
@@ -186,8 +262,12 @@ impl NativeBackend {
             ft.ctrl_seen = count;
             ft.poll(self.rank, ft.epoch, seq, links)?;
         }
+        // A folded all-reduce (no agreement round trip first, `dispatch::folds_agreement`) can
+        // complete on a rank that resumes after being frozen from the contributions its peers
+        // sent before they gave up on it: look for their revocation behind those bytes too.
+        let folded = !route.agree && self.transport == Transport::Tcp;
         env.end_ns = crate::clock::monotonic_ns();
-        if result.is_ok() && env.end_ns.saturating_sub(env.now_ns) >= SLOW_OP_NS {
+        if result.is_ok() && (folded || env.end_ns.saturating_sub(env.now_ns) >= SLOW_OP_NS) {
             // A slow op may be one of a rank that was frozen and has resumed: on TCP the
             // revocations and the close that left it out sit behind the bytes the op read, and
             // the control count has not moved yet. Look for them before reporting success.
@@ -207,6 +287,14 @@ impl NativeBackend {
         result
     }
 }
+
+/// How many 8-byte all-reduces [`NativeBackend::calibrate`] times for alpha.
+const CALIBRATION_SMALL: usize = 15;
+/// How many all-reduces of [`CALIBRATION_BYTES`] it times for beta.
+const CALIBRATION_LARGE: usize = 3;
+/// Bytes per rank of those: large enough that bytes outweigh steps on 100 Gbit/s links of a
+/// few hosts, small enough to take milliseconds on 1 Gbit/s ones.
+const CALIBRATION_BYTES: usize = 1 << 20;
 
 /// The algorithm of a native route (every native route has one).
 fn algo(route: Route) -> Algorithm {
@@ -242,8 +330,12 @@ impl Backend for NativeBackend {
             let a = Algorithm::ShmDirect;
             return Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) });
         }
-        let a = plan::choose(kind, bytes, count, group.size(), forced, direct, group.layout.is_some())?;
-        Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) })
+        let across =
+            matches!(kind, OpKind::AllReduce | OpKind::AllReduceCoalesced).then(|| self.across(group)).flatten();
+        let a =
+            plan::choose(kind, bytes, count, group.size(), forced, direct, group.layout.is_some(), across.as_ref())?;
+        let folded = kind == OpKind::AllReduce && dispatch::folds_agreement(a, self.transport, bytes);
+        Ok(Route { algorithm: Some(a), name: a.name(), agree: dispatch::agrees(a) && !folded })
     }
 
     fn revoke(&self, cause: &Error) {
@@ -282,7 +374,7 @@ impl Backend for NativeBackend {
         op: ReduceOp,
     ) -> Result<&'b mut [T]> {
         let (layout, fp) = (env.group.layout, env.fp);
-        self.run_direct(env, route, |ctx, d| dispatch::all_reduce(ctx, algo(route), layout, fp, io, op, d))
+        self.run_direct(env, route, |ctx, d| dispatch::all_reduce(ctx, algo(route), route.agree, layout, fp, io, op, d))
     }
 
     fn reduce<'b, T: Element>(

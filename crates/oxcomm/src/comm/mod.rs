@@ -118,6 +118,29 @@ impl Communicator {
         Ok(self)
     }
 
+    /// The links' parameters the planner prices all-reduces with on this communicator's
+    /// transport (measured when a job across hosts started, or given by `OXCOMM_NET_ALPHA_US`
+    /// and `OXCOMM_NET_GBPS`, else the model's defaults); `None` where the planner does not use
+    /// the model (shared memory or threads only, MPI).
+    pub fn links_model(&self) -> Option<crate::algorithms::cost::Network> {
+        match &self.core.backend {
+            AnyBackend::Native(native) => native.network(),
+            #[allow(unreachable_patterns)] // the MPI backend exists with the `mpi` feature only
+            _ => None,
+        }
+    }
+
+    /// Measures the links of a world communicator whose ranks span hosts, for the planner
+    /// (the native backend's `calibrate`); every rank calls it at the same point, before any
+    /// op. A no-op on the MPI backend.
+    pub(crate) fn calibrate_links(&self) -> Result<()> {
+        match &self.core.backend {
+            AnyBackend::Native(native) => native.calibrate(self.core.world_rank, self.core.config.timeout).map(|_| ()),
+            #[allow(unreachable_patterns)] // the MPI backend exists with the `mpi` feature only
+            _ => Ok(()),
+        }
+    }
+
     /// The group as a backend sees it.
     pub(super) fn view(&self) -> GroupView<'_> {
         GroupView {

@@ -30,6 +30,34 @@ fn deadline(secs: u64) -> Instant {
     Instant::now() + Duration::from_secs(secs)
 }
 
+/// Runs `f` on `world` thread ranks whose communicators talk over a TCP mesh on loopback;
+/// returns what each rank's `f` returned, in rank order (the collectives tester's TCP worlds).
+pub(crate) fn run_on_tcp<R: Send>(world: usize, config: CommConfig, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
+    ranks_over(mesh(world, &job("tester")), config, f)
+}
+
+/// Runs `f` on a TCP communicator per rank of `parts`, one thread each; returns what each
+/// returned, in rank order (a rank whose communicator cannot be built, or whose `f` panics,
+/// fails the test naming it).
+fn ranks_over<R: Send>(parts: Vec<Parts>, config: CommConfig, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|s| {
+        let f = &f;
+        let ranks: Vec<_> = parts
+            .into_iter()
+            .enumerate()
+            .map(|(r, (links, bell))| {
+                let config = config.clone();
+                s.spawn(move || {
+                    let c = Communicator::from_links(r, links, bell, config, oxcomm::Transport::Tcp)
+                        .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+                    f(c)
+                })
+            })
+            .collect();
+        ranks.into_iter().enumerate().map(|(r, h)| h.join().unwrap_or_else(|_| panic!("rank {r} panicked"))).collect()
+    })
+}
+
 /// A full TCP mesh of `world` thread ranks built through one in-memory store.
 fn mesh(world: usize, job: &str) -> Vec<Parts> {
     let store = InMemoryStore::new();
@@ -324,20 +352,10 @@ fn reads_that_end_a_frame_take_the_next_header_and_lose_no_byte() {
 /// Runs `f(rank, communicator)` on a TCP communicator per rank of `parts`, one thread each,
 /// and fails the test naming the rank whose `f` panicked or returned an error.
 fn on_tcp_ranks(parts: Vec<Parts>, config: CommConfig, f: impl Fn(usize, Communicator) -> Result<()> + Sync) {
-    std::thread::scope(|s| {
-        let f = &f;
-        let ranks: Vec<_> = parts
-            .into_iter()
-            .enumerate()
-            .map(|(r, (links, bell))| {
-                let config = config.clone();
-                s.spawn(move || f(r, Communicator::from_links(r, links, bell, config, oxcomm::Transport::Tcp)?))
-            })
-            .collect();
-        for (r, rank) in ranks.into_iter().enumerate() {
-            rank.join().unwrap_or_else(|_| panic!("rank {r} panicked")).unwrap_or_else(|e| panic!("rank {r}: {e}"));
-        }
-    });
+    let results = ranks_over(parts, config, |c| f(c.rank(), c));
+    for (r, res) in results.into_iter().enumerate() {
+        res.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+    }
 }
 
 #[test]
@@ -593,6 +611,10 @@ fn setup_arguments_are_checked() {
     assert!(TcpEndpoint::listen_with(LOOPBACK, 0, 2, TOKEN, "j", &bad).is_err());
     let env = TcpConfig::from_lookup(|k| (k == "OXCOMM_TCP_SPIN_US").then(|| "7".to_string())).unwrap();
     assert_eq!(env.spin, Duration::from_micros(7));
+    assert!(!env.spin_loaded);
+    let loaded = TcpConfig::from_lookup(|k| (k == "OXCOMM_TCP_SPIN_LOADED").then(|| "1".to_string())).unwrap();
+    assert!(loaded.spin_loaded);
+    assert!(TcpConfig::from_lookup(|k| (k == "OXCOMM_TCP_SPIN_LOADED").then(|| "2".to_string())).is_err());
     assert!(TcpConfig::from_lookup(|_| Some("x".into())).is_err());
     // Nobody accepts at a missing peer: a timeout naming it, no hang.
     let mut e = TcpEndpoint::listen(LOOPBACK, 1, 2, TOKEN, "j").unwrap();
@@ -670,4 +692,35 @@ fn a_killed_peer_process_is_reported_promptly() {
     assert_eq!(err.kind(), ErrorKind::PeerGone, "{err}");
     assert_eq!(err.peer(), Some(0));
     assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
+}
+
+/// Issue 40: over TCP a small all-reduce folds its agreement into recursive doubling's
+/// messages. A rank that calls the op with another count, or another op that agrees through
+/// rank 0 (broadcast), still makes every rank fail with a mismatch at once, and no buffer is
+/// written.
+#[test]
+fn folded_all_reduce_mismatches_fail_every_rank_at_once_without_writing() {
+    for world in [2, 4, 5] {
+        for case in ["count", "broadcast on rank 0", "broadcast on rank 1"] {
+            let config = CommConfig { timeout: Duration::from_secs(20), ..CommConfig::default() };
+            let t0 = Instant::now();
+            let out = run_on_tcp(world, config, |c| {
+                let r = c.rank();
+                let mut buf: Vec<f32> = vec![r as f32 + 1.0; if case == "count" && r == 1 { 999 } else { 1000 }];
+                let before = buf.clone();
+                let res = match case {
+                    "broadcast on rank 0" if r == 0 => c.broadcast(&mut buf, 0),
+                    "broadcast on rank 1" if r == 1 => c.broadcast(&mut buf, 0),
+                    _ => c.all_reduce(&mut buf, ReduceOp::Sum),
+                };
+                (res, buf == before)
+            });
+            for (r, (res, untouched)) in out.into_iter().enumerate() {
+                let e = res.expect_err(&format!("world {world}, {case}: rank {r} did not fail"));
+                assert_eq!(e.kind(), ErrorKind::Mismatch, "world {world}, {case}: rank {r}: {e}");
+                assert!(untouched, "world {world}, {case}: rank {r} wrote its buffer");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "world {world}, {case}: took {:?}", t0.elapsed());
+        }
+    }
 }

@@ -18,7 +18,7 @@ use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -855,31 +855,92 @@ const STACK_POLL_FDS: usize = 64;
 /// the [module docs](crate::transport::tcp)) and a wake-up pipe. The count rises each time a wait saw a socket
 /// become ready, and on every [`TcpDoorbell::ring`].
 ///
-/// A wait first polls without sleeping for [`TcpConfig::spin`](super::TcpConfig::spin), then
-/// sleeps in `poll(2)`, never past its deadline.
+/// A wait first polls without sleeping for up to [`TcpConfig::spin`](super::TcpConfig::spin)
+/// (yielding the core between polls), then sleeps in `poll(2)`, never past its deadline. It
+/// spins only while this host has a core for every runnable task (`HostLoad`), unless
+/// [`TcpConfig::spin_loaded`](super::TcpConfig::spin_loaded) says to spin anyway: a waiter that
+/// spins on a shared core takes it from the rank it waits for.
 pub struct TcpDoorbell {
     links: Vec<Arc<Shared>>,
     wake_rx: UnixStream,
     wake_tx: UnixStream,
     epoch: AtomicU32,
     spin: Duration,
+    spin_loaded: bool,
+    load: HostLoad,
+}
+
+/// Whether this host has a core for every runnable task, sampled from `/proc/loadavg` (its
+/// fourth field counts the tasks running or ready to run, this one included) at most every
+/// [`HostLoad::EVERY`]; elsewhere, or if it cannot be read, the host counts as loaded (no
+/// spinning). It answers for the machine as a whole, so ranks of several "hosts" that share
+/// one machine (containers, network namespaces) see each other.
+#[derive(Debug)]
+pub(crate) struct HostLoad {
+    cores: usize,
+    /// `monotonic_ns` of the last sample (0: never).
+    sampled_at: AtomicU64,
+    idle_core: AtomicBool,
+}
+
+impl HostLoad {
+    /// How long a sample stands.
+    const EVERY: Duration = Duration::from_millis(10);
+
+    pub(crate) fn new() -> HostLoad {
+        HostLoad {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            sampled_at: AtomicU64::new(0),
+            idle_core: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether every runnable task has a core now (within [`HostLoad::EVERY`]).
+    pub(crate) fn has_core_per_task(&self) -> bool {
+        let now = crate::clock::monotonic_ns().max(1);
+        let at = self.sampled_at.load(Ordering::Relaxed);
+        if at == 0 || now.saturating_sub(at) >= Self::EVERY.as_nanos() as u64 {
+            self.sampled_at.store(now, Ordering::Relaxed);
+            let runnable = std::fs::read_to_string("/proc/loadavg").ok().and_then(|s| runnable_tasks(&s));
+            self.idle_core.store(runnable.is_some_and(|r| r <= self.cores), Ordering::Relaxed);
+        }
+        self.idle_core.load(Ordering::Relaxed)
+    }
+}
+
+/// The runnable-task count of a `/proc/loadavg` line (`0.52 0.58 0.59 3/467 1234`: 3).
+pub(crate) fn runnable_tasks(loadavg: &str) -> Option<usize> {
+    loadavg.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
 }
 
 impl std::fmt::Debug for TcpDoorbell {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpDoorbell").field("links", &self.links.len()).field("spin", &self.spin).finish()
+        f.debug_struct("TcpDoorbell")
+            .field("links", &self.links.len())
+            .field("spin", &self.spin)
+            .field("spin_loaded", &self.spin_loaded)
+            .finish_non_exhaustive()
     }
 }
 
 impl TcpDoorbell {
-    /// A doorbell over no links yet (see [`TcpDoorbell::set_links`]).
-    pub(crate) fn new(spin: Duration) -> Result<TcpDoorbell> {
+    /// A doorbell over no links yet (see [`TcpDoorbell::set_links`]) whose waits spin for up
+    /// to `spin` first (only on an unloaded host, unless `spin_loaded`).
+    pub(crate) fn new(spin: Duration, spin_loaded: bool) -> Result<TcpDoorbell> {
         let (wake_rx, wake_tx) =
             UnixStream::pair().map_err(|e| Error::io("creating the doorbell's wake-up pipe", e))?;
         for s in [&wake_rx, &wake_tx] {
             s.set_nonblocking(true).map_err(|e| Error::io("creating the doorbell's wake-up pipe", e))?;
         }
-        Ok(TcpDoorbell { links: Vec::new(), wake_rx, wake_tx, epoch: AtomicU32::new(0), spin })
+        Ok(TcpDoorbell {
+            links: Vec::new(),
+            wake_rx,
+            wake_tx,
+            epoch: AtomicU32::new(0),
+            spin,
+            spin_loaded,
+            load: HostLoad::new(),
+        })
     }
 
     /// The links whose sockets this doorbell polls.
@@ -985,12 +1046,20 @@ impl Doorbell for TcpDoorbell {
         if self.epoch.load(Ordering::SeqCst) != epoch {
             return;
         }
-        let start = Instant::now();
-        while start.elapsed() < self.spin {
-            if self.poll_once(Duration::ZERO) || Instant::now() >= until {
-                return;
+        if !self.spin.is_zero() && (self.spin_loaded || self.load.has_core_per_task()) {
+            // Polling while it pays: a wake-up from `poll(2)` costs more than a small message
+            // takes to arrive. Yielding between polls gives the core to any task that wants it.
+            let start = Instant::now();
+            loop {
+                if self.poll_once(Duration::ZERO) || self.epoch.load(Ordering::SeqCst) != epoch {
+                    return;
+                }
+                let now = Instant::now();
+                if now >= until || now.duration_since(start) >= self.spin {
+                    break;
+                }
+                std::thread::yield_now();
             }
-            std::hint::spin_loop();
         }
         loop {
             if self.epoch.load(Ordering::SeqCst) != epoch {
@@ -1004,5 +1073,18 @@ impl Doorbell for TcpDoorbell {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runnable_tasks;
+
+    #[test]
+    fn reads_the_runnable_count_of_loadavg() {
+        assert_eq!(runnable_tasks("0.52 0.58 0.59 3/467 1234\n"), Some(3));
+        assert_eq!(runnable_tasks("0.00 0.01 0.05 17/2048 99"), Some(17));
+        assert_eq!(runnable_tasks("0.52 0.58 0.59"), None);
+        assert_eq!(runnable_tasks("0.52 0.58 0.59 x/467 1"), None);
     }
 }

@@ -125,9 +125,15 @@ pub struct TcpConfig {
     /// Largest payload of one data frame, 1 ..= [`MAX_FRAME_BYTES`]. Env
     /// `OXCOMM_TCP_FRAME_BYTES`; default 4 MiB.
     pub frame_bytes: usize,
-    /// How long a doorbell wait polls without sleeping before it sleeps in `poll(2)`.
-    /// Env `OXCOMM_TCP_SPIN_US` (µs); default 0.
+    /// How long a doorbell wait polls without sleeping before it sleeps in `poll(2)`, while
+    /// this host has a core for every runnable task (see `spin_loaded`). Env
+    /// `OXCOMM_TCP_SPIN_US` (µs); default 50 µs (a wake-up from `poll(2)` costs 10-30 µs, more
+    /// than an 8-byte message takes to cross a LAN; 0 never spins).
     pub spin: Duration,
+    /// Spin even when this host's runnable tasks outnumber its cores (read from
+    /// `/proc/loadavg` every 10 ms), where a spinning waiter takes the core from the rank it
+    /// waits for. Env `OXCOMM_TCP_SPIN_LOADED` (0 or 1); default 0.
+    pub spin_loaded: bool,
     /// How long the acceptor gives one incoming connection to complete its handshake.
     /// Env `OXCOMM_TCP_HANDSHAKE_MS`; default 10 s.
     pub handshake_timeout: Duration,
@@ -138,7 +144,8 @@ impl Default for TcpConfig {
         TcpConfig {
             socket_buffer_bytes: 4 << 20,
             frame_bytes: 4 << 20,
-            spin: Duration::ZERO,
+            spin: Duration::from_micros(50),
+            spin_loaded: false,
             handshake_timeout: Duration::from_secs(10),
         }
     }
@@ -146,7 +153,7 @@ impl Default for TcpConfig {
 
 impl TcpConfig {
     /// The defaults, overridden by `OXCOMM_TCP_BUFFER_BYTES`, `OXCOMM_TCP_FRAME_BYTES`,
-    /// `OXCOMM_TCP_SPIN_US` and `OXCOMM_TCP_HANDSHAKE_MS` where set.
+    /// `OXCOMM_TCP_SPIN_US`, `OXCOMM_TCP_SPIN_LOADED` and `OXCOMM_TCP_HANDSHAKE_MS` where set.
     pub fn from_env() -> Result<TcpConfig> {
         TcpConfig::from_lookup(|name| std::env::var(name).ok())
     }
@@ -172,6 +179,11 @@ impl TcpConfig {
         }
         if let Some(us) = parse("OXCOMM_TCP_SPIN_US")? {
             c.spin = Duration::from_micros(us);
+        }
+        match parse("OXCOMM_TCP_SPIN_LOADED")? {
+            None => {}
+            Some(v @ (0 | 1)) => c.spin_loaded = v == 1,
+            Some(v) => return Err(Error::invalid(format!("OXCOMM_TCP_SPIN_LOADED={v} must be 0 or 1"))),
         }
         if let Some(ms) = parse("OXCOMM_TCP_HANDSHAKE_MS")? {
             c.handshake_timeout = Duration::from_millis(ms);
@@ -266,7 +278,7 @@ impl TcpEndpoint {
             config: config.clone(),
             listener,
             links: (0..world).map(|_| None).collect(),
-            bell: TcpDoorbell::new(config.spin).map_err(|e| e.with_rank(rank))?,
+            bell: TcpDoorbell::new(config.spin, config.spin_loaded).map_err(|e| e.with_rank(rank))?,
         })
     }
 
