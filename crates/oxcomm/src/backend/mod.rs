@@ -406,6 +406,9 @@ pub(crate) fn unpack_gathered<T: Copy>(all: &[T], inputs: &[&[T]], outputs: &mut
 }
 
 /// The backend a communicator holds: one of the closed set, dispatched statically.
+// One per communicator, behind its core's `Arc`: the native variant's size costs nothing,
+// a box would cost every op an indirection.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AnyBackend {
     /// oxcomm's links and algorithms.
     Native(native::NativeBackend),
