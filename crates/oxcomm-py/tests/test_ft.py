@@ -535,7 +535,9 @@ def _replica_process(backend, replica_id, lighthouse, steps, kill_at, out):
             time.sleep(0.05)
     # Each replica stops at ``steps`` once it has committed a step with all three after the
     # failure (a survivor: after one without replica 2; the replacement: once it is back),
-    # so that all three stop after the same step.
+    # so that all three stop after the same step. The replacement starts after the
+    # survivors committed a step without replica 2 (``.saw_two``): one started sooner can
+    # join before the survivors commit alone, and they would then wait for a step of two.
     saw_two, back = replica_id == 2, False
     while manager.current_step() < steps or not back:
         assert time.monotonic() < deadline, f"step {manager.current_step()}: no end in 120 s"
@@ -553,7 +555,11 @@ def _replica_process(backend, replica_id, lighthouse, steps, kill_at, out):
         optim.step()
         if manager.current_step() > step:
             commits.append((time.time(), manager.num_participants()))
-            saw_two = saw_two or manager.num_participants() == 2
+            if not saw_two and manager.num_participants() == 2:
+                saw_two = True
+                # The test starts the replacement only once both survivors wrote this, so
+                # that the survivors' first commit after the kill is their own (two).
+                open(out + ".saw_two", "w").close()
             back = saw_two and manager.num_participants() == 3
     params = [p.detach().flatten().tolist() for p in model.parameters()]
     with open(out, "w") as f:
@@ -583,6 +589,7 @@ def _kill_and_rejoin(backend, tmp, steps=16, kill_at=6):
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     env.setdefault("OMP_NUM_THREADS", "1")
+    env["RUST_LOG"] = "info"  # each replica's quorums, in the log a failure shows
 
     def start(r, kill):
         args = [backend, str(r), lighthouse.address(), str(steps), str(kill) if kill is not None else "-"]
@@ -600,6 +607,11 @@ def _kill_and_rejoin(backend, tmp, steps=16, kill_at=6):
     deadline = time.monotonic() + 150
     try:
         assert procs[2].wait(timeout=60) == -signal.SIGKILL, open(f"{tmp}/{backend}2.log").read()[-3000:]
+        while not all(os.path.exists(f"{tmp}/{backend}{r}.json.saw_two") for r in (0, 1)):
+            for r in (0, 1):
+                assert procs[r].poll() is None, (r, open(f"{tmp}/{backend}{r}.log").read()[-3000:])
+            assert time.monotonic() < deadline, "the survivors committed no step without replica 2"
+            time.sleep(0.02)
         procs[2] = start(2, None)
         for r, p in enumerate(procs):
             rc = p.wait(timeout=max(1, deadline - time.monotonic()))
