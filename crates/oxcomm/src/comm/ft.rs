@@ -3,8 +3,9 @@
 //!
 //! The three calls are ULFM's (`MPIX_Comm_revoke`, `MPIX_Comm_agree`, `MPIX_Comm_shrink`),
 //! on oxcomm's own links: the protocol is the native backend's (`backend/native_ft.rs`), the
-//! agreement's proof in [`crate::algorithms::agreement`]. The MPI backend answers
-//! [`ErrorKind::Unsupported`].
+//! agreement's proof in [`crate::algorithms::agreement`]. The MPI backend calls ULFM where
+//! the MPI library has a working one (`backend/mpi/ulfm.rs`) and answers
+//! [`ErrorKind::Unsupported`] elsewhere.
 //!
 //! A revocation covers everything that shares the communicator's links: the world it was
 //! made from and every group made from that world. Agreeing and shrinking are calls of that

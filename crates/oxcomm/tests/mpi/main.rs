@@ -33,6 +33,9 @@ const WORLDS: [usize; 2] = [2, 4];
 /// How long one mpirun job may take before it is killed and counted as failed.
 const JOB_DEADLINE: Duration = Duration::from_secs(300);
 
+/// Environment variable of the ULFM job: `fake` runs the ULFM cases (over `fake_ulfm.c`).
+const ENV_ULFM_JOB: &str = "OXCOMM_TEST_ULFM";
+
 type CaseResult = Result<(), String>;
 
 /// A named test case.
@@ -60,71 +63,111 @@ fn launcher_main() -> i32 {
     }
     let (mut passed, mut failed) = (0usize, 0usize);
     for n in WORLDS {
-        let t0 = Instant::now();
-        let mut child = match Command::new("mpirun")
-            .args(["-n", &n.to_string(), "--oversubscribe", "--allow-run-as-root"])
-            .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
-            .arg(&exe)
-            // The 4-rank job enters through `oxcomm::init()` and OXCOMM_BACKEND=mpi.
-            .envs((n == 4).then_some(("OXCOMM_BACKEND", "mpi")))
-            .stdout(Stdio::piped())
-            .spawn()
-        {
-            Ok(c) => c,
-            Err(e) => {
-                println!("mpirun -n {n}: cannot start: {e}");
-                failed += 1;
-                continue;
-            }
-        };
-        // Read the job's output on a thread so the wait below can keep its deadline.
-        let mut stdout = child.stdout.take().expect("piped stdout");
-        let reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
-            s
-        });
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break Some(s),
-                Ok(None) if t0.elapsed() < JOB_DEADLINE => std::thread::sleep(Duration::from_millis(100)),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break None;
-                }
-            }
-        };
-        let out = reader.join().unwrap_or_default();
-        print!("{out}");
-        // Rank 0 ends with "mpi n=N: P passed, F failed".
-        let counts = out.lines().rev().find_map(|l| {
-            let rest = l.strip_prefix(&format!("mpi n={n}: "))?;
-            let mut it = rest.split(", ");
-            let p: usize = it.next()?.strip_suffix(" passed")?.parse().ok()?;
-            let f: usize = it.next()?.strip_suffix(" failed")?.parse().ok()?;
-            Some((p, f))
-        });
-        match (status, counts) {
-            (Some(s), Some((p, f))) if s.success() => {
-                passed += p;
-                failed += f;
-            }
-            (Some(s), counts) => {
-                let (p, f) = counts.unwrap_or((0, 0));
-                println!("mpirun -n {n}: exited with {s} ({p} passed, {f} failed)");
-                passed += p;
-                failed += f.max(1);
-            }
-            (None, _) => {
-                println!("mpirun -n {n}: killed after {JOB_DEADLINE:?}");
-                failed += 1;
-            }
+        // The 4-rank job enters through `oxcomm::init()` and OXCOMM_BACKEND=mpi.
+        let envs: Vec<(&str, &str)> = if n == 4 { vec![("OXCOMM_BACKEND", "mpi")] } else { vec![] };
+        let (p, f) = run_job(&exe, n, &[], &envs);
+        passed += p;
+        failed += f;
+    }
+    // The ULFM job: the backend's revoke, agree and shrink over the stand-in ULFM of
+    // `fake_ulfm.c` (Open MPI 4 has none), built here with mpicc and preloaded into each rank.
+    match build_fake_ulfm() {
+        Ok(lib) => {
+            let preload = format!("LD_PRELOAD={}", lib.display());
+            let (p, f) = run_job(&exe, 4, &["-x", &preload], &[(ENV_ULFM_JOB, "fake"), ("FAKE_ULFM_FAILED", "3")]);
+            let _ = std::fs::remove_file(&lib);
+            passed += p;
+            failed += f;
         }
-        println!("mpirun -n {n}: {:.1}s", t0.elapsed().as_secs_f64());
+        Err(e) => {
+            println!("ulfm job: cannot build fake_ulfm.c: {e}");
+            failed += 1;
+        }
     }
     println!("{passed} passed, {failed} failed");
     i32::from(failed > 0)
+}
+
+/// Runs this binary under `mpirun -n n` (with `args` and the environment `envs`), bounded by
+/// [`JOB_DEADLINE`], prints its output and returns rank 0's `(passed, failed)` counts (a job
+/// that fails without them counts as one failure).
+fn run_job(exe: &std::path::Path, n: usize, args: &[&str], envs: &[(&str, &str)]) -> (usize, usize) {
+    let t0 = Instant::now();
+    let mut child = match Command::new("mpirun")
+        .args(["-n", &n.to_string(), "--oversubscribe", "--allow-run-as-root"])
+        .args(["--mca", "btl_vader_single_copy_mechanism", "none"])
+        .args(args)
+        .arg(exe)
+        .envs(envs.iter().copied())
+        .stdout(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            println!("mpirun -n {n}: cannot start: {e}");
+            return (0, 1);
+        }
+    };
+    // Read the job's output on a thread so the wait below can keep its deadline.
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
+        s
+    });
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if t0.elapsed() < JOB_DEADLINE => std::thread::sleep(Duration::from_millis(100)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let out = reader.join().unwrap_or_default();
+    print!("{out}");
+    // Rank 0 ends with "mpi n=N: P passed, F failed".
+    let counts = out.lines().rev().find_map(|l| {
+        let rest = l.strip_prefix(&format!("mpi n={n}: "))?;
+        let mut it = rest.split(", ");
+        let p: usize = it.next()?.strip_suffix(" passed")?.parse().ok()?;
+        let f: usize = it.next()?.strip_suffix(" failed")?.parse().ok()?;
+        Some((p, f))
+    });
+    let result = match (status, counts) {
+        (Some(s), Some((p, f))) if s.success() => (p, f),
+        (Some(s), counts) => {
+            let (p, f) = counts.unwrap_or((0, 0));
+            println!("mpirun -n {n}: exited with {s} ({p} passed, {f} failed)");
+            (p, f.max(1))
+        }
+        (None, _) => {
+            println!("mpirun -n {n}: killed after {JOB_DEADLINE:?}");
+            (0, 1)
+        }
+    };
+    println!("mpirun -n {n}: {:.1}s", t0.elapsed().as_secs_f64());
+    result
+}
+
+/// Compiles `fake_ulfm.c` with `mpicc` into a shared library in the target directory.
+fn build_fake_ulfm() -> Result<std::path::PathBuf, String> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mpi/fake_ulfm.c");
+    let dir = std::env::current_exe().map_err(|e| e.to_string())?.with_file_name("fake_ulfm");
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let lib = dir.join(format!("libfake_ulfm_{}.so", std::process::id()));
+    let out = Command::new("mpicc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("mpicc: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("mpicc: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(lib)
 }
 
 // ------------------------------------------------------------------------------------------
@@ -144,7 +187,8 @@ fn rank_main() -> i32 {
     if me == 0 {
         println!("n={n}: joined through {entry}");
     }
-    let cases: Vec<Case> = vec![
+    let ulfm_job = std::env::var_os(ENV_ULFM_JOB).is_some();
+    let all: Vec<Case> = vec![
         ("init_reads_the_mpi_world", init_reads_the_mpi_world),
         ("all_reduce_every_dtype_and_op", all_reduce_every_dtype_and_op),
         ("reduce_every_root", reduce_every_root),
@@ -168,6 +212,15 @@ fn rank_main() -> i32 {
         // Last: a mismatch aborts the communicator.
         ("fingerprint_mismatch_names_a_rank", fingerprint_mismatch_names_a_rank),
     ];
+    // The ULFM job runs its own case (it revokes and shrinks the world); OXCOMM_TEST_CASES
+    // (a substring of case names) picks cases when the job is started by hand or by CI on
+    // another MPI library (.ci/mpi.sh on MPICH).
+    let filter = std::env::var("OXCOMM_TEST_CASES").unwrap_or_default();
+    let cases: Vec<Case> = if ulfm_job {
+        vec![("ulfm_agree_and_shrink_map_to_mpix", ulfm_agree_and_shrink_map_to_mpix)]
+    } else {
+        all.into_iter().filter(|(name, _)| name.contains(filter.as_str())).collect()
+    };
     let (mut passed, mut failed) = (0, 0);
     for (name, case) in cases {
         let t0 = Instant::now();
@@ -177,7 +230,7 @@ fn rank_main() -> i32 {
         }
         // Agree on the verdict (a case that aborted the communicator on purpose is last).
         let mut flag = [i32::from(local.is_err())];
-        let ok = if name == "fingerprint_mismatch_names_a_rank" {
+        let ok = if name == "fingerprint_mismatch_names_a_rank" || ulfm_job {
             local.is_ok()
         } else {
             comm.all_reduce(&mut flag, ReduceOp::Max).is_ok() && flag[0] == 0
@@ -513,13 +566,18 @@ fn isend_irecv_exchange(comm: &Communicator) -> CaseResult {
     Ok(())
 }
 
-/// Revoke, agree and shrink (issue 39) need ULFM: an `Unsupported` error that names it, and
-/// the communicator goes on (nothing was revoked).
+/// Revoke, agree and shrink (issue 39) need ULFM, which Open MPI 4 lacks and MPICH's ch4
+/// device only pretends to have (its MPIX_Comm_* abort the process; .ci/mpi.sh runs this case
+/// on Debian's MPICH too): an `Unsupported` error that names ULFM (and, on MPICH ch4, the
+/// device), and the communicator goes on (nothing was revoked).
 fn fault_tolerance_is_unsupported_naming_ulfm(comm: &Communicator) -> CaseResult {
+    let version = mpi::environment::library_version().unwrap_or_default();
+    let want = if version.contains("MPICH") && version.contains("ch4") { "ch4" } else { "ULFM" };
     let errors = [("revoke", comm.revoke().err()), ("agree", comm.agree(1).err()), ("shrink", comm.shrink().err())];
     for (what, err) in errors {
         let err = err.ok_or_else(|| format!("{what} succeeded on the MPI backend"))?;
-        if err.kind() != oxcomm::ErrorKind::Unsupported || !err.to_string().contains("ULFM") {
+        let text = err.to_string();
+        if err.kind() != oxcomm::ErrorKind::Unsupported || !text.contains("ULFM") || !text.contains(want) {
             return Err(format!("{what}: {err}"));
         }
     }
@@ -527,6 +585,72 @@ fn fault_tolerance_is_unsupported_naming_ulfm(comm: &Communicator) -> CaseResult
         return Err("the communicator was revoked".into());
     }
     comm.barrier().map_err(e("barrier after them"))
+}
+
+/// The ULFM job (under `fake_ulfm.c`, world rank 3 "failed" as only rank 0 knows): `agree`
+/// is the AND of all 64 bits of the flags and names rank 3 on every rank; `shrink` revokes the
+/// communicator (MPIX_Comm_revoke on its MPI communicators) and returns the other three, ranks
+/// in the old order, on which collectives and point-to-point messages work; rank 3 gets an
+/// error instead.
+fn ulfm_agree_and_shrink_map_to_mpix(comm: &Communicator) -> CaseResult {
+    let (n, me) = (comm.size(), comm.rank());
+    let failed_rank = n - 1;
+    let flag = match me {
+        1 => !(1u64 << 40),
+        2 => !(1u64 << 3),
+        _ => u64::MAX,
+    };
+    let agreed = comm.agree(flag).map_err(e("agree"))?;
+    let want = oxcomm::Agreed { flag: !(1u64 << 40 | 1 << 3), failed: vec![failed_rank] };
+    if agreed != want {
+        return Err(format!("agree: {agreed:?}, expected {want:?}"));
+    }
+    if comm.failed_ranks() != [failed_rank] {
+        return Err(format!("failed_ranks after agree: {:?}", comm.failed_ranks()));
+    }
+    let small = comm.shrink();
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name; the symbol, when present, is
+    // `int fake_ulfm_revokes(void)` of fake_ulfm.c.
+    let revokes = unsafe {
+        let p = libc::dlsym(libc::RTLD_DEFAULT, c"fake_ulfm_revokes".as_ptr());
+        if p.is_null() {
+            return Err("fake_ulfm.c is not loaded".into());
+        }
+        std::mem::transmute::<*mut libc::c_void, extern "C" fn() -> i32>(p)()
+    };
+    if revokes < 2 {
+        return Err(format!("shrink called MPIX_Comm_revoke {revokes} times (world and point-to-point: 2)"));
+    }
+    match comm.all_reduce(&mut [1.0f32], ReduceOp::Sum) {
+        Err(err) if err.kind() == ErrorKind::Revoked => {}
+        other => return Err(format!("all_reduce on the shrunk-away communicator: {other:?}, expected Revoked")),
+    }
+    if me == failed_rank {
+        return match small {
+            Err(_) => Ok(()),
+            Ok(c) => Err(format!("the failed rank got a communicator of {}", c.size())),
+        };
+    }
+    let small = small.map_err(e("shrink"))?;
+    if (small.size(), small.rank()) != (n - 1, me) {
+        return Err(format!("shrunk: rank {} of {}, expected {me} of {}", small.rank(), small.size(), n - 1));
+    }
+    let mut v = [me as f32 + 1.0; 3];
+    small.all_reduce(&mut v, ReduceOp::Sum).map_err(e("all_reduce on the shrunk communicator"))?;
+    let sum = (1..n).sum::<usize>() as f32;
+    check("all_reduce on the shrunk communicator", &v, &[sum; 3])?;
+    // A ring of blocking sends (rank 0 sends first; the others receive first). No async op:
+    // its worker thread could drop the last handle on MPI after this thread exits.
+    let (to, from) = ((me + 1) % (n - 1), (me + n - 2) % (n - 1));
+    let mut got = vec![0u32; 5];
+    if me == 0 {
+        small.send(&[me as u32; 5], to, 9).map_err(e("send on the shrunk communicator"))?;
+    }
+    small.recv(&mut got, from, 9).map_err(e("recv on the shrunk communicator"))?;
+    if me != 0 {
+        small.send(&[me as u32; 5], to, 9).map_err(e("send on the shrunk communicator"))?;
+    }
+    check("recv on the shrunk communicator", &got, &[from as u32; 5])
 }
 
 fn barriers(comm: &Communicator) -> CaseResult {

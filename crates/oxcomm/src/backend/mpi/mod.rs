@@ -88,9 +88,11 @@
 //! world communicator is dropped.
 
 mod ops;
+mod ulfm;
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -144,7 +146,8 @@ static ENV: Mutex<Weak<MpiEnv>> = Mutex::new(Weak::new());
 
 /// What a communicator over MPI holds: its MPI communicators and reduce ops.
 pub(crate) struct MpiBackend {
-    /// The MPI communicator of each oxcomm group, by group id (0: the world).
+    /// The MPI communicator of each oxcomm group, by group id (0: the world, whatever its
+    /// epoch's id).
     comms: Mutex<HashMap<u64, Comm>>,
     /// A duplicate of the world for point-to-point messages.
     p2p: Comm,
@@ -157,6 +160,10 @@ pub(crate) struct MpiBackend {
     /// Whether ranks compare fingerprints before each collective.
     check: bool,
     threading: Threading,
+    /// Whether ULFM revoked this backend's communicators ([`ulfm`]).
+    revoked: AtomicBool,
+    /// World ranks an agreement or a shrink found failed ([`ulfm`]).
+    failed: Mutex<Vec<usize>>,
     /// Dropped last, after the communicators and ops above are freed.
     _env: Arc<MpiEnv>,
 }
@@ -200,23 +207,33 @@ pub(crate) fn start() -> Result<(usize, usize, MpiBackend)> {
     let (env, threading) = acquire_env()?;
     // SAFETY: MPI is initialised; RSMPI_COMM_WORLD is a constant set by rsmpi's C shim.
     let world = dup(unsafe { ffi::RSMPI_COMM_WORLD })?;
-    let p2p = dup(world.0)?;
-    let (mut rank, mut size): (c_int, c_int) = (0, 0);
-    // SAFETY: `world` is a valid communicator; the out-pointers are valid.
-    mpi_call("MPI_Comm_rank", unsafe { ffi::MPI_Comm_rank(world.0, &mut rank) })?;
-    // SAFETY: as above.
-    mpi_call("MPI_Comm_size", unsafe { ffi::MPI_Comm_size(world.0, &mut size) })?;
+    let (rank, size, backend) = MpiBackend::over(world, env, threading, check)?;
     tracing::info!(target: "oxcomm::mpi", rank, size, ?threading, check, "joined over MPI");
-    let backend = MpiBackend {
-        comms: Mutex::new(HashMap::from([(0, world)])),
-        p2p,
-        p2p_held: Mutex::new(HashMap::new()),
-        ops: Mutex::new(HashMap::new()),
-        check,
-        threading,
-        _env: env,
-    };
-    Ok((rank as usize, size as usize, backend))
+    Ok((rank, size, backend))
+}
+
+impl MpiBackend {
+    /// The backend whose world is `world` (a communicator that returns errors, which the
+    /// backend frees when dropped): `(rank, size, backend)`.
+    fn over(world: Comm, env: Arc<MpiEnv>, threading: Threading, check: bool) -> Result<(usize, usize, MpiBackend)> {
+        let backend = MpiBackend {
+            comms: Mutex::new(HashMap::from([(0, world)])),
+            p2p: dup(world.0)?,
+            p2p_held: Mutex::new(HashMap::new()),
+            ops: Mutex::new(HashMap::new()),
+            check,
+            threading,
+            revoked: AtomicBool::new(false),
+            failed: Mutex::new(Vec::new()),
+            _env: env,
+        };
+        let (mut rank, mut size): (c_int, c_int) = (0, 0);
+        // SAFETY: `world` is a valid communicator; the out-pointers are valid.
+        mpi_call("MPI_Comm_rank", unsafe { ffi::MPI_Comm_rank(world.0, &mut rank) })?;
+        // SAFETY: as above.
+        mpi_call("MPI_Comm_size", unsafe { ffi::MPI_Comm_size(world.0, &mut size) })?;
+        Ok((rank as usize, size as usize, backend))
+    }
 }
 
 /// Initialises MPI (asking for `MPI_THREAD_MULTIPLE`) or joins the running environment.
@@ -442,10 +459,12 @@ fn wait_all(reqs: &mut [ffi::MPI_Request], call: &str) -> Result<()> {
 }
 
 impl MpiBackend {
-    /// The MPI communicator of group `g`.
+    /// The MPI communicator of group `g`. Even ids are the world's (0, then a new one per
+    /// shrink: `comm/ft.rs`), kept under 0; odd ones are groups made from it.
     fn comm_of(&self, g: &GroupView<'_>) -> Result<Comm> {
+        let key = if g.id % 2 == 0 { 0 } else { g.id };
         let comms = self.comms.lock().unwrap_or_else(|e| e.into_inner());
-        comms.get(&g.id).copied().ok_or_else(|| Error::invalid(format!("group {:x} has no MPI communicator", g.id)))
+        comms.get(&key).copied().ok_or_else(|| Error::invalid(format!("group {:x} has no MPI communicator", g.id)))
     }
 
     /// The MPI reduce op for `T` and `op` (`Avg` reduces as `Sum`); see the module docs.

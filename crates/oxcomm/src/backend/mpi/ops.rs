@@ -29,24 +29,28 @@ impl Backend for MpiBackend {
         Ok(Route { algorithm: None, name: "mpi", agree: false })
     }
 
-    /// MPI has nothing to revoke without ULFM: its communicators are freed when the backend is
-    /// dropped (and an error aborts the MPI job's ops through the communicator's rule).
-    fn revoke(&self, _cause: &Error) {}
+    /// With ULFM, `MPIX_Comm_revoke` of every communicator of this backend, so that every
+    /// member's pending and later MPI calls on them fail; without it nothing (the
+    /// communicator's own abort rule still fails this rank's later ops).
+    fn revoke(&self, _cause: &Error) {
+        self.ulfm_revoke();
+    }
 
-    fn agree(&self, _env: &mut OpEnv<'_>, _flag: u64) -> Result<(u64, Vec<usize>)> {
-        Err(no_ulfm("agree"))
+    fn agree(&self, env: &mut OpEnv<'_>, flag: u64) -> Result<(u64, Vec<usize>)> {
+        self.ulfm_agree(env.group.members, flag)
     }
 
     fn shrink(&self, _env: &mut OpEnv<'_>) -> Result<crate::backend::Shrunk> {
-        Err(no_ulfm("shrink"))
+        let (rank, survivors, backend) = self.ulfm_shrink()?;
+        Ok(crate::backend::Shrunk { backend: crate::backend::AnyBackend::Mpi(backend), rank, survivors })
     }
 
     fn known_failed(&self) -> Vec<usize> {
-        Vec::new()
+        self.ulfm_failed()
     }
 
     fn fault_tolerance(&self) -> Result<()> {
-        Err(no_ulfm("fault tolerance (revoke, agree, shrink)"))
+        self.ulfm("fault tolerance (revoke, agree, shrink)").map(|_| ())
     }
 
     fn group_needs_op(&self) -> bool {
@@ -707,15 +711,4 @@ fn split_comm(c: ffi::MPI_Comm, color: Option<usize>, key: usize) -> Result<Opti
     // SAFETY: `out` is the communicator just created; RSMPI_ERRORS_RETURN is a constant.
     mpi_call("MPI_Comm_set_errhandler", unsafe { ffi::MPI_Comm_set_errhandler(out, ffi::RSMPI_ERRORS_RETURN) })?;
     Ok(Some(Handle(out)))
-}
-
-/// The error of a fault-tolerance call on the MPI backend: it needs ULFM, which this MPI
-/// library does not have (or oxcomm does not call it yet), named by its version string.
-fn no_ulfm(what: &str) -> Error {
-    let library = mpi::environment::library_version().unwrap_or_else(|_| "an unknown MPI library".to_string());
-    let library = library.lines().next().unwrap_or_default().trim().to_string();
-    Error::unsupported(format!(
-        "{what} on the MPI backend needs ULFM (MPIX_Comm_revoke, MPIX_Comm_agree, MPIX_Comm_shrink), which this MPI \
-         library does not offer: {library}; use the native backend (OXCOMM_BACKEND=native), which does"
-    ))
 }
