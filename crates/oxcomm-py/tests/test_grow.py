@@ -200,51 +200,16 @@ def test_join_on_the_mpi_backend_is_unsupported(monkeypatch):
         oxcomm.join()
 
 
-# A training loop under `oxcomm launch --on-failure restart` (the Python twin of the library's
-# `ft_grow` example): rank 2 exits with status 17 at step 30 of 100; the others shrink and grow
-# back to 3; the replacement the launcher starts calls oxcomm.join() and gets the step to go on
-# from. Every completed step's sum is checked against the communicator's size.
-_LOOP = """
-import os, sys
-import numpy as np
-import oxcomm
-
-STEPS, DIE_AT = 100, 30
-joining = oxcomm.joining()
-if joining:
-    comm = oxcomm.join()
-    at = np.zeros(1, dtype=np.int64)
-    comm.broadcast(at, 0)
-    step = int(at[0])
-    print(f"joined as rank {comm.rank} of {comm.size} at step {step}", file=sys.stderr, flush=True)
-else:
-    comm, step = oxcomm.init(), 0
-full, first = comm.size, comm.rank
-restart = os.environ.get("OXCOMM_ON_FAILURE") == "restart"
-while step < STEPS:
-    if not joining and first == 2 and step == DIE_AT:
-        os._exit(17)
-    v = np.ones(4, dtype=np.float32)
-    try:
-        comm.all_reduce(v)
-    except oxcomm.OxcommError as e:
-        print(f"step {step}: {e}", file=sys.stderr, flush=True)
-        small = comm.shrink()
-        comm = small.grow(full) if restart else small
-        at = np.array([step], dtype=np.int64)
-        comm.broadcast(at, 0)
-        step = int(at[0])
-        continue
-    assert (v == comm.size).all(), (comm.rank, step, v)
-    step += 1
-comm.barrier()
-print(f"DONE rank={comm.rank} size={comm.size} steps={step}", flush=True)
-"""
+# The example `examples/grow_back.py` under `oxcomm launch --on-failure restart`: rank 2 exits
+# with status 17 at step 30 of 100; the others shrink and grow back to 3; the replacement the
+# launcher starts calls oxcomm.join() and gets the step to go on from. Every completed step's
+# sum is checked against the communicator's size.
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "grow_back.py")
 
 
 def _launch(*flags, timeout_s):
-    env = dict(os.environ, OXCOMM_TIMEOUT=str(timeout_s))
-    args = ["launch", "-n", str(WORLD), "--on-failure", "restart", *flags, "--", sys.executable, "-c", _LOOP]
+    env = dict(os.environ, OXCOMM_TIMEOUT=str(timeout_s), FT_DIE_RANK="2", FT_DIE_AT="30", FT_STEPS="100")
+    args = ["launch", "-n", str(WORLD), "--on-failure", "restart", *flags, "--", sys.executable, EXAMPLE]
     return _cli_script.run(args, timeout=180, env=env)
 
 
