@@ -43,6 +43,79 @@ fn same_dtype(first: &Buf, others: &[(&str, &Buf)]) -> PyResult<()> {
     Ok(())
 }
 
+/// Store keys where `from_store`'s rank 0 publishes the job's secret and id, for the other
+/// ranks and for newcomers (`join_from_store`: they must meet under the members' job id).
+const TOKEN_KEY: &str = "oxcomm/py/token";
+const JOB_KEY: &str = "oxcomm/py/job";
+
+/// The checked arguments `from_store` and `join_from_store` share: the store's address (for
+/// the TCP interface), the transport and the timeout.
+fn store_settings(
+    timeout: f64,
+    transport: Option<String>,
+    master_addr: Option<String>,
+) -> PyResult<(std::net::SocketAddr, TransportChoice, Duration)> {
+    if !(timeout.is_finite() && timeout > 0.0) {
+        return Err(PyValueError::new_err(format!("timeout: {timeout} is not a positive number of seconds")));
+    }
+    let transport = match transport.as_deref() {
+        None => TransportChoice::Auto,
+        Some(name) => TransportChoice::parse(name).ok_or_else(|| {
+            PyValueError::new_err(format!("transport: {:?} is not auto, shm or tcp", name.to_ascii_lowercase()))
+        })?,
+    };
+    let addr = master_addr.unwrap_or_else(|| "127.0.0.1".to_string());
+    let store_addr = std::net::ToSocketAddrs::to_socket_addrs(&(addr.as_str(), 0))
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| PyValueError::new_err(format!("master_addr: cannot resolve {addr:?}")))?;
+    Ok((store_addr, transport, Duration::from_secs_f64(timeout)))
+}
+
+/// A newcomer's wait for the members' job keys that ran out: no job met at this store.
+fn no_members(e: oxcomm::Error, timeout: Duration) -> oxcomm::Error {
+    if e.kind() != oxcomm::ErrorKind::Timeout {
+        return e;
+    }
+    oxcomm::Error::new(
+        oxcomm::ErrorKind::Timeout,
+        format!(
+            "join: no job met at this store within {timeout:?} (the members call Communicator.from_store \
+             on the same store, then grow): {}",
+            e.message()
+        ),
+    )
+}
+
+/// The settings of a rank that meets through a Python store (the store serves itself; host
+/// and interface from the environment, as `oxcomm.init()` reads them).
+#[allow(clippy::too_many_arguments)]
+fn store_init(
+    rank: usize,
+    world_size: usize,
+    store_addr: std::net::SocketAddr,
+    token: Vec<u8>,
+    job: String,
+    transport: TransportChoice,
+    timeout: Duration,
+    pin_to_core: bool,
+) -> oxcomm::Init {
+    oxcomm::Init {
+        rank,
+        world_size,
+        store_addr,
+        store_served: true,
+        token,
+        job,
+        transport,
+        config: oxcomm::CommConfig { timeout, ..Default::default() },
+        host_id: std::env::var(oxcomm::init::ENV_HOST_ID).ok(),
+        socket_ifname: std::env::var(OXCOMM_SOCKET_IFNAME).ok(),
+        socket_addr: std::env::var(OXCOMM_SOCKET_ADDR).ok().and_then(|a| a.parse().ok()),
+        pin_to_core,
+    }
+}
+
 /// One rank's handle on a group of ranks.
 #[pyclass(module = "oxcomm._native", name = "Communicator")]
 pub struct PyComm {
@@ -95,52 +168,62 @@ impl PyComm {
         if rank >= world_size {
             return Err(PyValueError::new_err(format!("rank: {rank} out of range for world_size {world_size}")));
         }
-        if !(timeout.is_finite() && timeout > 0.0) {
-            return Err(PyValueError::new_err(format!("timeout: {timeout} is not a positive number of seconds")));
-        }
-        let transport = match transport.as_deref() {
-            None => TransportChoice::Auto,
-            Some(name) => TransportChoice::parse(name).ok_or_else(|| {
-                PyValueError::new_err(format!("transport: {:?} is not auto, shm or tcp", name.to_ascii_lowercase()))
-            })?,
-        };
-        let addr = master_addr.unwrap_or_else(|| "127.0.0.1".to_string());
-        let store_addr = std::net::ToSocketAddrs::to_socket_addrs(&(addr.as_str(), 0))
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| PyValueError::new_err(format!("master_addr: cannot resolve {addr:?}")))?;
+        let (store_addr, transport, timeout) = store_settings(timeout, transport, master_addr)?;
         let store: Arc<dyn Store> = Arc::new(PyStore::new(store));
         let comm = py
             .detach(move || -> oxcomm::Result<Communicator> {
-                let deadline = std::time::Instant::now() + Duration::from_secs_f64(timeout);
+                let deadline = std::time::Instant::now() + timeout;
                 let (token, job) = if rank == 0 {
                     let token = oxcomm::rendezvous::generate_token();
                     let job = format!("py{}", &oxcomm::rendezvous::generate_token()[..16]);
-                    store.set("oxcomm/py/token", token.as_bytes())?;
-                    store.set("oxcomm/py/job", job.as_bytes())?;
+                    store.set(TOKEN_KEY, token.as_bytes())?;
+                    store.set(JOB_KEY, job.as_bytes())?;
                     (token.into_bytes(), job)
                 } else {
-                    let token = store.get("oxcomm/py/token", deadline)?;
-                    let job = String::from_utf8_lossy(&store.get("oxcomm/py/job", deadline)?).into_owned();
+                    let token = store.get(TOKEN_KEY, deadline)?;
+                    let job = String::from_utf8_lossy(&store.get(JOB_KEY, deadline)?).into_owned();
                     (token, job)
                 };
-                let init = oxcomm::Init {
-                    rank,
-                    world_size,
-                    store_addr,
-                    store_served: true,
-                    token,
-                    job,
-                    transport,
-                    config: oxcomm::CommConfig { timeout: Duration::from_secs_f64(timeout), ..Default::default() },
-                    host_id: std::env::var(oxcomm::init::ENV_HOST_ID).ok(),
-                    socket_ifname: std::env::var(OXCOMM_SOCKET_IFNAME).ok(),
-                    socket_addr: std::env::var(OXCOMM_SOCKET_ADDR).ok().and_then(|a| a.parse().ok()),
-                    pin_to_core,
-                };
+                let init = store_init(rank, world_size, store_addr, token, job, transport, timeout, pin_to_core);
                 let comm = init.connect_with_store(store)?;
                 // Nobody leaves set-up until every rank is in (the store may go away after).
                 comm.barrier()?;
+                Ok(comm)
+            })
+            .py()?;
+        Ok(PyComm { comm })
+    }
+
+    /// Joins a running job as a newcomer, through the store its ranks met at with
+    /// `from_store`: reads the job's secret and id there, waits (at most `timeout` in all)
+    /// for the members to call `grow`, takes the first free rank after theirs and meets
+    /// them. The returned communicator is the grown one (its `rank` and `size` say where this
+    /// process stands); its ops' deadline is `timeout`.
+    #[staticmethod]
+    #[pyo3(signature = (store, *, timeout = 300.0, transport = None, master_addr = None, pin_to_core = false))]
+    fn join_from_store(
+        py: Python<'_>,
+        store: Py<PyAny>,
+        timeout: f64,
+        transport: Option<String>,
+        master_addr: Option<String>,
+        pin_to_core: bool,
+    ) -> PyResult<PyComm> {
+        let (store_addr, transport, timeout) = store_settings(timeout, transport, master_addr)?;
+        let store: Arc<dyn Store> = Arc::new(PyStore::new(store));
+        let comm = py
+            .detach(move || -> oxcomm::Result<Communicator> {
+                let start = std::time::Instant::now();
+                let deadline = start + timeout;
+                let token = store.get(TOKEN_KEY, deadline).map_err(|e| no_members(e, timeout))?;
+                let job = String::from_utf8_lossy(&store.get(JOB_KEY, deadline).map_err(|e| no_members(e, timeout))?)
+                    .into_owned();
+                // What is left of `timeout` bounds the join; the grown communicator's ops get
+                // the whole of it (the members' grow gives theirs their own timeout).
+                let left = deadline.saturating_duration_since(std::time::Instant::now()).max(Duration::from_millis(1));
+                let init = store_init(0, 1, store_addr, token, job, transport, left, pin_to_core);
+                let comm = init.join_with_store(store)?;
+                comm.set_timeout(timeout);
                 Ok(comm)
             })
             .py()?;
@@ -694,6 +777,17 @@ impl PyComm {
     fn shrink(&self, py: Python<'_>) -> PyResult<PyComm> {
         let comm = &self.comm;
         Ok(PyComm { comm: crate::interrupt::run(py, comm, || comm.shrink())? })
+    }
+
+    /// This world communicator grown back to `new_size` ranks: the members keep their ranks
+    /// and `new_size - size` newcomers (`join_from_store`, or `oxcomm.join()` under
+    /// `oxcomm launch --on-failure restart`) take the ranks after them. Collective over every
+    /// member; waits at most the communicator's timeout for the newcomers (a `TimeoutError`
+    /// naming the first missing rank in `peer`). The returned communicator has links of its
+    /// own; this one stays usable.
+    fn grow(&self, py: Python<'_>, new_size: usize) -> PyResult<PyComm> {
+        let comm = &self.comm;
+        Ok(PyComm { comm: crate::interrupt::run(py, comm, || comm.grow(new_size))? })
     }
 
     fn __repr__(&self) -> String {

@@ -31,6 +31,31 @@ fn init(py: Python<'_>) -> PyResult<comm::PyComm> {
     Ok(comm::PyComm { comm })
 }
 
+/// Joins a running job as a replacement rank (`oxcomm::join()`): what a program started by
+/// `oxcomm launch --on-failure restart` calls when `OXCOMM_JOIN` is set, instead of `init`.
+/// Waits for the members to grow (at most `OXCOMM_TIMEOUT`) and takes a free rank after
+/// theirs. Pins the calling thread only under `OXCOMM_BIND=core`, as `init`. Native backend
+/// only (`UnsupportedError` with `OXCOMM_BACKEND=mpi`).
+#[pyfunction]
+fn join(py: Python<'_>) -> PyResult<comm::PyComm> {
+    let comm = py
+        .detach(|| {
+            let backend = std::env::var(oxcomm::init::ENV_BACKEND).unwrap_or_default();
+            if !matches!(backend.trim().to_ascii_lowercase().as_str(), "" | "native") {
+                return Err(oxcomm::Error::unsupported(format!(
+                    "join with {}={}: growing back is only available on the native backend",
+                    oxcomm::init::ENV_BACKEND,
+                    backend.trim()
+                )));
+            }
+            let mut init = oxcomm::Init::from_env()?;
+            init.pin_to_core = std::env::var(oxcomm::init::ENV_BIND).is_ok_and(|v| v.trim() == "core");
+            init.join()
+        })
+        .py()?;
+    Ok(comm::PyComm { comm })
+}
+
 /// A fresh job secret (hex), as `oxcomm launch` makes one.
 #[pyfunction]
 fn generate_token() -> String {
@@ -47,6 +72,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DTYPES", oxcomm::DType::ALL.map(|d| d.name()).to_vec())?;
     m.add("REDUCE_OPS", oxcomm::ReduceOp::ALL.map(|o| o.name()).to_vec())?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(join, m)?)?;
     m.add_function(wrap_pyfunction!(generate_token, m)?)?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(compressed::onebit_all_reduce, m)?)?;

@@ -115,6 +115,9 @@ impl Communicator {
             .with_rank(me)
         })?;
         let g = origin.generation + 1;
+        // Generation g is used up, whatever comes of it: a newcomer skips it once it is
+        // closed, so a grow tried again on this communicator (after a timeout) opens g + 1.
+        self.set_origin(Arc::new(Origin { init: origin.init.clone(), store: origin.store.clone(), generation: g }));
         let keys = grow_store(&origin.init.job, origin.store.clone());
         let what = format!("grow to {new_size} ranks (generation {g})");
         if me == 0 {

@@ -87,6 +87,21 @@ def _input(inp, out, name, b=None):
     return b
 
 
+def _store_options(timeout, transport, master_addr, pin_to_core):
+    """The keyword arguments of ``_native.Communicator.from_store`` / ``join_from_store``, with
+    the environment's defaults (``MASTER_ADDR``, ``OXCOMM_BIND=core``)."""
+    if master_addr is None:
+        master_addr = _os.environ.get("MASTER_ADDR") or None
+    if pin_to_core is None:
+        pin_to_core = _os.environ.get("OXCOMM_BIND", "").strip() == "core"
+    return {
+        "timeout": float(timeout),
+        "transport": transport,
+        "master_addr": master_addr,
+        "pin_to_core": bool(pin_to_core),
+    }
+
+
 class Communicator:
     """One rank's handle on a group of ranks; see the module docs."""
 
@@ -123,20 +138,25 @@ class Communicator:
         ``pin_to_core``: pin the calling thread to its own core when every local rank has one
         (default: only if ``OXCOMM_BIND=core``; threads started later inherit the mask).
         """
-        if master_addr is None:
-            master_addr = _os.environ.get("MASTER_ADDR") or None
-        if pin_to_core is None:
-            pin_to_core = _os.environ.get("OXCOMM_BIND", "").strip() == "core"
-        native = _native.Communicator.from_store(
-            store,
-            rank,
-            world_size,
-            timeout=float(timeout),
-            transport=transport,
-            master_addr=master_addr,
-            pin_to_core=bool(pin_to_core),
-        )
-        return Communicator(native)
+        kw = _store_options(timeout, transport, master_addr, pin_to_core)
+        return Communicator(_native.Communicator.from_store(store, rank, world_size, **kw))
+
+    @staticmethod
+    def join_from_store(store, *, timeout=300.0, transport=None, master_addr=None, pin_to_core=None):
+        """Joins a running job as a newcomer (a replacement for a rank that failed), through
+        the store its ranks met at with :meth:`from_store` (the same store object or an
+        equal one: same server, same prefix).
+
+        Reads the job's secret and id there, waits for the members to call :meth:`grow`
+        (at most ``timeout`` seconds in all, then :class:`TimeoutError`), takes the first
+        free rank after theirs and returns the grown communicator: its ``rank`` and ``size``
+        say where this process stands, and its ops' deadline is ``timeout``. What the
+        newcomer must know to go on (the step, the weights) the application sends it on that
+        communicator, e.g. a broadcast from rank 0. The other arguments are
+        :meth:`from_store`'s.
+        """
+        kw = _store_options(timeout, transport, master_addr, pin_to_core)
+        return Communicator(_native.Communicator.join_from_store(store, **kw))
 
     rank = property(lambda self: self._c.rank, doc="This rank within the group.")
     size = property(lambda self: self._c.size, doc="Number of ranks in the group.")
@@ -458,10 +478,44 @@ class Communicator:
         self._drain("shrink")
         return Communicator(self._c.shrink())
 
+    def grow(self, new_size):
+        """This world communicator grown back to ``new_size`` ranks, e.g. after
+        :meth:`shrink`: the members keep their ranks (in order) and ``new_size - size``
+        newcomers take the ranks after them, each calling :meth:`join_from_store` (or
+        :func:`oxcomm.join` under ``oxcomm launch --on-failure restart``). Collective over
+        every member. Waits at most the communicator's ``timeout`` for the newcomers: one that
+        never comes fails every member's grow with :class:`TimeoutError` naming its rank
+        (``peer``). The grown communicator has links of its own; this one stays usable.
+
+        Only a world met through a store grows (:func:`init`, :meth:`from_store`, and
+        communicators shrunk or grown from one); the store must outlive the ranks that
+        failed. ``new_size`` below ``size`` is :class:`InvalidArgumentError`, a group
+        :class:`UnsupportedError`, both before anything is sent."""
+        new_size = int(new_size)
+        if new_size < 0:
+            raise ValueError(f"new_size: {new_size} is negative")
+        self._drain("grow")
+        return Communicator(self._c.grow(new_size))
+
 
 def init():
     """Joins the job the environment describes (``oxcomm launch``, torchrun with ``OXCOMM_TOKEN``, mpirun, srun)."""
     return Communicator(_native.init())
+
+
+def join():
+    """Joins a running job as a replacement rank: what a program started by
+    ``oxcomm launch --on-failure restart`` calls instead of :func:`init` when the environment
+    has ``OXCOMM_JOIN`` set (not ``0``). Waits (at most ``OXCOMM_TIMEOUT``) for the members to
+    :meth:`Communicator.grow` and returns the grown communicator, this process at a rank after
+    theirs. Native backend only (:class:`UnsupportedError` with ``OXCOMM_BACKEND=mpi``)."""
+    return Communicator(_native.join())
+
+
+def joining():
+    """Whether this process was started as a replacement rank (``OXCOMM_JOIN`` set, not
+    ``0``) and so calls :func:`join` rather than :func:`init`."""
+    return _os.environ.get("OXCOMM_JOIN", "0") not in ("", "0")
 
 
 from . import coalesced, onebit  # noqa: E402 - they use Communicator
@@ -472,6 +526,8 @@ __all__ = [
     "ReduceOp",
     "Work",
     "init",
+    "join",
+    "joining",
     "onebit",
     "coalesced",
     "OxcommError",

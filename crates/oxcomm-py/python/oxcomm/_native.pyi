@@ -24,6 +24,7 @@ __all__ = [
     "cli_main",
     "generate_token",
     "init",
+    "join",
     "onebit_all_reduce",
     "reduce_scatter_coalesced",
 ]
@@ -67,6 +68,15 @@ class Communicator:
         store: _Store,
         rank: int,
         world_size: int,
+        *,
+        timeout: float = 300.0,
+        transport: Optional[str] = None,
+        master_addr: Optional[str] = None,
+        pin_to_core: bool = False,
+    ) -> Communicator: ...
+    @staticmethod
+    def join_from_store(
+        store: _Store,
         *,
         timeout: float = 300.0,
         transport: Optional[str] = None,
@@ -139,6 +149,7 @@ class Communicator:
     def failed_ranks(self) -> list[int]: ...
     def agree(self, flag: int) -> tuple[int, list[int]]: ...
     def shrink(self) -> Communicator: ...
+    def grow(self, new_size: int) -> Communicator: ...
 
 @final
 class OneBitState:
@@ -178,6 +189,9 @@ class OneBitAdam:
 
 def init() -> Communicator:
     """Joins the job the environment describes (``oxcomm launch``, torchrun, mpirun, srun)."""
+
+def join() -> Communicator:
+    """Joins a running job as a replacement rank (``OXCOMM_JOIN``, ``oxcomm launch --on-failure restart``)."""
 
 def generate_token() -> str:
     """A fresh job secret (hex), as ``oxcomm launch`` makes one."""

@@ -156,6 +156,39 @@ fn issue39_a_newcomer_that_never_comes_is_named_by_every_member() {
     }
 }
 
+/// A grow that timed out closed its generation; the members' next grow opens the next one,
+/// where a newcomer that came late joins (it skips the closed one). Before, the retry reopened
+/// the closed generation: the newcomer waited for the next, the members for it, until both
+/// timed out.
+#[test]
+fn issue39_a_grow_tried_again_after_a_timeout_meets_a_late_newcomer() {
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let job = harness::job_id("gr");
+    let (timed_out, late) = mpsc::channel();
+    let members: Vec<_> = (0..2)
+        .map(|r| {
+            let (store, job, timed_out) = (store.clone(), job.clone(), timed_out.clone());
+            std::thread::spawn(move || {
+                let comm = init(r, 2, &job, TransportChoice::Tcp, 1000).connect_with_store(store).unwrap();
+                assert_eq!(comm.grow(3).unwrap_err().peer(), Some(2));
+                timed_out.send(()).unwrap();
+                comm.set_timeout(Duration::from_secs(30));
+                let grown = comm.grow(3).unwrap();
+                sum_ok(&grown).unwrap();
+                grown.rank()
+            })
+        })
+        .collect();
+    for _ in 0..2 {
+        late.recv_timeout(Duration::from_secs(30)).unwrap();
+    }
+    let newcomer = init(99, 99, &job, TransportChoice::Tcp, 30_000).join_with_store(store).unwrap();
+    sum_ok(&newcomer).unwrap();
+    assert_eq!((newcomer.rank(), newcomer.size()), (2, 3));
+    let ranks: Vec<usize> = members.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(ranks, vec![0, 1]);
+}
+
 #[test]
 fn issue39_grow_and_join_reject_bad_input_before_sending_anything() {
     let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
