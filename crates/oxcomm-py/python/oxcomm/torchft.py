@@ -186,10 +186,6 @@ class ProcessGroupOxcomm(ProcessGroupWrapper):
         """``old.shrink()`` (a method so that a test can make one member's shrink fail)."""
         return old.shrink()
 
-    def _create_pg(self, store, rank, world_size):
-        comm = oxcomm.Communicator.from_store(store, rank, world_size, timeout=self._timeout.total_seconds())
-        return _TorchGroup(comm, rank, world_size)
-
     def getBackendName(self) -> str:
         return "torchft-oxcomm"
 
