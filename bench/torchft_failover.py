@@ -13,7 +13,8 @@ Modes (``--mode``):
 
 * ``kill``: replica 2 SIGKILLs itself at step ``--fail-at`` (20) just before its all-reduce,
   so the others are inside theirs. Printed per backend: each survivor's seconds from the death
-  to its next committed step; then this script starts the replica again, it rejoins (torchft
+  to its next committed step (for oxcomm, with how its group reconfigured for that step:
+  ``shrink`` on the links it had, or ``rebuild`` from the store); then this script starts the replica again, it rejoins (torchft
   heals it from a peer) and the job ends with all three, whose parameters must be equal.
 * ``freeze``: replica 2 SIGSTOPs itself there instead; the survivors move on when the process
   group gives up on it (gloo: its timeout, ``--pg-timeout`` 5 s; oxcomm: the heartbeat lapse,
@@ -124,7 +125,8 @@ def replica(args) -> None:
         committed = manager.should_commit()
         if committed:
             opt.step()
-        log(ev="step", step=step, committed=committed, loss=loss.item(), participants=manager.num_participants())
+        log(ev="step", step=step, committed=committed, loss=loss.item(), participants=manager.num_participants(),
+            path=getattr(pg, "last_configure", None))
     params = [p.detach().flatten().tolist() for p in model.parameters()]
     log(ev="end", step=manager.current_step(), params=params)
     manager.shutdown(wait=False)
@@ -186,6 +188,7 @@ def run_backend(args, backend: str, work: str) -> dict:
             first = {i: _wait_for(lambda i=i: commits_after(i, 1), deadline, f"replica {i}'s next commit")
                      for i in survivors}
             result["to_next_commit_s"] = {i: (first[i]["t"] - fault["t"]) / 1e9 for i in survivors}
+            result["paths"] = sorted({str(first[i].get("path")) for i in survivors})
             if args.mode == "kill":
                 procs[VICTIM].wait(timeout=max(1.0, deadline - time.monotonic()))
                 procs[VICTIM] = start(VICTIM, rejoined=True)
@@ -256,6 +259,8 @@ def main() -> int:
             if "to_next_commit_s" in r:
                 line += ", death to next commit (s): " + ", ".join(
                     f"replica {i} {s:.2f}" for i, s in r["to_next_commit_s"].items())
+                if r["paths"] != ["None"]:
+                    line += f" (reconfigured by {'/'.join(r['paths'])})"
             if "back_after_s" in r:
                 line += f", all {REPLICAS} again after {r['back_after_s']:.2f} s"
             if "resumed_step_committed" in r:

@@ -522,7 +522,8 @@ def _replica_process(backend, replica_id, lighthouse, steps, kill_at, out):
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     make = {"gloo": ProcessGroupGloo, "oxcomm": ProcessGroupOxcomm}[backend]
-    manager = _manager(make(timeout=timedelta(seconds=5)), replica_id, lighthouse, model, opt, op_timeout=5)
+    pg = make(timeout=timedelta(seconds=5))
+    manager = _manager(pg, replica_id, lighthouse, model, opt, op_timeout=5)
     optim = OptimizerWrapper(manager, opt)
     commits = []
     deadline = time.monotonic() + 120
@@ -554,7 +555,8 @@ def _replica_process(backend, replica_id, lighthouse, steps, kill_at, out):
             w.wait()
         optim.step()
         if manager.current_step() > step:
-            commits.append((time.time(), manager.num_participants()))
+            # oxcomm's group says how its last configure went: "shrink" or "rebuild".
+            commits.append((time.time(), manager.num_participants(), getattr(pg, "last_configure", None)))
             if not saw_two and manager.num_participants() == 2:
                 saw_two = True
                 # The test starts the replacement only once both survivors wrote this, so
@@ -578,7 +580,9 @@ def case_torchft_replica():
 def _kill_and_rejoin(backend, tmp, steps=16, kill_at=6):
     """3 replica processes around one lighthouse; replica 2 kills itself at ``kill_at`` and
     is started again once it is dead. Returns (seconds from the kill to each survivor's next
-    committed step, final parameters by replica)."""
+    committed step, final parameters by replica, the path of each replica's group's last
+    configure at its first commit of two after the kill and at its first commit of three
+    after that: ``{replica: (path, path)}``, the survivors' only)."""
     import json
     import subprocess
     import sys
@@ -624,18 +628,197 @@ def _kill_and_rejoin(backend, tmp, steps=16, kill_at=6):
         lighthouse.shutdown()
     killed_at = float(open(f"{tmp}/{backend}2.json.killed").read())
     res = [json.load(open(f"{tmp}/{backend}{r}.json")) for r in range(3)]
-    to_next = []
+    to_next, paths = [], {}
     for r in (0, 1):
-        after = [(t, n) for t, n in res[r]["commits"] if t > killed_at]
+        after = [(t, n, path) for t, n, path in res[r]["commits"] if t > killed_at]
         # The kill hit a step of all three; the next commit is the survivors' own.
         assert after[0][1] == 2, (r, after[:3])
         to_next.append(round(after[0][0] - killed_at, 3))
-    return to_next, [r["params"] for r in res]
+        back = next(c for c in after if c[1] == 3)
+        paths[r] = (after[0][2], back[2])
+    return to_next, [r["params"] for r in res], paths
 
 
 @pytest.mark.parametrize("backend", ["oxcomm", "gloo"])
 def test_torchft_a_killed_replica_rejoins_and_all_end_equal(backend, tmp_path):
-    to_next, params = _kill_and_rejoin(backend, str(tmp_path))
-    print(f"{backend}: seconds from the kill to the survivors' next committed step: {to_next}")
+    to_next, params, paths = _kill_and_rejoin(backend, str(tmp_path))
+    print(f"{backend}: seconds from the kill to the survivors' next committed step: {to_next}; paths {paths}")
     assert params[0] == params[1] == params[2]
     assert all(t < 30 for t in to_next), to_next
+    if backend == "oxcomm":
+        # The survivors went on without replica 2 on their old links (shrink); with the
+        # replacement back, a new communicator from the quorum's store (rebuild).
+        assert paths == {0: ("shrink", "rebuild"), 1: ("shrink", "rebuild")}, paths
+
+
+# ---------------------------------------------------------------------- torchft: configure's paths
+# Each rank is one replica's ProcessGroupOxcomm, configured directly, as torchft's Manager
+# would, with a fresh prefix of the job's store per quorum (no lighthouse: the tests choose
+# the quorums).
+
+
+def _tft_setup():
+    """This rank, the job's store and the store address (``host:port``) configure takes."""
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    addr = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, timedelta(seconds=60))
+    return rank, store, addr
+
+
+def _tft_sum(pg, orig):
+    """All-reduces ``orig + 1`` over ``pg``'s communicator; checks its rank and size first."""
+    import numpy as np
+
+    x = np.full(16, orig + 1, dtype=np.float32)
+    pg.communicator.all_reduce(x)
+    assert np.all(x == x[0]), x
+    return float(x[0])
+
+
+def _tft_old_op_fails(pg):
+    """An all-reduce on ``pg``'s current communicator, that a peer left: the error's class."""
+    import numpy as np
+
+    import oxcomm
+
+    try:
+        pg.communicator.all_reduce(np.ones(16, dtype=np.float32))
+    except oxcomm.OxcommError as e:
+        return type(e).__name__
+    raise AssertionError("an op on a communicator whose peer died completed")
+
+
+def _tft_configure(pg, store, addr, quorum, rank, world):
+    """``pg.configure`` for quorum ``quorum`` (its own store prefix) once the ``world``
+    members have come to it (as torchft's quorum is formed only once each member has finished
+    its step); the path it took. Checks that the communicator's rank and size are torchft's."""
+    store.add(f"came_to_q{quorum}", 1)
+    deadline = time.monotonic() + 60
+    while store.add(f"came_to_q{quorum}", 0) < world:
+        assert time.monotonic() < deadline, f"quorum {quorum}: the others did not come"
+        time.sleep(0.01)
+    pg.configure(f"{addr}/q{quorum}", f"replica{rank}", rank, world, quorum)
+    comm = pg.communicator
+    assert (comm.rank, comm.size) == (rank, world), (comm.rank, comm.size, rank, world)
+    assert pg.errored() is None
+    return pg.last_configure
+
+
+class _FailingShrink:
+    """Mixin: this member's shrink completes and then fails (an error after the survivors'
+    agreement), so that its configure must fall back, and every other member's with it."""
+
+    def _shrink(self, old):
+        import oxcomm
+
+        comm = old.shrink()
+        comm.abort("test: this member's shrink fails")
+        raise oxcomm.OxcommError("test: this member's shrink fails")
+
+
+def case_torchft_configure_after_kills():
+    """4 replicas. Rank 3 dies: the other three shrink. Then rank 2 dies and rank 1's shrink
+    fails after the agreement: 0 and 1 both rebuild, in the same configure."""
+    from oxcomm.torchft import ProcessGroupOxcomm
+
+    rank, store, addr = _tft_setup()
+    cls = ProcessGroupOxcomm
+    if rank == 1:
+        cls = type("FailingSecondShrink", (ProcessGroupOxcomm,), {"_shrink": _FailingShrink._shrink})
+    pg = cls(timeout=timedelta(seconds=30))
+    out = {"paths": [_tft_configure(pg, store, addr, 1, rank, 4)], "sums": [_tft_sum(pg, rank)]}
+    if rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    out["old_op"] = [_tft_old_op_fails(pg)]
+    if rank == 1:
+        # The first shrink (rank 3 gone) is a real one; only the second fails.
+        pg._shrink = lambda old: old.shrink()
+    out["paths"].append(_tft_configure(pg, store, addr, 2, rank, 3))
+    out["sums"].append(_tft_sum(pg, rank))
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    out["old_op"].append(_tft_old_op_fails(pg))
+    if rank == 1:
+        del pg._shrink  # back to the class's: the failing one
+    out["paths"].append(_tft_configure(pg, store, addr, 3, rank, 2))
+    out["sums"].append(_tft_sum(pg, rank))
+    return out
+
+
+def test_torchft_group_shrinks_when_replicas_die_and_rebuilds_when_a_shrink_fails():
+    res = _torch_ranks.run(4, "test_ft:case_torchft_configure_after_kills", timeout=180, may_die=(2, 3))
+    assert res[2] is None and res[3] is None, res
+    for r in (0, 1):
+        assert res[r]["paths"] == ["rebuild", "shrink", "rebuild"], (r, res[r])
+        # 1+2+3+4, then 1+2+3 on the shrunk communicator, then 1+2 on the rebuilt one.
+        assert res[r]["sums"] == [10.0, 6.0, 3.0], (r, res[r])
+        assert all(e in ("PeerGoneError", "RevokedError") for e in res[r]["old_op"]), (r, res[r])
+
+
+def case_torchft_configure_frozen_replica():
+    """3 replicas. Rank 2 freezes (SIGSTOP) before an all-reduce; 0 and 1 suspect it and
+    shrink it out; rank 0 resumes it: its all-reduce on the old communicator fails, and the
+    next quorum of all three rebuilds (rank 2's communicator is not the others')."""
+    from oxcomm.torchft import ProcessGroupOxcomm
+
+    rank, store, addr = _tft_setup()
+    pg = ProcessGroupOxcomm(timeout=timedelta(seconds=30))
+    out = {"paths": [_tft_configure(pg, store, addr, 1, rank, 3)], "sums": [_tft_sum(pg, rank)]}
+    if rank == 2:
+        store.set("frozen_pid", str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+        out["resumed_op"] = _tft_old_op_fails(pg)
+    else:
+        out["old_op"] = _tft_old_op_fails(pg)
+        out["paths"].append(_tft_configure(pg, store, addr, 2, rank, 2))
+        out["sums"].append(_tft_sum(pg, rank))
+        if rank == 0:
+            os.kill(int(store.get("frozen_pid")), signal.SIGCONT)
+    out["paths"].append(_tft_configure(pg, store, addr, 3, rank, 3))
+    out["sums"].append(_tft_sum(pg, rank))
+    return out
+
+
+def test_torchft_group_shrinks_a_frozen_replica_out_and_it_never_completes_an_abandoned_op():
+    res = _torch_ranks.run(
+        3, "test_ft:case_torchft_configure_frozen_replica", timeout=180, env={"OXCOMM_SUSPECT_AFTER_MS": "500"}
+    )
+    for r in (0, 1):
+        assert res[r]["paths"] == ["rebuild", "shrink", "rebuild"], (r, res[r])
+        assert res[r]["sums"] == [6.0, 3.0, 6.0], (r, res[r])
+        assert res[r]["old_op"] in ("SuspectedError", "RevokedError"), (r, res[r])
+    assert res[2]["paths"] == ["rebuild", "rebuild"], res[2]
+    assert res[2]["sums"] == [6.0, 6.0], res[2]
+    assert res[2]["resumed_op"] == "RevokedError", res[2]
+
+
+def _record(comm, rank, size, failed):
+    return {"comm": comm, "rank": rank, "size": size, "failed": failed, "nonce": "0"}
+
+
+@pytest.mark.parametrize(
+    "records, path",
+    [
+        # rank 2 of 3 died, seen by one survivor: the two shrink.
+        ([_record("a", 0, 3, [2]), _record("a", 1, 3, [])], "shrink"),
+        # the first quorum, or a newcomer (a replacement, a replica whose configure failed)
+        ([_record(None, None, None, []), _record(None, None, None, [])], "rebuild"),
+        ([_record("a", 0, 3, [2]), _record("a", 1, 3, [2]), _record(None, None, None, [])], "rebuild"),
+        # a frozen replica back: its old communicator is not the survivors'
+        ([_record("b", 0, 2, []), _record("b", 1, 2, []), _record("a", 2, 3, [])], "rebuild"),
+        # rank 2 left and nobody saw it fail: a shrink would wait for it
+        ([_record("a", 0, 3, []), _record("a", 1, 3, [])], "rebuild"),
+        # a member of the quorum failed on the old communicator: the shrink would leave it out
+        ([_record("a", 0, 3, [1, 2]), _record("a", 1, 3, [])], "rebuild"),
+        # the old ranks not in torchft's order: the shrunk ranks would not be torchft's
+        ([_record("a", 1, 3, [2]), _record("a", 0, 3, [2])], "rebuild"),
+        # nobody left (a quorum after a failed commit): a fresh communicator
+        ([_record("a", 0, 2, []), _record("a", 1, 2, [])], "rebuild"),
+    ],
+)
+def test_torchft_group_chooses_shrink_only_when_the_quorum_is_the_old_survivors(records, path):
+    from oxcomm.torchft import _plan
+
+    assert _plan(records)[0] == path
