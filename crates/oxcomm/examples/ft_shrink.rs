@@ -7,9 +7,10 @@
 //! SIGKILLs itself; with `FT_MODE=freeze` it SIGSTOPs itself instead, and once resumed (the
 //! script sends SIGCONT after the survivors are done) runs one more all-reduce, which must
 //! fail: it prints `LEFT_OUT <error kind>` (or `COMPLETED`, a defect). The others run
-//! all-reduces until one fails, shrink, run one all-reduce on the shrunk communicator, check
-//! it, and print `DONE_NS <t> rank=<r> failed=<failed ranks>`: `DONE_NS - KILL_NS` is the time
-//! from the death to the survivors' first completed op on the shrunk communicator. Then they
+//! all-reduces until one fails (printing `ERROR_NS <t>`: `ERROR_NS - KILL_NS` is the time from
+//! the death to this survivor's error), shrink, run one all-reduce on the shrunk communicator,
+//! check it, and print `DONE_NS <t> rank=<r> failed=<failed ranks>`: `DONE_NS - KILL_NS` is the
+//! time from the death to the survivors' first completed op on the shrunk communicator. Then they
 //! stay `FT_LINGER_MS` (0) with their links open, so that a frozen rank resumed meanwhile
 //! meets survivors that have left it out, not closed connections.
 
@@ -55,7 +56,10 @@ fn main() -> Result<(), oxcomm::Error> {
         let mut v = [me as f32 + 1.0; 2];
         match comm.all_reduce(&mut v, ReduceOp::Sum) {
             Ok(()) => assert_eq!(v, [all; 2], "rank {me}: wrong sum at op {done}"),
-            Err(e) => break e,
+            Err(e) => {
+                println!("ERROR_NS {}", now_ns());
+                break e;
+            }
         }
         done += 1;
     };

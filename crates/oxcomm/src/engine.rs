@@ -19,8 +19,30 @@ use crate::reduce::{self, ReduceOp};
 use crate::transport::{Doorbell, Link};
 use crate::wire::Fingerprint;
 
-/// How often a waiting rank asks its stalled links whether their peer is still alive.
+/// How often a waiting rank asks its stalled links whether their peer is still alive (and
+/// stamps its heartbeat, polls control channels, looks for a lapsed member). A death the
+/// transport announces ([`Doorbell::deaths`]: shared memory's death watcher) is checked for at
+/// once, whatever this is; TCP learns of one from the socket. Env `OXCOMM_PEER_CHECK_MS`
+/// ([`peer_check_interval`]); default 50 ms.
 const PEER_CHECK_INTERVAL: Duration = Duration::from_millis(50);
+
+/// [`PEER_CHECK_INTERVAL`], or `OXCOMM_PEER_CHECK_MS` where set to a whole number of
+/// milliseconds from 1 (read once per process; another value is ignored with a warning).
+/// Tests set it very long to show that a death is found without it.
+fn peer_check_interval() -> Duration {
+    static INTERVAL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *INTERVAL.get_or_init(|| match std::env::var("OXCOMM_PEER_CHECK_MS") {
+        Err(_) => PEER_CHECK_INTERVAL,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(ms) if ms > 0 => Duration::from_millis(ms),
+            _ => {
+                tracing::warn!(target: "oxcomm::engine", value = %v,
+                    "OXCOMM_PEER_CHECK_MS is not a whole number of milliseconds from 1; using 50");
+                PEER_CHECK_INTERVAL
+            }
+        },
+    })
+}
 
 /// A peer whose heartbeat is older than this (and than a quarter of the op's timeout) when a
 /// wait times out is named as the likely frozen rank.
@@ -315,6 +337,9 @@ impl<'c> Ctx<'c> {
     /// Drives every transfer to completion, or fails with an error naming the peer.
     pub fn run(&mut self, xfers: &mut [Xfer<'_>]) -> Result<()> {
         let mut last_check = None;
+        // Deaths announced before this wait count too: its peer may be one of them.
+        let mut deaths_seen = 0;
+        let interval = peer_check_interval();
         loop {
             let epoch = self.bell.epoch();
             let mut progressed = false;
@@ -345,19 +370,29 @@ impl<'c> Ctx<'c> {
             if now >= deadline {
                 return Err(self.timeout_error(xfers));
             }
-            if now.duration_since(*last_check.get_or_insert(now)) >= PEER_CHECK_INTERVAL {
+            if self.bell.deaths() != deaths_seen {
+                deaths_seen = self.bell.deaths();
+                self.check_stalled(xfers)?;
+            }
+            if now.duration_since(*last_check.get_or_insert(now)) >= interval {
                 last_check = Some(now);
                 self.bell.heartbeat();
                 self.check_cancel()?;
-                for x in xfers.iter().filter(|x| !x.finished()) {
-                    let world = self.members[x.peer()];
-                    self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
-                }
+                self.check_stalled(xfers)?;
                 self.periodic_ft(now)?;
             }
-            let wake = deadline.min(now + PEER_CHECK_INTERVAL);
+            let wake = deadline.min(now + interval);
             self.bell.wait(epoch, wake);
         }
+    }
+
+    /// Fails, naming the peer, if the peer of an unfinished transfer is gone.
+    fn check_stalled(&mut self, xfers: &[Xfer<'_>]) -> Result<()> {
+        for x in xfers.iter().filter(|x| !x.finished()) {
+            let world = self.members[x.peer()];
+            self.link(world)?.check_peer().map_err(|e| e.with_peer(world))?;
+        }
+        Ok(())
     }
 
     /// Waits until the stream from one of `peers` (group ranks) starts with `head.len()`
@@ -377,6 +412,8 @@ impl<'c> Ctx<'c> {
         mut pick: impl FnMut(usize, &[u8]) -> Result<bool>,
     ) -> Result<usize> {
         let mut last_check = None;
+        let mut deaths_seen = 0;
+        let interval = peer_check_interval();
         loop {
             let epoch = self.bell.epoch();
             for &p in peers {
@@ -393,11 +430,16 @@ impl<'c> Ctx<'c> {
                 let msg = format!("timed out after {:?} waiting for {}", self.timeout, what());
                 return Err(Error::new(ErrorKind::Timeout, msg));
             }
-            if now.duration_since(*last_check.get_or_insert(now)) >= PEER_CHECK_INTERVAL {
+            let died = self.bell.deaths() != deaths_seen;
+            let due = now.duration_since(*last_check.get_or_insert(now)) >= interval;
+            if due {
                 last_check = Some(now);
                 self.bell.heartbeat();
                 self.check_cancel()?;
                 self.periodic_ft(now)?;
+            }
+            if died || due {
+                deaths_seen = self.bell.deaths();
                 for &p in peers {
                     let world = self.members[p];
                     if let Err(e) = self.link(world)?.check_alive() {
@@ -410,7 +452,7 @@ impl<'c> Ctx<'c> {
                     }
                 }
             }
-            self.bell.wait(epoch, deadline.min(now + PEER_CHECK_INTERVAL));
+            self.bell.wait(epoch, deadline.min(now + interval));
         }
     }
 
@@ -419,6 +461,8 @@ impl<'c> Ctx<'c> {
     /// publish progress.
     pub fn wait_until(&mut self, mut lagging: impl FnMut() -> Option<usize>) -> Result<()> {
         let mut last_check = None;
+        let mut deaths_seen = 0;
+        let interval = peer_check_interval();
         loop {
             let epoch = self.bell.epoch();
             let Some(lag) = lagging() else { return Ok(()) };
@@ -429,11 +473,16 @@ impl<'c> Ctx<'c> {
             if now >= deadline {
                 return Err(self.timeout_for(world, false));
             }
-            if now.duration_since(*last_check.get_or_insert(now)) >= PEER_CHECK_INTERVAL {
+            let died = self.bell.deaths() != deaths_seen;
+            let due = now.duration_since(*last_check.get_or_insert(now)) >= interval;
+            if due {
                 last_check = Some(now);
                 self.bell.heartbeat();
                 self.check_cancel()?;
                 self.periodic_ft(now)?;
+            }
+            if died || due {
+                deaths_seen = self.bell.deaths();
                 if world != self.members[self.rank] {
                     // This wait reads shared memory, not the link: bytes the peer left unread
                     // in it must not make a dead peer look alive.
@@ -447,7 +496,7 @@ impl<'c> Ctx<'c> {
                 }
             }
             // Peers publish what `lagging` reads without ringing unless this rank sleeps.
-            self.bell.wait_checked(epoch, deadline.min(now + PEER_CHECK_INTERVAL), &mut || lagging().is_none());
+            self.bell.wait_checked(epoch, deadline.min(now + interval), &mut || lagging().is_none());
         }
     }
 

@@ -226,6 +226,10 @@ impl Doorbell for MixedDoorbell {
         self.shm.wake();
         self.tcp.wake();
     }
+
+    fn deaths(&self) -> u32 {
+        self.shm.deaths()
+    }
 }
 
 /// Merges shared-memory links (to this host's peers) and TCP links (to the other hosts'),

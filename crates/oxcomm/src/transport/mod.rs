@@ -354,6 +354,15 @@ pub trait Doorbell: Send + Sync {
     /// Wakes this rank's waits at once (another thread of this rank revoked the
     /// communicator): a wait returns as if a peer had rung.
     fn wake(&self) {}
+
+    /// How many peer processes the transport has seen exit and rung this doorbell for
+    /// (wrapping), where it learns of deaths as they happen (shared memory's death watcher):
+    /// when it moved since a wait last looked, the wait checks its peers ([`Link::check_peer`])
+    /// at once rather than at its next periodic check. A load of process-local memory, read
+    /// only when a wait would sleep. 0 where nothing counts.
+    fn deaths(&self) -> u32 {
+        0
+    }
 }
 
 // The clock lives at the values level (`crate::clock`); transports stamp heartbeats with it.

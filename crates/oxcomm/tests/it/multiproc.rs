@@ -194,6 +194,30 @@ fn child_entry() {
                 buf.fill(1.0);
             }
         }
+        "wait_on_last_direct" | "wait_on_last_recv" => {
+            // The last rank takes part in no op (the parent kills it); the others block in
+            // one that waits for it: an 8-byte all_reduce (the direct path), or a receive
+            // from it (the engine over the link).
+            let last = comm.size() - 1;
+            println!("ready");
+            if comm.rank() == last {
+                std::thread::sleep(LIMIT);
+                std::process::exit(0);
+            }
+            let mut buf = vec![1.0f32; 2];
+            let r = if role == "wait_on_last_direct" {
+                comm.all_reduce(&mut buf, ReduceOp::Sum)
+            } else {
+                comm.recv(&mut buf, last, 0)
+            };
+            match r {
+                Ok(()) => println!("COMPLETED"),
+                Err(e) => {
+                    eprintln!("ERROR {:?}: {e}", e.kind());
+                    std::process::exit(7);
+                }
+            }
+        }
         "eager" => report(&comm, eager_rooted_ops(&comm)),
         "mid_all_reduce" => report(&comm, mid_all_reduce_ops(&comm)),
         "any_source" => report(&comm, crate::any_source::scenario(&comm)),
@@ -594,6 +618,42 @@ fn killed_root_mid_direct_broadcast_is_named_by_every_survivor_within_2s() {
 #[test]
 fn killed_rank_mid_direct_all_gather_is_named_by_every_survivor_within_2s() {
     killed_rank_is_named(4, "loop_all_gather", 2);
+}
+
+/// Issue 39: a SIGKILLed shared-memory peer is named by the survivors blocked in an op on it
+/// at once, through the death watcher (a pidfd per peer process), not at their next periodic
+/// peer check: with that check set to 10 minutes (`OXCOMM_PEER_CHECK_MS`) and the op timeout
+/// to 20 s, only the watcher can make the survivors fail with the peer's death; without it
+/// they time out (and this fails on the error's kind, not on a clock).
+fn killed_peer_is_named_without_the_periodic_check(role: &str) {
+    let env = [("OXCOMM_PEER_CHECK_MS", "600000")];
+    let mut job = spawn_job_with(3, role, "20", &env);
+    for r in 0..3 {
+        job.wait_line(r, Duration::from_secs(60), |l| l == "ready");
+    }
+    // Let the survivors get into their wait (either way, only the watcher can tell them).
+    std::thread::sleep(Duration::from_millis(200));
+    job.signal(2, libc::SIGKILL);
+    let survivors = job.wait_ranks(&[0, 1], Duration::from_secs(60));
+    for (r, Exit { code, out, .. }) in [0, 1].into_iter().zip(&survivors) {
+        assert_eq!(*code, Some(7), "rank {r}:\n{out}");
+        assert!(
+            out.contains("ERROR PeerGone") && out.contains("rank 2"),
+            "rank {r} does not name the dead rank 2:\n{out}"
+        );
+    }
+    job.wait_all(Duration::from_secs(20));
+    assert!(job.leftovers().is_empty(), "segments left: {:?}", job.leftovers());
+}
+
+#[test]
+fn issue39_killed_peer_is_named_at_once_by_a_direct_all_reduce() {
+    killed_peer_is_named_without_the_periodic_check("wait_on_last_direct");
+}
+
+#[test]
+fn issue39_killed_peer_is_named_at_once_by_a_recv_over_the_link() {
+    killed_peer_is_named_without_the_periodic_check("wait_on_last_recv");
 }
 
 /// A rank stopped while the others run 8-byte direct ops (which read no clock of their own

@@ -193,6 +193,10 @@ impl Doorbell for ShmDoorbell {
     fn wake(&self) {
         self.ring();
     }
+
+    fn deaths(&self) -> u32 {
+        self.seg.deaths().load(Ordering::Acquire)
+    }
 }
 
 #[cfg(all(test, not(loom)))]

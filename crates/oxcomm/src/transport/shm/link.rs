@@ -17,6 +17,7 @@ use rustix::process::{pidfd_open, test_kill_process, Pid, PidfdFlags};
 
 use super::ring::{Consumer, Corrupt, Producer};
 use super::segment::Segment;
+use super::watch::{self, Watched};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::Link;
 
@@ -24,15 +25,18 @@ use crate::transport::Link;
 pub(super) enum PeerProcess {
     /// The peer is a thread of this process: only its close flags tell.
     SameProcess,
-    /// A pidfd, readable once the process has exited (zombies included).
-    Pidfd(OwnedFd),
+    /// A pidfd, readable once the process has exited (zombies included), and the process's
+    /// death watcher's flag on it (`watch.rs`), where the watcher runs.
+    Pidfd(OwnedFd, Option<Watched>),
     /// No pidfd support: `kill(pid, 0)` (a zombie still counts as alive until reaped).
     Pid(Pid),
 }
 
 impl PeerProcess {
-    /// Opens a handle on process `pid`; `Err` if it does not exist (a stale segment).
-    pub(super) fn open(pid: u32) -> std::result::Result<PeerProcess, String> {
+    /// Opens a handle on process `pid`; `Err` if it does not exist (a stale segment). With a
+    /// pidfd, the process is also handed to the death watcher, which rings the bell of `own`
+    /// (this rank's segment) when it exits.
+    pub(super) fn open(pid: u32, own: &Arc<Segment>) -> std::result::Result<PeerProcess, String> {
         let me = rustix::process::getpid();
         let pid =
             i32::try_from(pid).ok().and_then(Pid::from_raw).ok_or_else(|| format!("owner pid {pid} is invalid"))?;
@@ -40,7 +44,10 @@ impl PeerProcess {
             return Ok(PeerProcess::SameProcess);
         }
         match pidfd_open(pid, PidfdFlags::empty()) {
-            Ok(fd) => Ok(PeerProcess::Pidfd(fd)),
+            Ok(fd) => {
+                let watched = watch::watch(&fd, own);
+                Ok(PeerProcess::Pidfd(fd, watched))
+            }
             Err(Errno::SRCH) => Err(format!("its owner process {} is not running", pid.as_raw_pid())),
             Err(_) => match test_kill_process(pid) {
                 Err(Errno::SRCH) => Err(format!("its owner process {} is not running", pid.as_raw_pid())),
@@ -53,7 +60,8 @@ impl PeerProcess {
     pub(super) fn gone(&self) -> bool {
         match self {
             PeerProcess::SameProcess => false,
-            PeerProcess::Pidfd(fd) => {
+            PeerProcess::Pidfd(_, Some(w)) if w.dead() => true,
+            PeerProcess::Pidfd(fd, _) => {
                 let mut fds = [PollFd::new(fd, PollFlags::IN)];
                 let zero = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
                 matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)

@@ -38,7 +38,11 @@
 //! died (a `pidfd` polled by [`Link::check_peer`], falling back to `kill(pid, 0)`), and reports
 //! [`ErrorKind::PeerGone`] naming the peer once the bytes it sent are drained, or at once
 //! to a wait that does not read the link ([`Link::check_alive`]: bytes a dead peer left
-//! unread in a ring do not hide its death from the direct collectives). Pids are
+//! unread in a ring do not hide its death from the direct collectives). A death is known at
+//! once, not at a waiter's next periodic check: a per-process watcher thread (`watch.rs`)
+//! sleeps in `poll` on every peer's pidfd and, when one exits, marks it gone and rings the
+//! doorbell of the rank that talks to it ([`Doorbell::deaths`] counts these rings, so the
+//! woken wait checks its peers then). Pids are
 //! compared within one pid namespace: ranks sharing `/dev/shm` across pid namespaces are not
 //! supported.
 //!
@@ -61,6 +65,7 @@ mod ring;
 mod segment;
 pub(crate) mod single_copy;
 mod sync;
+mod watch;
 pub mod workspace;
 
 pub use futex::ShmDoorbell;
@@ -289,7 +294,7 @@ impl ShmEndpoint {
                 self.rank
             ))
         })?;
-        let process = PeerProcess::open(seg.owner_pid()).map_err(|why| {
+        let process = PeerProcess::open(seg.owner_pid(), &self.own).map_err(|why| {
             Error::protocol(format!("rank {p}'s shared-memory segment /dev/shm{} is stale: {why}", seg.name()))
         })?;
         let seg = Arc::new(seg);

@@ -195,6 +195,10 @@ pub(crate) struct Segment {
     owner_pid: u32,
     own: bool,
     unlinked: AtomicBool,
+    /// How many peer processes the death watcher (`watch.rs`) has seen exit while this
+    /// process waits on this segment's bell (its owner's only; process-local, not in the
+    /// mapping). Bumped before the watcher rings the bell.
+    deaths: AtomicU32,
 }
 
 // SAFETY: the mapping is process-shared memory that lives until `Drop`; every access to it
@@ -280,6 +284,7 @@ impl Segment {
             owner_pid: rustix::process::getpid().as_raw_nonzero().get() as u32,
             own: true,
             unlinked: AtomicBool::new(false),
+            deaths: AtomicU32::new(0),
         };
         for (p, slot) in ring_of.iter().enumerate().take(layout.world) {
             let v = slot.map_or(NO_SLOT, |s| s as u32);
@@ -358,6 +363,7 @@ impl Segment {
             owner_pid: 0,
             own: false,
             unlinked: AtomicBool::new(true),
+            deaths: AtomicU32::new(0),
         };
         match seg.header().magic.load(Ordering::Acquire) {
             0 => return Ok(Err("its header is not initialised yet")),
@@ -508,6 +514,12 @@ impl Segment {
     }
 
     /// The pid that created the segment.
+    /// The count of peer deaths the watcher has announced on this segment's bell (see the
+    /// `deaths` field).
+    pub(crate) fn deaths(&self) -> &AtomicU32 {
+        &self.deaths
+    }
+
     pub(crate) fn owner_pid(&self) -> u32 {
         self.owner_pid
     }
