@@ -16,6 +16,13 @@ import _torch_ranks
 
 COUNT = 1 << 14
 
+# torchft's Rust side (read when torchft is first imported) logs every quorum at INFO into
+# stderr, and a failing test's report shows the captured stderr whole: tens of thousands of
+# lines that push the failure itself out of a CI log's tail. Warnings only, unless set. (Not
+# in a conftest.py: the rank processes put this folder first on sys.path, where a conftest
+# module would shadow tests_cuda's.)
+os.environ.setdefault("RUST_LOG", "warn")
+
 
 def _join(timeout=60.0):
     """This rank's Communicator and the job's store (to pass times and pids between ranks)."""

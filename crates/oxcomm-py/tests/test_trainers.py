@@ -25,6 +25,9 @@ import _torch_ranks
 
 pytest.importorskip("torch")
 
+# torchft's quorum logs (INFO) would fill a failing test's report: see test_ft.py.
+os.environ.setdefault("RUST_LOG", "warn")
+
 STEPS = 6
 
 
