@@ -32,7 +32,7 @@
 #
 # Environment: HOSTS ("2 4 8 16"), RATES ("1gbit 10gbit"), RANGES (sizes as "MIN MAX ITERS
 # WARMUP" groups separated by ';', factor 4 within a group; default "8 8 1000 100;64K 1M 40 4;4M
-# 64M 3 1"), PEERS ("ompi gloo": which peers run), GLOO_MAX (largest size gloo runs, 64K: each
+# 64M 3 1"), PEERS ("ompi gloo": which peers run; "" for none), GLOO_MAX (largest size gloo runs, 64K: each
 # gloo rank is a torch process), ALGOS ("ring rd": forced oxcomm algorithms; "" for none),
 # BURST (tbf burst, 128k), DEADLINE (seconds each program run may take, 300), OMPI_DEADLINE (120),
 # OMPI_YIELD (auto: "0 1" above this machine's core count, else 0; or "0", "1", "0 1"), OUT (raw
@@ -46,7 +46,7 @@ cd "$(dirname "$0")/.."
 HOSTS=${HOSTS:-"2 4 8 16"}
 RATES=${RATES:-"1gbit 10gbit"}
 RANGES=${RANGES:-"8 8 1000 100;64K 1M 40 4;4M 64M 3 1"}
-PEERS=${PEERS:-"ompi gloo"}
+PEERS=${PEERS-"ompi gloo"}
 GLOO_MAX=${GLOO_MAX:-64K}
 ALGOS=${ALGOS-"ring rd"}
 BURST=${BURST:-128k}

@@ -71,6 +71,9 @@ pub struct Error {
     rank: Option<usize>,
     peer: Option<usize>,
     op: Option<String>,
+    /// Whether a peer's close told it (the peer aborted because of `peer`): a revocation
+    /// queued ahead of that close says more.
+    told_by_close: bool,
 }
 
 /// Result alias used throughout the crate.
@@ -79,7 +82,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// A new error of `kind` with a human message (no rank or op yet).
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error { kind, message: message.into(), rank: None, peer: None, op: None }
+        Error { kind, message: message.into(), rank: None, peer: None, op: None, told_by_close: false }
     }
 
     /// Shorthand for [`ErrorKind::InvalidArgument`].
@@ -108,6 +111,17 @@ impl Error {
             _ => ErrorKind::Io,
         };
         Error::new(kind, format!("{what}: {err}"))
+    }
+
+    /// Marks an error a peer's close told (see [`Error::told_by_close`]).
+    pub(crate) fn told_by_a_close(mut self) -> Error {
+        self.told_by_close = true;
+        self
+    }
+
+    /// Whether a peer's close told this error, rather than what this rank saw itself.
+    pub(crate) fn told_by_close(&self) -> bool {
+        self.told_by_close
     }
 
     /// Sets the rank that reports the error, unless already set.
@@ -166,6 +180,7 @@ impl Error {
                 rank: self.rank,
                 peer: self.peer,
                 op: Some(later_op.into()),
+                told_by_close: false,
             };
         }
         Error {
@@ -174,6 +189,7 @@ impl Error {
             rank: self.rank,
             peer: self.peer,
             op: Some(later_op.into()),
+            told_by_close: false,
         }
     }
 

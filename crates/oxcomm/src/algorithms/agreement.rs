@@ -87,9 +87,10 @@ pub(crate) struct Ballot {
 pub(crate) enum Ctrl {
     /// The communicator is revoked. `culprit` is the rank to blame when a fault revoked it
     /// (with `code`, a `transport::cause_code`), or the rank that revoked it on purpose
-    /// (`code` of `Revoked`); `op` is the op the sender ran when it failed (`all_reduce #17
-    /// (f32 × 1024)`, or empty) and `reason` says why, in words.
-    Revoke { epoch: u32, culprit: Option<u32>, code: u8, op: String, reason: String },
+    /// (`code` of `Revoked`); `origin` is the rank that revoked first (a revocation passed on
+    /// keeps it), `op` the op `origin` ran when it failed (`all_reduce #17 (f32 × 1024)`, or
+    /// empty) and `reason` says why, in words.
+    Revoke { epoch: u32, origin: u32, culprit: Option<u32>, code: u8, op: String, reason: String },
     /// Group rank `rank` has failed (died, or suspected after its heartbeat lapsed).
     Failed { epoch: u32, rank: u32 },
     /// A message of the `instance`-th agreement of the epoch.
@@ -128,9 +129,10 @@ impl Ctrl {
             put_set(b, &v.failed);
         };
         match self {
-            Ctrl::Revoke { epoch, culprit, code, op, reason } => {
+            Ctrl::Revoke { epoch, origin, culprit, code, op, reason } => {
                 b.push(K_REVOKE);
                 put32(&mut b, *epoch);
+                put32(&mut b, *origin);
                 put32(&mut b, culprit.map_or(u32::MAX, |c| c));
                 b.push(*code);
                 for text in [op, reason] {
@@ -217,6 +219,7 @@ impl Ctrl {
         let epoch = r.u32()?;
         let msg = match kind {
             K_REVOKE => {
+                let origin = r.rank()?;
                 let culprit = match r.u32()? {
                     u32::MAX => None,
                     c => Some(r.rank_value(c)?),
@@ -234,7 +237,7 @@ impl Ctrl {
                 };
                 let op = text()?;
                 let reason = text()?;
-                Ctrl::Revoke { epoch, culprit, code, op, reason }
+                Ctrl::Revoke { epoch, origin, culprit, code, op, reason }
             }
             K_FAILED => Ctrl::Failed { epoch, rank: r.rank()? },
             K_CONTRIBUTE | K_PROPOSE | K_ACK | K_DECIDE => {
@@ -868,8 +871,15 @@ mod tests {
     fn every_message_round_trips_and_garbage_is_refused() {
         let v = Value { flag: 0xdead_beef, failed: vec![1, 3] };
         let msgs = [
-            Ctrl::Revoke { epoch: 3, culprit: Some(2), code: 2, op: "barrier #3".into(), reason: "lost rank 2".into() },
-            Ctrl::Revoke { epoch: 0, culprit: None, code: 0, op: String::new(), reason: String::new() },
+            Ctrl::Revoke {
+                epoch: 3,
+                origin: 1,
+                culprit: Some(2),
+                code: 2,
+                op: "barrier #3".into(),
+                reason: "lost rank 2".into(),
+            },
+            Ctrl::Revoke { epoch: 0, origin: 0, culprit: None, code: 0, op: String::new(), reason: String::new() },
             Ctrl::Failed { epoch: 1, rank: 3 },
             Ctrl::Agree {
                 epoch: 1,
@@ -903,13 +913,23 @@ mod tests {
         // Ranks beyond the group, sets out of order.
         let far = Ctrl::Failed { epoch: 0, rank: 9 }.encode().unwrap();
         assert!(Ctrl::decode(&far, 4).unwrap_err().message().contains("rank 9"));
+        let far_origin =
+            Ctrl::Revoke { epoch: 0, origin: 7, culprit: None, code: 0, op: String::new(), reason: String::new() };
+        assert!(Ctrl::decode(&far_origin.encode().unwrap(), 4).unwrap_err().message().contains("rank 7"));
         let unordered = Ctrl::Agree {
             epoch: 0,
             instance: 0,
             msg: AgreeMsg::Decide { value: Value { flag: 0, failed: vec![2, 1] } },
         };
         assert!(Ctrl::decode(&unordered.encode().unwrap(), 4).is_err());
-        let huge = Ctrl::Revoke { epoch: 0, culprit: None, code: 0, op: "x".repeat(2000), reason: "é".repeat(4000) };
+        let huge = Ctrl::Revoke {
+            epoch: 0,
+            origin: 3,
+            culprit: None,
+            code: 0,
+            op: "x".repeat(2000),
+            reason: "é".repeat(4000),
+        };
         assert!(huge.encode().unwrap().len() < MAX_CTRL_BYTES);
     }
 

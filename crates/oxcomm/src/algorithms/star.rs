@@ -183,7 +183,12 @@ fn agree_over_links(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
                         xfers.push(Xfer::send(p, &verdicts[p]));
                     }
                 }
-                ctx.run(&mut xfers)?;
+                // A rank that failed on hearing of the mismatch from another may have gone:
+                // this rank still reports the mismatch it found (below).
+                if let Err(e) = ctx.run(&mut xfers) {
+                    failed = Some(e);
+                    break;
+                }
             }
             (Err(e), None) => {
                 failed = Some(e);
@@ -198,14 +203,16 @@ fn agree_over_links(ctx: &mut Ctx<'_>, mine: &Fingerprint) -> Result<()> {
             let arrived: Vec<bool> = known[1..].to_vec();
             Err(report_missing(ctx, mine, e, &arrived))
         }
-        // Someone differed and the rest may be gone because of it: tell those left, best effort.
-        Some(_) => {
+        // Someone differed and the rest may be gone because of it (told of the mismatch by
+        // the odd one's revocation, they fail and may leave): tell those left, best effort.
+        _ if outcome.is_err() => {
             let mut xfers: Vec<Xfer<'_>> = (1..n).filter(|p| !told[*p]).map(|p| Xfer::send(p, &verdicts[p])).collect();
             ctx.set_deadline(Instant::now() + VERDICT_GRACE / 2);
             let _ = ctx.run(&mut xfers);
             outcome
         }
-        None => {
+        // Every rank called the same op.
+        _ => {
             let mut xfers: Vec<Xfer<'_>> = (1..n).filter(|p| !told[*p]).map(|p| Xfer::send(p, &verdicts[p])).collect();
             ctx.run(&mut xfers)?;
             outcome

@@ -218,9 +218,9 @@ impl NativeBackend {
         }
         let ctrl_seen = ft.ctrl_seen;
         let (rank, epoch) = (self.rank, ft.epoch);
-        let seq = (env.fp.group == 0).then_some(env.fp.seq);
+        let mine = env.fp;
         let cell = RefCell::new(&mut *ft);
-        let hook = |links: &mut [Option<Box<dyn Link>>]| cell.borrow_mut().poll(rank, epoch, seq, links);
+        let hook = |links: &mut [Option<Box<dyn Link>>]| cell.borrow_mut().poll(rank, epoch, mine, links);
         let mut ctx = Ctx::new(
             env.group.rank,
             env.group.members,
@@ -260,7 +260,7 @@ impl NativeBackend {
         let count = self.bell.ctrl_count();
         if count != seen && result.is_ok() {
             ft.ctrl_seen = count;
-            ft.poll(self.rank, ft.epoch, seq, links)?;
+            ft.poll(self.rank, ft.epoch, mine, links)?;
         }
         // A folded all-reduce (no agreement round trip first, `dispatch::folds_agreement`) can
         // complete on a rank that resumes after being frozen from the contributions its peers
@@ -272,16 +272,16 @@ impl NativeBackend {
             // revocations and the close that left it out sit behind the bytes the op read, and
             // the control count has not moved yet. Look for them before reporting success.
             ft.ctrl_seen = self.bell.ctrl_count();
-            ft.poll(self.rank, ft.epoch, seq, links)?;
+            ft.poll(self.rank, ft.epoch, mine, links)?;
             if let Some(p) = (0..links.len()).find(|&p| links[p].as_mut().is_some_and(|l| l.left_out_by_peer())) {
                 return Err(ft.left_out_by(p));
             }
         }
         if let Err(e) = &result {
-            if e.kind() == ErrorKind::PeerGone {
+            if e.kind() == ErrorKind::PeerGone || e.told_by_close() {
                 // A peer that revoked and then left (its thread or process ended) closed its
                 // links behind its revocation: the revocation says why.
-                ft.poll(self.rank, ft.epoch, seq, links)?;
+                ft.poll(self.rank, ft.epoch, mine, links)?;
             }
         }
         result

@@ -44,6 +44,7 @@ use super::{AnyBackend, OpEnv};
 use crate::algorithms::agreement::{AgreeMsg, Agreement, Ctrl, Outcome};
 use crate::error::{Error, ErrorKind, Result};
 use crate::transport::{cascaded, cause_code, cause_kind, Link};
+use crate::wire::Fingerprint;
 
 /// How often the waits of the agreement and of the shrink send heartbeats (as an op's waits
 /// do, `engine::PEER_CHECK_INTERVAL`).
@@ -72,17 +73,25 @@ pub(crate) struct Shrunk {
 /// Why the communicator was revoked, as the members tell each other.
 #[derive(Debug, Clone)]
 struct Revocation {
-    /// The rank to blame (for a fault) or the one that revoked it (for a revoke or an abort).
+    /// The rank that revoked first (a revocation passed on keeps it).
+    origin: usize,
+    /// The rank to blame (for a fault) or the one that revoked it (for a revoke or an abort),
+    /// as `origin` saw it.
     culprit: usize,
     /// `transport::cause_code` of the error kind.
     code: u8,
-    /// The op the rank that failed first was running (may be empty).
+    /// The op `origin` was running (may be empty).
     op: String,
     /// What happened, in words.
     reason: String,
 }
 
 impl Revocation {
+    /// The revocation of a [`Ctrl::Revoke`] from peer `from` (its fields).
+    fn told(from: usize, origin: u32, culprit: Option<u32>, code: u8, op: String, reason: String) -> Revocation {
+        Revocation { origin: origin as usize, culprit: culprit.map_or(from, |c| c as usize), code, op, reason }
+    }
+
     fn from_error(cause: &Error, rank: usize) -> Revocation {
         let blames_peer = matches!(
             cause.kind(),
@@ -95,44 +104,65 @@ impl Revocation {
         );
         let culprit = if blames_peer { cause.peer().unwrap_or(rank) } else { rank };
         let op = cause.op().unwrap_or_default().to_string();
-        Revocation { culprit, code: cause_code(cause.kind()) as u8, op, reason: cause.to_string() }
+        Revocation { origin: rank, culprit, code: cause_code(cause.kind()) as u8, op, reason: cause.to_string() }
     }
 
-    /// The error this rank (`me`) gets when peer `from` says the communicator is revoked.
-    fn error(&self, me: usize, from: usize) -> Error {
+    /// The error this rank (`me`, running `mine` if it runs an op) gets when peer `from` says
+    /// the communicator is revoked.
+    fn error(&self, me: usize, from: usize, mine: Option<&Fingerprint>) -> Error {
         let kind = cause_kind(u32::from(self.code));
         let c = self.culprit;
         match kind {
-            ErrorKind::Mismatch if c == me && !self.op.is_empty() => Error::new(
-                ErrorKind::Mismatch,
-                format!(
-                    "ranks called different collectives: rank {from} called {}, and found this rank called another ({})",
-                    self.op, self.reason
-                ),
-            )
-            .with_peer(from),
-            // A mismatch reaches the other ranks as a revocation that overtakes the bytes that
-            // would have shown it to them: the revoker's words name both collectives.
-            ErrorKind::Mismatch if c != from => {
-                let e = cascaded(from, c, kind);
-                Error::new(ErrorKind::Mismatch, format!("{} ({})", e.message(), self.reason)).with_peer(c)
+            ErrorKind::Mismatch => self.mismatch(me, from, mine),
+            ErrorKind::Revoked => {
+                Error::new(ErrorKind::Revoked, format!("rank {c} revoked the communicator ({})", self.reason))
+                    .with_peer(c)
             }
-            ErrorKind::Mismatch => Error::new(
-                ErrorKind::Mismatch,
-                format!("rank {from} found that ranks called different collectives ({})", self.reason),
-            )
-            .with_peer(from),
-            ErrorKind::Revoked => Error::new(ErrorKind::Revoked, format!("rank {c} revoked the communicator ({})", self.reason))
-                .with_peer(c),
             ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Protocol | ErrorKind::Suspected if c != from => {
                 cascaded(from, c, kind)
             }
             ErrorKind::Timeout | ErrorKind::PeerGone | ErrorKind::Protocol | ErrorKind::Suspected => {
-                Error::new(ErrorKind::PeerGone, format!("rank {from} is gone (it aborted after failing)")).with_peer(from)
+                Error::new(ErrorKind::PeerGone, format!("rank {from} is gone (it aborted after failing)"))
+                    .with_peer(from)
             }
-            _ => Error::new(ErrorKind::Revoked, format!("the communicator was revoked: rank {c} aborted ({})", self.reason))
-                .with_peer(c),
+            _ => Error::new(
+                ErrorKind::Revoked,
+                format!("the communicator was revoked: rank {c} aborted ({})", self.reason),
+            )
+            .with_peer(c),
         }
+    }
+
+    /// [`Revocation::error`] of a mismatch. It reaches the other ranks as a revocation that
+    /// overtakes the bytes that would have shown it to them, and `origin` only knows that it
+    /// and `culprit` differ: a third rank tells which of the two is the odd one by its own op.
+    /// When `origin`'s op differs from this rank's (or `origin` blamed this rank), `origin` is
+    /// the one named; otherwise `culprit` is. The revoker's words name both collectives.
+    fn mismatch(&self, me: usize, from: usize, mine: Option<&Fingerprint>) -> Error {
+        let (o, c) = (self.origin, self.culprit);
+        let told = if from == o { String::new() } else { format!(", as rank {from} passed on") };
+        let mine = mine.map(Fingerprint::to_string);
+        let origin_differs = mine.as_ref().is_some_and(|m| *m != self.op);
+        if o != me && !self.op.is_empty() && (c == me || origin_differs) {
+            let this = mine.map_or_else(|| "another".to_string(), |m| m.to_string());
+            return Error::new(
+                ErrorKind::Mismatch,
+                format!(
+                    "ranks called different collectives: rank {o} called {}, this rank called {this} (rank {o}: {}{told})",
+                    self.op, self.reason
+                ),
+            )
+            .with_peer(o);
+        }
+        if c != from && c != me {
+            let e = cascaded(from, c, ErrorKind::Mismatch);
+            return Error::new(ErrorKind::Mismatch, format!("{} ({})", e.message(), self.reason)).with_peer(c);
+        }
+        Error::new(
+            ErrorKind::Mismatch,
+            format!("rank {from} found that ranks called different collectives ({})", self.reason),
+        )
+        .with_peer(from)
     }
 }
 
@@ -150,6 +180,8 @@ pub(crate) struct FtState {
     left_out: Option<Error>,
     /// Whether this rank has told its peers (and marked its links' epochs).
     told: bool,
+    /// The peer this rank's own error named when it revoked (see [`FtState::close_cause`]).
+    blamed: Option<usize>,
     /// A revocation that came from a peer already past the op this rank was running (it
     /// completed that op, and sent its part before revoking): the op goes on, and the next
     /// one fails with this error at its start (see [`FtState::take_deferred`]).
@@ -180,6 +212,7 @@ impl FtState {
             revoked: None,
             left_out: None,
             told: false,
+            blamed: None,
             deferred: None,
             instance: 0,
             early: Vec::new(),
@@ -240,8 +273,7 @@ impl FtState {
                 self.outbox[p].clear();
                 if err.kind() == ErrorKind::Unsupported {
                     if let Some(mut link) = slot.take() {
-                        let culprit = self.revoked.as_ref().map(|r| (r.culprit, cause_kind(u32::from(r.code))));
-                        link.close(culprit);
+                        link.close(self.close_cause());
                     }
                 }
             }
@@ -286,17 +318,8 @@ impl FtState {
     /// Takes a revocation told by `from` to this rank (`rank`); the error of this rank's ops.
     /// A revocation that blames this rank for a death or a silence means the others gave up on
     /// it: it is left out.
-    fn revoked_by(
-        &mut self,
-        rank: usize,
-        from: usize,
-        culprit: Option<u32>,
-        code: u8,
-        op: String,
-        reason: String,
-    ) -> Error {
-        let rev = Revocation { culprit: culprit.map_or(from, |c| c as usize), code, op, reason };
-        let kind = cause_kind(u32::from(code));
+    fn revoked_by(&mut self, rank: usize, from: usize, rev: Revocation, mine: Option<&Fingerprint>) -> Error {
+        let kind = cause_kind(u32::from(rev.code));
         let err =
             if matches!(kind, ErrorKind::PeerGone | ErrorKind::Timeout | ErrorKind::Suspected) && rev.culprit == rank {
                 self.declared_failed(from, Some(&rev.reason))
@@ -304,7 +327,7 @@ impl FtState {
                 if matches!(kind, ErrorKind::PeerGone | ErrorKind::Timeout | ErrorKind::Suspected) {
                     self.failed.insert(rev.culprit);
                 }
-                rev.error(rank, from)
+                rev.error(rank, from, mine)
             };
         self.revoked.get_or_insert(rev);
         err
@@ -325,25 +348,26 @@ impl FtState {
     /// to go, reads the control channels, and fails when the communicator is revoked or this
     /// rank was declared failed. Agreement messages are kept for the agreement.
     ///
-    /// `seq`: the sequence number of the world op this rank runs (`None` for a group's op):
-    /// a revocation from a peer that failed in a later world op does not fail it (that peer
-    /// completed it, and its part of it is in the stream ahead of the revocation); the next
-    /// op fails instead ([`FtState::take_deferred`]).
+    /// `mine`: the op this rank runs. A revocation from a peer that failed in a later world
+    /// op does not fail a world op (that peer completed it, and its part of it is in the
+    /// stream ahead of the revocation); the next op fails instead ([`FtState::take_deferred`]).
     pub(super) fn poll(
         &mut self,
         rank: usize,
         epoch: u32,
-        seq: Option<u64>,
+        mine: &Fingerprint,
         links: &mut [Option<Box<dyn Link>>],
     ) -> Result<()> {
         debug_assert_eq!(epoch, self.epoch);
+        let seq = (mine.group == 0).then_some(mine.seq);
         self.flush(links);
         let mut found: Option<Error> = None;
         self.receive(links, |ft, from, msg| {
             match msg {
-                Ctrl::Revoke { culprit, code, op, reason, .. } => {
-                    let later = seq.is_some_and(|mine| world_seq(&op).is_some_and(|theirs| theirs > mine));
-                    let e = ft.revoked_by(rank, from, culprit, code, op, reason);
+                Ctrl::Revoke { origin, culprit, code, op, reason, .. } => {
+                    let later = seq.is_some_and(|seq| world_seq(&op).is_some_and(|theirs| theirs > seq));
+                    let rev = Revocation::told(from, origin, culprit, code, op, reason);
+                    let e = ft.revoked_by(rank, from, rev, Some(mine));
                     if later && ft.left_out.is_none() {
                         ft.deferred.get_or_insert(e);
                     } else {
@@ -387,9 +411,11 @@ impl FtState {
             return;
         }
         self.told = true;
+        self.blamed = cause.peer();
         let rev = self.revoked.get_or_insert_with(|| Revocation::from_error(cause, rank)).clone();
         let msg = Ctrl::Revoke {
             epoch: self.epoch,
+            origin: rev.origin as u32,
             culprit: Some(rev.culprit as u32),
             code: rev.code,
             op: rev.op,
@@ -410,12 +436,25 @@ impl FtState {
     /// failed, as from an abort before revocation existed, instead of blaming this rank.
     /// Best effort: a link whose socket stays full closes without it.
     pub(super) fn farewell(&mut self, links: &mut [Option<Box<dyn Link>>]) {
-        let Some(rev) = self.revoked.as_ref() else { return };
-        let culprit = Some((rev.culprit, cause_kind(u32::from(rev.code))));
+        let Some(culprit) = self.close_cause() else { return };
+        let culprit = Some(culprit);
         self.flush(links);
         for mut link in links.iter_mut().filter_map(Option::take) {
             link.close(culprit);
         }
+    }
+
+    /// What this rank's links say when it closes them once revoked: the rank to blame and
+    /// why. After a mismatch, the rank this rank's own error named (a revocation heard from a
+    /// peer names the peer's culprit, who may be the one rank whose op was right).
+    fn close_cause(&self) -> Option<(usize, ErrorKind)> {
+        let rev = self.revoked.as_ref()?;
+        let kind = cause_kind(u32::from(rev.code));
+        let culprit = match (kind, self.blamed) {
+            (ErrorKind::Mismatch, Some(b)) => b,
+            _ => rev.culprit,
+        };
+        Some((culprit, kind))
     }
 }
 
@@ -519,8 +558,8 @@ impl NativeBackend {
                         }
                         agreement.failed(rank as usize, Some(from));
                     }
-                    Ctrl::Revoke { culprit, code, op, reason, .. } => {
-                        ft.revoked_by(me, from, culprit, code, op, reason);
+                    Ctrl::Revoke { origin, culprit, code, op, reason, .. } => {
+                        ft.revoked_by(me, from, Revocation::told(from, origin, culprit, code, op, reason), None);
                     }
                 }
                 Ok(())
@@ -710,4 +749,67 @@ fn extract<T>(items: &mut Vec<T>, pick: impl Fn(&T) -> bool) -> Vec<T> {
     let (taken, kept) = std::mem::take(items).into_iter().partition(|t| pick(t));
     *items = kept;
     taken
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::reduce::ReduceOp;
+    use crate::wire::OpKind;
+
+    fn all_reduce(count: u64) -> Fingerprint {
+        Fingerprint {
+            dtype: Some(DType::F32),
+            op: Some(ReduceOp::Sum),
+            count,
+            ..Fingerprint::new(OpKind::AllReduce, 1, 0)
+        }
+    }
+
+    /// Rank 2 ran 999 elements where ranks 0, 1 and 3 ran 1000; rank 0 told rank 2 first, so
+    /// rank 2 revoked blaming rank 0 (the one rank whose op it saw).
+    fn odd_one_revoked() -> Revocation {
+        let (odd, right) = (all_reduce(999), all_reduce(1000));
+        let cause = Error::new(
+            ErrorKind::Mismatch,
+            format!("ranks called different collectives: rank 0 called {right}, this rank called {odd}"),
+        )
+        .with_peer(0)
+        .with_op(odd.to_string());
+        Revocation::from_error(&cause, 2)
+    }
+
+    #[test]
+    fn a_third_rank_names_the_odd_one_whoever_tells_it() {
+        let rev = odd_one_revoked();
+        assert_eq!((rev.origin, rev.culprit), (2, 0));
+        let mine = all_reduce(1000);
+        // Heard from the odd one, passed on by rank 1 or by rank 0 (the one it blamed).
+        for (me, from) in [(1, 2), (3, 2), (3, 1), (0, 2), (0, 1)] {
+            let e = rev.error(me, from, Some(&mine));
+            assert_eq!(e.kind(), ErrorKind::Mismatch, "{e}");
+            assert_eq!(e.peer(), Some(2), "rank {me} told by {from}: {e}");
+            assert!(e.message().contains("999") && e.message().contains("1000"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_third_rank_running_the_odd_ones_op_names_the_other() {
+        // Rank 2 and this rank ran the same op: the rank rank 2 blamed is the odd one here.
+        let rev = odd_one_revoked();
+        let e = rev.error(1, 2, Some(&all_reduce(999)));
+        assert_eq!(e.peer(), Some(0), "{e}");
+        // Without its own op (an agreement of a revoked communicator), as the revoker said.
+        assert_eq!(rev.error(1, 2, None).peer(), Some(0));
+    }
+
+    #[test]
+    fn links_close_naming_whom_this_rank_blamed() {
+        let mut ft = FtState::new(0);
+        ft.revoked = Some(odd_one_revoked());
+        let mine = Error::new(ErrorKind::Mismatch, "rank 2 called all_reduce #1 (f32 × 999)").with_peer(2);
+        ft.revoke(1, &mut [None, None, None, None], &mine);
+        assert_eq!(ft.close_cause(), Some((2, ErrorKind::Mismatch)));
+    }
 }

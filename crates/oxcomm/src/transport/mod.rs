@@ -280,7 +280,7 @@ pub fn cascaded_to(me: usize, peer: usize, culprit: usize, kind: ErrorKind) -> E
         )
         .with_peer(peer);
     }
-    cascaded(peer, culprit, kind)
+    cascaded(peer, culprit, kind).told_by_a_close()
 }
 
 /// The error a rank reports when `peer` closed its link because `culprit` failed with `kind`.
