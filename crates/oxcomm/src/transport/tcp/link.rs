@@ -624,10 +624,17 @@ impl Link for TcpLink {
     }
 
     fn recv_ctrl(&mut self, out: &mut Vec<u8>) -> Result<bool> {
-        self.check_failed()?;
-        self.flush_control().map_err(|e| self.fail(e))?;
-        if self.ft.ctrl_in.is_empty() {
-            self.read_control().map_err(|e| self.fail(e))?;
+        // Control messages read before the connection failed still come out: a peer that
+        // revokes and exits at once leaves its revocation just ahead of the close, and a read
+        // of data may have taken both off the socket.
+        if self.failed.is_none() {
+            let read = match self.flush_control() {
+                Ok(_) if self.ft.ctrl_in.is_empty() => self.read_control(),
+                other => other.map(|_| ()),
+            };
+            if let Err(e) = read {
+                self.fail(e);
+            }
         }
         match self.ft.ctrl_in.pop_front() {
             Some(m) => {
@@ -635,6 +642,7 @@ impl Link for TcpLink {
                 Ok(true)
             }
             None => {
+                self.check_failed()?;
                 self.shared.want(WANT_READ);
                 Ok(false)
             }
