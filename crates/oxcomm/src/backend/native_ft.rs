@@ -144,7 +144,7 @@ impl Revocation {
         let mine = mine.map(Fingerprint::to_string);
         let origin_differs = mine.as_ref().is_some_and(|m| *m != self.op);
         if o != me && !self.op.is_empty() && (c == me || origin_differs) {
-            let this = mine.map_or_else(|| "another".to_string(), |m| m.to_string());
+            let this = mine.unwrap_or_else(|| "another".to_string());
             return Error::new(
                 ErrorKind::Mismatch,
                 format!(
@@ -436,8 +436,10 @@ impl FtState {
     /// failed, as from an abort before revocation existed, instead of blaming this rank.
     /// Best effort: a link whose socket stays full closes without it.
     pub(super) fn farewell(&mut self, links: &mut [Option<Box<dyn Link>>]) {
-        let Some(culprit) = self.close_cause() else { return };
-        let culprit = Some(culprit);
+        let culprit = self.close_cause();
+        if culprit.is_none() {
+            return;
+        }
         self.flush(links);
         for mut link in links.iter_mut().filter_map(Option::take) {
             link.close(culprit);
