@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PIP=(python3 -m pip install -q --disable-pip-version-check)
 
-echo "== Python: what the tests use, and the package built from this checkout"
+echo "== Python: what the tests use, and the package built from this checkout  [$(date +%T)]"
 # torch's Linux wheel from PyPI is the CUDA build (~5 GB with its libraries); it runs on CPU.
 "${PIP[@]}" "torch==2.15.0" numpy "deepspeed==0.19.8" pytest expecttest mypy "maturin>=1.5,<2"
 # The training frameworks tests/test_trainers.py runs on oxcomm and gloo (torch stays at its pin).
@@ -24,16 +24,16 @@ echo "== Python: what the tests use, and the package built from this checkout"
 # (tests/test_onebit_vs_deepspeed.py reads them from the tarball; the installed DeepSpeed stays).
 python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: "deepspeed==0.19.4" -d target/reference
 
-echo "== cargo test --workspace"
+echo "== cargo test --workspace  [$(date +%T)]"
 cargo test --workspace
 
-echo "== Python tests"
+echo "== Python tests  [$(date +%T)]"
 LOG=${OXCOMM_PYTEST_LOG:-target/pytest.log}
 mkdir -p "$(dirname "$LOG")"
-DS_ACCELERATOR=cpu python3 -m pytest -q -rs -p no:cacheprovider crates/oxcomm-py/tests 2>&1 | tee "$LOG"
+DS_ACCELERATOR=cpu python3 -m pytest -q -rs -p no:cacheprovider --durations=15 crates/oxcomm-py/tests 2>&1 | tee "$LOG"
 
-echo "== CUDA tests (crates/oxcomm-py/tests_cuda; without CUDA, on the fake device)"
+echo "== CUDA tests (crates/oxcomm-py/tests_cuda; without CUDA, on the fake device)  [$(date +%T)]"
 DS_ACCELERATOR=cpu python3 -m pytest -q -rs -p no:cacheprovider crates/oxcomm-py/tests_cuda 2>&1 | tee -a "$LOG"
 
-echo "== numpy only (no torch in the environment)"
+echo "== numpy only (no torch in the environment)  [$(date +%T)]"
 bash .ci/numpy_only.sh

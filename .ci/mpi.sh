@@ -10,20 +10,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=never
 
-echo "== MPI: install Open MPI and libclang"
+echo "== MPI: install Open MPI and libclang  [$(date +%T)]"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq openmpi-bin libopenmpi-dev libclang-dev clang >/dev/null
 mpirun --version | head -n 1
 
-echo "== MPI: clippy (feature mpi)"
+echo "== MPI: clippy (feature mpi)  [$(date +%T)]"
 cargo clippy -p oxcomm --lib --examples --test mpi --features mpi -- -D warnings
 cargo clippy -p oxcomm-cli --all-targets --features mpi -- -D warnings
 
-echo "== MPI: tests under mpirun -n 2 and -n 4"
+echo "== MPI: tests under mpirun -n 2 and -n 4  [$(date +%T)]"
 cargo test -p oxcomm --features mpi --test mpi
 
-echo "== MPI: oxcomm bench under mpirun -n 2 (OXCOMM_BACKEND=mpi)"
+echo "== MPI: oxcomm bench under mpirun -n 2 (OXCOMM_BACKEND=mpi)  [$(date +%T)]"
 cargo test -p oxcomm-cli --features mpi --test cli mpi
 # The spelling the docs give, checked here too: rank 0 prints one table with a row per size
 # (8 B .. 64 KiB: 14) and nothing wrong.
