@@ -23,6 +23,7 @@
 #            (two more steps of each when H is not a power of two). TCP/IP headers (~4.5% at
 #            MTU 1500) are not in it, so large sizes cannot quite reach it.
 #
+# After each oxcomm run it prints (to stderr) how many TCP segments the hosts retransmitted.
 # Then it prints one table per rate: per size and H, each program's time, the best forced
 # algorithm, and oxcomm's ratios to Open MPI, to the floor and to the best forced algorithm.
 # Everything it made (namespaces, processes in them, the bridge) is removed on any exit.
@@ -159,14 +160,27 @@ on_hosts() { # H NAME CMD... (@I@ in a word of CMD stands for the host's index)
     fi
 }
 
+# TCP segments the H hosts have retransmitted so far (each namespace's /proc/net/snmp): a run
+# that loses packets in the tbf queues shows it here.
+retransmits() { # H
+    local h=$1 i sum=0 n
+    for ((i = 0; i < h; i++)); do
+        n=$(ip netns exec "$NS$i" awk '/^Tcp:/ { if (col) { print $col; exit } for (c = 1; c <= NF; c++) if ($c == "RetransSegs") col = c }' /proc/net/snmp)
+        sum=$((sum + ${n:-0}))
+    done
+    echo "$sum"
+}
+
 run_oxcomm() { # H NAME MIN MAX ITERS WARMUP [ALGO [BINARY]]
     local h=$1 name=$2 min=$3 max=$4 iters=$5 warmup=$6 algo=${7:-} bin=${8:-$OXCOMM}
     next_port
-    local extra=""
+    local extra="" before
     [ -z "$algo" ] || extra="--algorithm $algo"
+    before=$(retransmits "$h")
     on_hosts "$h" "$name" env OXCOMM_TOKEN="$OXCOMM_TOKEN" $OXCOMM_ENV "$bin" launch --nnodes "$h" --node-rank @I@ \
         --master-addr "$NET.1" --master-port "$port" -n 1 -- "$bin" bench --worker --quiet --op all_reduce \
         -d f32 -o sum -b "$min" -e "$max" -f 4 -n "$iters" -w "$warmup" --json "$OUT/$name.json" $extra
+    echo "# $name: $(($(retransmits "$h") - before)) TCP segments retransmitted" >&2
 }
 
 run_ompi() { # H NAME MIN MAX ITERS WARMUP YIELD -> 0 if it ran, 1 if it failed or overran

@@ -193,9 +193,11 @@ impl Report {
         let mut header = report.header();
         if let Some(net) = links {
             header.push_str(&format!(
-                "# links (the planner's model): one-way {:.1} us, {:.3} Gbit/s\n",
+                "# links (the planner's model): one-way {:.1} us, {:.3} Gbit/s; halving-doubling / ring at 256 KiB {:.2}{}\n",
                 net.alpha * 1e6,
-                net.gbit_per_s()
+                net.gbit_per_s(),
+                net.halving_over_ring,
+                if net.halving_beats_ring() { " (both compete above 64 KiB)" } else { " (the ring above 64 KiB)" }
             ));
         }
         report.print(&header)?;

@@ -42,7 +42,21 @@ pub struct Network {
     pub alpha_local: f64,
     /// Seconds per byte between ranks of one host.
     pub beta_local: f64,
+    /// A 256 KiB halving-doubling all-reduce's time over a ring's on these links, as measured
+    /// when the job started (`NativeBackend::calibrate`); 1 when not measured. The planner
+    /// lets halving-doubling compete with the ring above 64 KiB only where it measured
+    /// clearly faster ([`HALVING_BEATS_RING`]): the model prices the two alike per byte, but
+    /// on links that are the bottleneck the ring's pipelined steps keep them busier.
+    pub halving_over_ring: f64,
 }
+
+/// [`Network::halving_over_ring`] at or below which halving-doubling competes with the ring
+/// above 64 KiB: 10% faster at start-up. Measured by the benchmark (docs/perf_many_hosts.md),
+/// 256 KiB halving-doubling took 0.47-0.73 of the ring's time on 4 and 8 hosts whose cores,
+/// not their 10 Gbit/s links, set the pace (and was as fast or faster up to 16 MiB), and
+/// 1.00-1.15 of it on tbf-shaped 1 Gbit/s links (where the ring was up to 1.36× faster from
+/// 4 MiB).
+pub const HALVING_BEATS_RING: f64 = 0.9;
 
 /// One-way time between hosts (µs) the planner assumes when the links were neither measured
 /// nor described: a LAN's round trip through two kernels' TCP stacks, wake-ups included.
@@ -55,7 +69,19 @@ impl Network {
     /// A network of `gbit_per_s` links with a one-way time of `alpha_us` µs between hosts,
     /// and shared memory inside a host (1 µs, 10 GB/s).
     pub fn new(alpha_us: f64, gbit_per_s: f64) -> Network {
-        Network { alpha: alpha_us * 1e-6, beta: 8.0 / (gbit_per_s * 1e9), alpha_local: 1e-6, beta_local: 1e-10 }
+        Network {
+            alpha: alpha_us * 1e-6,
+            beta: 8.0 / (gbit_per_s * 1e9),
+            alpha_local: 1e-6,
+            beta_local: 1e-10,
+            halving_over_ring: 1.0,
+        }
+    }
+
+    /// Whether halving-doubling measured clearly faster than the ring on these links (see
+    /// [`Network::halving_over_ring`]).
+    pub fn halving_beats_ring(&self) -> bool {
+        self.halving_over_ring <= HALVING_BEATS_RING
     }
 
     /// The links' speed in Gbit/s.

@@ -4,6 +4,7 @@
 //! | op | choice |
 //! | --- | --- |
 //! | all_reduce across hosts ([`Across`]: links over TCP), up to [`SMALL_ALL_REDUCE_BYTES`] | the lowest predicted time of recursive doubling, halving-doubling, ring and (when the group spans hosts evenly) hierarchical, from the links' measured alpha and beta ([`super::cost::best`]); recursive doubling with fewer elements than ranks |
+//! | all_reduce across hosts, above | hierarchical when the group spans hosts evenly; else the ring, or up to [`HALVING_COMPETES_MAX_BYTES`] the lower prediction of ring and halving-doubling where halving-doubling measured clearly faster at start-up ([`super::cost::Network::halving_beats_ring`]) |
 //! | all_reduce otherwise | recursive doubling below [`SMALL_ALL_REDUCE_BYTES`] (or fewer elements than ranks); above, hierarchical when the group spans hosts evenly, else ring |
 //! | all_gather, reduce_scatter | shm direct on one host (shm transport), else hierarchical when the group spans hosts evenly, else ring |
 //! | broadcast | hierarchical when the group spans hosts evenly, else binomial tree |
@@ -23,6 +24,12 @@ use crate::wire::OpKind;
 
 /// All-reduce messages below this many bytes use recursive doubling.
 pub const SMALL_ALL_REDUCE_BYTES: usize = 64 * 1024;
+
+/// Across hosts, the largest all-reduce (bytes per rank) for which halving-doubling competes
+/// with the ring, where it measured faster at start-up: above, the ring's pipelined steps are
+/// the safe choice (a mistaken halving-doubling cost up to 1.4x there; 1.17x at most up to
+/// this size).
+pub const HALVING_COMPETES_MAX_BYTES: usize = 1 << 20;
 
 /// The algorithms that can run `kind`.
 pub fn candidates(kind: OpKind) -> &'static [Algorithm] {
@@ -117,11 +124,7 @@ pub fn choose(
         };
     }
     Ok(match kind {
-        // Across hosts the model chooses up to `SMALL_ALL_REDUCE_BYTES`; above, the ring (or
-        // hierarchical) as on one host: at 1 Gbit/s on 4 and 8 hosts (docs/perf_many_hosts.md,
-        // 256 KiB-16 MiB) the ring was the fastest or within 1% of it, while the model's
-        // halving-doubling ran up to 1.57x the ring's time at 8 hosts (its steps are not
-        // pipelined; the model prices them alike).
+        // Across hosts the model chooses up to `SMALL_ALL_REDUCE_BYTES`.
         OpKind::AllReduce | OpKind::AllReduceCoalesced
             if count >= size && across.is_some() && bytes <= SMALL_ALL_REDUCE_BYTES =>
         {
@@ -132,6 +135,24 @@ pub fn choose(
                 .filter(|a| options.contains(a) && (hier || *a != Algorithm::Hierarchical))
                 .collect();
             cost::best(x.shape, &x.net, bytes, folded, &allowed).unwrap_or(Algorithm::RecursiveDoubling)
+        }
+        // Above, hierarchical where the group spans hosts evenly, else the ring, unless
+        // halving-doubling measured clearly faster than the ring on these links at start-up:
+        // then, up to `HALVING_COMPETES_MAX_BYTES`, the model chooses between the two. The
+        // model prices their bytes alike, so it takes halving-doubling's fewer steps; measured
+        // (docs/perf_many_hosts.md) that held where the hosts' cores set the pace (256 KiB on 8
+        // hosts at 10 Gbit/s: 1.2-1.7x faster than the ring) but not where tbf-shaped 1 Gbit/s
+        // links did (the ring up to 1.4x faster from 4 MiB, its pipelined steps keeping the
+        // links busy), and the start-up measurement, a few ops, can mistake one for the other.
+        OpKind::AllReduce | OpKind::AllReduceCoalesced
+            if count >= size
+                && !hier
+                && bytes <= HALVING_COMPETES_MAX_BYTES
+                && across.is_some_and(|x| x.net.halving_beats_ring()) =>
+        {
+            let x = across.expect("checked above");
+            let pair = [Algorithm::HalvingDoubling, Algorithm::Ring];
+            cost::best(x.shape, &x.net, bytes, false, &pair).unwrap_or(Algorithm::Ring)
         }
         OpKind::AllReduce | OpKind::AllReduceCoalesced => {
             if bytes < SMALL_ALL_REDUCE_BYTES || count < size {
@@ -220,8 +241,26 @@ mod tests {
             choose(OpKind::AllReduce, 12, 3, 4, None, false, false, Some(&slow)).unwrap(),
             Algorithm::RecursiveDoubling
         );
+        // Above 64 KiB halving-doubling competes only where it measured clearly faster than
+        // the ring at start-up; then the model takes its fewer steps.
+        let measured = |x: Across, halving_over_ring: f64| Across { net: Network { halving_over_ring, ..x.net }, ..x };
+        for bytes in [(64 << 10) + 4, 256 << 10, 1 << 20] {
+            assert_eq!(pick(&measured(fast, 0.75), bytes), Algorithm::HalvingDoubling, "{bytes}");
+            assert_eq!(pick(&measured(fast, 0.95), bytes), Algorithm::Ring, "{bytes}");
+            assert_eq!(pick(&measured(across(8, 130.0, 1.0), 1.1), bytes), Algorithm::Ring, "{bytes}");
+        }
+        // Above 1 MiB the ring, whatever was measured.
+        assert_eq!(pick(&measured(fast, 0.5), (1 << 20) + 4), Algorithm::Ring);
+        // Five hosts: halving-doubling's extra rank costs two full-size steps, more than the
+        // ring's extra steps save.
+        assert_eq!(pick(&measured(across(5, 20.0, 1.0), 0.75), 1 << 20), Algorithm::Ring);
         // Several ranks per host spread evenly: hierarchical for large buffers.
         let hier = Across { shape: Shape { hosts: 4, ranks_per_host: 4 }, ..slow };
+        assert_eq!(
+            choose(OpKind::AllReduce, 64 << 20, 16 << 20, 16, None, false, true, Some(&hier)).unwrap(),
+            Algorithm::Hierarchical
+        );
+        let hier = measured(hier, 0.75);
         assert_eq!(
             choose(OpKind::AllReduce, 64 << 20, 16 << 20, 16, None, false, true, Some(&hier)).unwrap(),
             Algorithm::Hierarchical

@@ -141,7 +141,10 @@ impl NativeBackend {
     /// Measures the links (world group, every rank at once, before any op): alpha from 8-byte
     /// recursive-doubling all-reduces (the median of [`CALIBRATION_SMALL`], per step), beta
     /// from 1 MiB ring all-reduces (the fastest of [`CALIBRATION_LARGE`], less its steps'
-    /// alpha); then the largest of every rank's values, by a recursive-doubling all-reduce
+    /// alpha), and the median of [`CALIBRATION_MID`] 256 KiB halving-doubling all-reduces
+    /// over the median of as many ring ones (whether the planner lets the two compete above
+    /// 64 KiB: [`Network::halving_over_ring`]); then
+    /// the largest of every rank's values, by a recursive-doubling all-reduce
     /// (bitwise equal on every rank), so all ranks plan alike. No agreement phase: every rank
     /// runs it at the same point of setting up. Returns what it set.
     pub(crate) fn calibrate(&self, rank: usize, timeout: Duration) -> Result<Network> {
@@ -151,6 +154,7 @@ impl NativeBackend {
         let n = members.len();
         let mut stats = crate::engine::LinkStats::default();
         let mut ctx = Ctx::new(rank, &members, links, &*self.bell, timeout, 1 << 20, &mut stats, scratch);
+        let started = std::time::Instant::now();
         let mut times = Vec::with_capacity(CALIBRATION_SMALL);
         let mut small = [0f32; 2];
         for _ in 0..CALIBRATION_SMALL {
@@ -173,11 +177,39 @@ impl NativeBackend {
         let bytes = ring_steps / n as f64 * CALIBRATION_BYTES as f64;
         // No faster than 400 Gbit/s links: the ring's time may be mostly alpha on fast ones.
         let beta = ((best - ring_steps * alpha) / bytes).max(8.0 / 400e9);
-        let mut agreed = [alpha, beta];
+        // Mid-sized ring and halving-doubling in turn (so that a drift of the machine touches
+        // both), after one of each untimed: halving-doubling's links to ranks 2, 4, ... apart
+        // have carried only 8-byte messages so far, and a cold TCP window would count against
+        // it. Each starts as an op does after its agreement phase: after an 8-byte star
+        // all-reduce, not timed (rank 0 hears from every rank, then answers each in turn). The
+        // medians are compared.
+        let mut mid = vec![0f32; CALIBRATION_MID_BYTES / 4];
+        algorithms::ring::all_reduce(&mut ctx, &mut mid, ReduceOp::Sum)?;
+        algorithms::halving::all_reduce(&mut ctx, &mut mid, ReduceOp::Sum)?;
+        let (mut ring, mut halving) = (Vec::new(), Vec::new());
+        for _ in 0..CALIBRATION_MID {
+            for (algo, times) in [(Algorithm::Ring, &mut ring), (Algorithm::HalvingDoubling, &mut halving)] {
+                algorithms::star::all_reduce(&mut ctx, &mut small, ReduceOp::Sum)?;
+                let t = std::time::Instant::now();
+                match algo {
+                    Algorithm::Ring => algorithms::ring::all_reduce(&mut ctx, &mut mid, ReduceOp::Sum)?,
+                    _ => algorithms::halving::all_reduce(&mut ctx, &mut mid, ReduceOp::Sum)?,
+                }
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (ring, halving) = (median(ring), median(halving));
+        // The largest of every rank's: the rank that found halving-doubling slowest decides.
+        let mut agreed = [alpha, beta, halving / ring];
         algorithms::doubling::all_reduce(&mut ctx, &mut agreed, ReduceOp::Max)?;
-        let net = Network { alpha: agreed[0], beta: agreed[1], ..Network::default() };
+        let net = Network { alpha: agreed[0], beta: agreed[1], halving_over_ring: agreed[2], ..Network::default() };
         drop(state);
         tracing::info!(target: "oxcomm::plan", rank, alpha_us = net.alpha * 1e6, gbit_per_s = net.gbit_per_s(),
+            halving_over_ring = net.halving_over_ring, took_ms = started.elapsed().as_secs_f64() * 1e3,
             "measured the links");
         *self.net.lock().unwrap_or_else(|e| e.into_inner()) = Some(net);
         Ok(net)
@@ -295,6 +327,13 @@ const CALIBRATION_LARGE: usize = 3;
 /// Bytes per rank of those: large enough that bytes outweigh steps on 100 Gbit/s links of a
 /// few hosts, small enough to take milliseconds on 1 Gbit/s ones.
 const CALIBRATION_BYTES: usize = 1 << 20;
+/// How many ring and as many halving-doubling all-reduces of [`CALIBRATION_MID_BYTES`] it
+/// times (after one of each untimed) to compare the two.
+const CALIBRATION_MID: usize = 7;
+/// Bytes per rank of those: where halving-doubling's fewer steps show most against the ring's
+/// pipelined ones (docs/perf_many_hosts.md: 0.47-0.73 of the ring's time where the hosts set
+/// the pace, 1.00-1.15 where tbf-shaped 1 Gbit/s links did).
+const CALIBRATION_MID_BYTES: usize = 256 << 10;
 
 /// The algorithm of a native route (every native route has one).
 fn algo(route: Route) -> Algorithm {

@@ -128,6 +128,10 @@ fn child_entry() {
             assert_eq!(comm.transport(), oxcomm::Transport::ShmTcp);
             assert_eq!(comm.hosts(), vec![0, 0, 1, 1]);
             assert!(comm.host_layout().is_some());
+            // The links were measured at start-up, halving-doubling against the ring too.
+            let net = comm.links_model().expect("a job across hosts plans with a links model");
+            assert!(net.alpha > 0.0 && net.beta > 0.0, "{net:?}");
+            assert!(net.halving_over_ring.is_finite() && net.halving_over_ring > 0.0, "{net:?}");
             full_matrix(&comm, CollectiveTester::new().counts(&[0, 7, 1000, 65537]).segments(&[1 << 20]));
         }
         "loop" => {
