@@ -24,7 +24,8 @@
 #            MTU 1500) are not in it, so large sizes cannot quite reach it.
 #
 # After each oxcomm run it prints (to stderr) how many TCP segments the hosts retransmitted.
-# Then it prints one table per rate: per size and H, each program's time, the best forced
+# Then it prints one table per rate: per size and H, each program's time, the algorithm the
+# planner ran (`pick`, from oxcomm's JSON; `?` from an older binary), the best forced
 # algorithm, and oxcomm's ratios to Open MPI, to the floor and to the best forced algorithm.
 # Everything it made (namespaces, processes in them, the bridge) is removed on any exit.
 #
@@ -288,31 +289,34 @@ def floor_us(h, size, alpha_us, rate):
     return min(ring, rd)
 
 def table_rows(path):
-    """(size, in-place time µs) of oxcomm's JSON or a peer's text table."""
+    """size -> (in-place time µs, wrong, algorithm run) of oxcomm's JSON or a peer's text table."""
     out = {}
     if path.endswith(".json"):
         for line in open(path):
             if line.strip():
                 r = json.loads(line)
                 if r["in_place"]:
-                    out[r["size_bytes"]] = (r["time_us"], r["wrong"])
+                    out[r["size_bytes"]] = (r["time_us"], r["wrong"], r.get("ran"))
         return out
     for line in open(path):
         f = line.split()
         if line.startswith("#") or len(f) < 13 or not f[0].isdigit():
             continue
-        out[int(f[0])] = (float(f[9]), int(f[12]) if f[12].isdigit() else 0)
+        out[int(f[0])] = (float(f[9]), int(f[12]) if f[12].isdigit() else 0, None)
     return out
 
 cells = defaultdict(dict)  # (rate, h, size) -> program -> time
+picks = {}  # (rate, h, size) -> the algorithm the planner ran (oxcomm's JSON "ran")
 alphas = {}
 for line in open(sys.argv[1]):
     rate, h, a, prog, path = line.rstrip("\n").split("\t")
     h = int(h)
     alphas[(rate, h)] = float(a)
-    for size, (t, wrong) in table_rows(path).items():
+    for size, (t, wrong, ran) in table_rows(path).items():
         if wrong:
             print(f"# WRONG VALUES: {prog} H={h} {rate} {size} B: {wrong}")
+        if prog == "oxcomm" and ran:
+            picks[(rate, h, size)] = ran
         cell = cells[(rate, h, size)]
         cell[prog] = min(t, cell.get(prog, t))  # a program run twice (Open MPI's two modes): the faster
 
@@ -320,7 +324,7 @@ peers = ("ompi", "gloo", "base")
 for rate in dict.fromkeys(k[0] for k in cells):
     hs = sorted({k[1] for k in cells if k[0] == rate})
     print(f"#\n# {rate}: alpha (one-way 8 B ping-pong, µs): " + ", ".join(f"H={h} {alphas[(rate, h)]:.1f}" for h in hs))
-    print(f"{'size(B)':>9} {'H':>3} {'oxcomm':>9} {'best forced':>16} {'ompi':>9} {'gloo':>9} {'floor':>9}"
+    print(f"{'size(B)':>9} {'H':>3} {'oxcomm':>9} {'pick':>6} {'best forced':>16} {'ompi':>9} {'gloo':>9} {'floor':>9}"
           f" {'ox/ompi':>8} {'ox/floor':>8} {'ox/best':>8} {'base':>9} {'ox/base':>8}")
     worst = defaultdict(float)
     for size in sorted({k[2] for k in cells if k[0] == rate}):
@@ -335,7 +339,7 @@ for rate in dict.fromkeys(k[0] for k in cells):
             fmt = lambda t: f"{t:9.1f}" if t is not None else f"{'-':>9}"
             ratio = lambda a, b: f"{a / b:8.2f}" if b else f"{'-':>8}"
             best_s = f"{best[1]:.1f} {best[0]}" if best else "-"
-            print(f"{size:>9} {h:>3} {fmt(ox)} {best_s:>16} {fmt(c.get('ompi'))} {fmt(c.get('gloo'))} {fmt(fl)}"
+            print(f"{size:>9} {h:>3} {fmt(ox)} {picks.get((rate, h, size), '?'):>6} {best_s:>16} {fmt(c.get('ompi'))} {fmt(c.get('gloo'))} {fmt(fl)}"
                   f" {ratio(ox, c.get('ompi'))} {ratio(ox, fl)} {ratio(ox, best[1] if best else None)}"
                   f" {fmt(c.get('base'))} {ratio(ox, c.get('base'))}")
             if best:

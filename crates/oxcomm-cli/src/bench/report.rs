@@ -28,7 +28,9 @@
 //! `world_size`, `transport`, `algorithm` (`auto` unless forced), `size_bytes`, `count`,
 //! `in_place`, `emulated`, `iters`, `warmup_iters`, `fresh_inputs` (`--fresh-inputs`),
 //! `time_us`, `median_us`, `algbw_gbps`, `busbw_gbps`, `wrong` (`null` when not checked),
-//! `wire_bytes`. `--csv FILE` writes the same columns with a header row.
+//! `wire_bytes`, `ran` (the algorithm rank 0's last timed op ran, from its flight recorder:
+//! what the planner chose where `algorithm` is `auto`; `null` for the ops built from others).
+//! `--csv FILE` writes the same columns with a header row.
 //!
 //! `--plot FILE.svg` or `FILE.png` draws busbw and latency against size for every op and mode
 //! after the run; `--compare A.json B.json … --plot FILE` draws the rows of earlier `--json`
@@ -57,7 +59,7 @@ pub(super) struct Line {
 }
 
 /// One mode of one line.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(super) struct Measured {
     /// Mean time per op (max over ranks), µs.
     pub(super) time_us: f64,
@@ -67,6 +69,8 @@ pub(super) struct Measured {
     pub(super) wrong: Option<u64>,
     /// Bytes one rank handed to its links per op (timed iterations), max over ranks.
     pub(super) wire_bytes: u64,
+    /// The algorithm rank 0's last timed op ran (`None` for the composite ops).
+    pub(super) ran: Option<String>,
 }
 
 /// One row of the JSON and CSV outputs.
@@ -92,16 +96,17 @@ struct Row<'a> {
     busbw_gbps: f64,
     wrong: Option<u64>,
     wire_bytes: u64,
+    ran: Option<&'a str>,
 }
 
 const CSV_HEADER: &str = "op,dtype,redop,root,world_size,transport,algorithm,size_bytes,count,in_place,emulated,\
-                          iters,warmup_iters,fresh_inputs,time_us,median_us,algbw_gbps,busbw_gbps,wrong,wire_bytes";
+                          iters,warmup_iters,fresh_inputs,time_us,median_us,algbw_gbps,busbw_gbps,wrong,wire_bytes,ran";
 
 impl Row<'_> {
     fn csv(&self) -> String {
         let opt = |v: Option<String>| v.unwrap_or_default();
         format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.6},{:.6},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.3},{:.3},{:.6},{:.6},{},{},{}",
             self.op,
             self.dtype,
             opt(self.redop.map(str::to_string)),
@@ -122,6 +127,7 @@ impl Row<'_> {
             self.busbw_gbps,
             opt(self.wrong.map(|w| w.to_string())),
             self.wire_bytes,
+            self.ran.unwrap_or_default(),
         )
     }
 }
@@ -345,6 +351,7 @@ impl Report {
                 busbw_gbps: busbw,
                 wrong: m.wrong,
                 wire_bytes: m.wire_bytes,
+                ran: m.ran.as_deref(),
             };
             self.points.push(crate::plot::Point {
                 op: line.op.name().to_string(),

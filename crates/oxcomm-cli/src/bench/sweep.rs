@@ -84,7 +84,13 @@ fn rank_typed<T: BenchElement>(comm: &Communicator, plan: &BenchPlan, sink: Opti
                 } else {
                     None
                 };
-                Ok(Measured { time_us: timed.mean_us, median_us: timed.median_us, wrong, wire_bytes: timed.wire_bytes })
+                Ok(Measured {
+                    time_us: timed.mean_us,
+                    median_us: timed.median_us,
+                    wrong,
+                    wire_bytes: timed.wire_bytes,
+                    ran: timed.ran,
+                })
             };
             let out_of_place = measure(false)?;
             let in_place = measure(true)?;

@@ -191,11 +191,15 @@ fn json_and_csv_have_every_field_per_op_size_and_mode() {
         "busbw_gbps",
         "wrong",
         "wire_bytes",
+        "ran",
     ];
+    let names = ["ring", "rd", "rhd", "star", "tree", "pairwise", "dissem", "flat", "direct", "hier"];
     for row in &rows {
         for f in fields {
             assert!(row.get(f).is_some(), "{f} missing in {row}");
         }
+        // What the planner chose, as the flight recorder saw it.
+        assert!(row["ran"].as_str().is_some_and(|a| names.contains(&a)), "{row}");
         assert_eq!(row["dtype"], "bf16");
         assert_eq!(row["world_size"], 2);
         assert_eq!(row["transport"], "threads");
@@ -225,6 +229,27 @@ fn json_and_csv_have_every_field_per_op_size_and_mode() {
     assert_eq!(header, fields);
     assert_eq!(lines.clone().count(), rows.len());
     assert!(lines.all(|l| l.split(',').count() == fields.len()));
+}
+
+/// `ran` is the algorithm the op ran: the forced one when forced.
+#[test]
+fn json_says_which_algorithm_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    for algo in ["ring", "rhd"] {
+        let json = dir.path().join(format!("{algo}.json"));
+        let flags = format!(
+            "bench --transport threads --world-size 4 -b 64K -e 64K -n 2 -w 0 --op all_reduce --algorithm {algo}"
+        );
+        let mut args: Vec<&str> = flags.split(' ').collect();
+        args.extend(["--json", json.to_str().unwrap()]);
+        let run = oxcomm(&args);
+        assert_eq!(run.code, Some(0), "stderr: {}", run.stderr);
+        let text = std::fs::read_to_string(&json).unwrap();
+        for line in text.lines() {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!((row["algorithm"].as_str(), row["ran"].as_str()), (Some(algo), Some(algo)), "{row}");
+        }
+    }
 }
 
 #[test]

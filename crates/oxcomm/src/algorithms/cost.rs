@@ -52,10 +52,10 @@ pub struct Network {
 
 /// [`Network::halving_over_ring`] at or below which halving-doubling competes with the ring
 /// above 64 KiB: 10% faster at start-up. Measured by the benchmark (docs/perf_many_hosts.md),
-/// 256 KiB halving-doubling took 0.47-0.73 of the ring's time on 4 and 8 hosts whose cores,
-/// not their 10 Gbit/s links, set the pace (and was as fast or faster up to 16 MiB), and
-/// 1.00-1.15 of it on tbf-shaped 1 Gbit/s links (where the ring was up to 1.36× faster from
-/// 4 MiB).
+/// 256 KiB halving-doubling took 0.57-0.81 of the ring's time on 8 hosts whose cores, not
+/// their 10 Gbit/s links, set the pace (0.47-1.17 on 4), and 0.99-1.15 of it on tbf-shaped
+/// 1 Gbit/s links (where the ring was up to 1.4× faster from 4 MiB); the start-up measurement
+/// gave 0.87-1.04 and 0.93-1.11 there.
 pub const HALVING_BEATS_RING: f64 = 0.9;
 
 /// One-way time between hosts (µs) the planner assumes when the links were neither measured

@@ -27,7 +27,7 @@ pub const SMALL_ALL_REDUCE_BYTES: usize = 64 * 1024;
 
 /// Across hosts, the largest all-reduce (bytes per rank) for which halving-doubling competes
 /// with the ring, where it measured faster at start-up: above, the ring's pipelined steps are
-/// the safe choice (a mistaken halving-doubling cost up to 1.4x there; 1.17x at most up to
+/// the safe choice (a mistaken halving-doubling cost up to 1.4x there; 1.2x at most up to
 /// this size).
 pub const HALVING_COMPETES_MAX_BYTES: usize = 1 << 20;
 

@@ -143,9 +143,8 @@ impl NativeBackend {
     /// from 1 MiB ring all-reduces (the fastest of [`CALIBRATION_LARGE`], less its steps'
     /// alpha), and the median of [`CALIBRATION_MID`] 256 KiB halving-doubling all-reduces
     /// over the median of as many ring ones (whether the planner lets the two compete above
-    /// 64 KiB: [`Network::halving_over_ring`]); then
-    /// the largest of every rank's values, by a recursive-doubling all-reduce
-    /// (bitwise equal on every rank), so all ranks plan alike. No agreement phase: every rank
+    /// 64 KiB: [`Network::halving_over_ring`]); then the largest of every rank's values, by a
+    /// recursive-doubling all-reduce (bitwise equal on every rank), so all ranks plan alike. No agreement phase: every rank
     /// runs it at the same point of setting up. Returns what it set.
     pub(crate) fn calibrate(&self, rank: usize, timeout: Duration) -> Result<Network> {
         let mut state = self.lock();
@@ -331,8 +330,8 @@ const CALIBRATION_BYTES: usize = 1 << 20;
 /// times (after one of each untimed) to compare the two.
 const CALIBRATION_MID: usize = 7;
 /// Bytes per rank of those: where halving-doubling's fewer steps show most against the ring's
-/// pipelined ones (docs/perf_many_hosts.md: 0.47-0.73 of the ring's time where the hosts set
-/// the pace, 1.00-1.15 where tbf-shaped 1 Gbit/s links did).
+/// pipelined ones (docs/perf_many_hosts.md, the benchmark's medians: 0.57-0.81 of the ring's
+/// time on 8 hosts whose cores set the pace, 0.99-1.15 on tbf-shaped 1 Gbit/s links).
 const CALIBRATION_MID_BYTES: usize = 256 << 10;
 
 /// The algorithm of a native route (every native route has one).

@@ -203,8 +203,9 @@ pub(crate) fn human(bytes: u64) -> String {
     }
 }
 
-/// What [`Case::time`] measured, each the maximum over ranks.
-#[derive(Debug, Clone, Copy)]
+/// What [`Case::time`] measured, each the maximum over ranks, and the algorithm the last
+/// timed op ran.
+#[derive(Debug, Clone)]
 pub(crate) struct Timed {
     /// Mean time per op, µs.
     pub(crate) mean_us: f64,
@@ -212,6 +213,15 @@ pub(crate) struct Timed {
     pub(crate) median_us: f64,
     /// Bytes handed to links per op.
     pub(crate) wire_bytes: u64,
+    /// The algorithm this rank's last timed op ran, from the flight recorder (`ring` where
+    /// the planner chose it); `None` for the ops built from others (1-bit, quantized).
+    pub(crate) ran: Option<String>,
+}
+
+/// The `algorithm` of the last entry of a flight record (JSON Lines, oldest first).
+fn last_algorithm(record: &str) -> Option<String> {
+    let last: serde_json::Value = serde_json::from_str(record.lines().last()?).ok()?;
+    last.get("algorithm")?.as_str().map(str::to_string)
 }
 
 /// One op in one mode at one size on this rank.
@@ -336,10 +346,12 @@ impl Case<'_> {
         // Fresh inputs: the rewrites and barriers between the ops are not the op's time.
         let total = if fresh { each.iter().sum() } else { start.elapsed() };
         let wire = (self.comm.stats().bytes_sent - sent) as f64 / iters.max(1) as f64;
+        let composite = matches!(self.op, BenchOp::OnebitAllReduce | BenchOp::QuantReduceScatter);
+        let ran = if composite || iters == 0 { None } else { last_algorithm(&self.comm.flight_record()) };
         let mut stats =
             [total.as_secs_f64() * 1e6 / iters.max(1) as f64, median(&mut each).as_secs_f64() * 1e6, wire.round()];
         self.comm.all_reduce(&mut stats, ReduceOp::Max)?;
-        Ok(Timed { mean_us: stats[0], median_us: stats[1], wire_bytes: stats[2] as u64 })
+        Ok(Timed { mean_us: stats[0], median_us: stats[1], wire_bytes: stats[2] as u64, ran })
     }
 
     /// The elements of `a` this rank contributes to the op (its input; at the root of an
