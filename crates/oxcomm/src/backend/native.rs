@@ -161,10 +161,9 @@ impl NativeBackend {
             algorithms::doubling::all_reduce(&mut ctx, &mut small, ReduceOp::Sum)?;
             times.push(t.elapsed().as_secs_f64());
         }
-        times.sort_by(f64::total_cmp);
         let d = algorithms::schedule::recursive_doubling(rank, n);
         let steps = d.p.trailing_zeros() as f64 + if d.p == n { 0.0 } else { 2.0 };
-        let alpha = times[times.len() / 2] / steps.max(1.0);
+        let alpha = median(times) / steps.max(1.0);
         let mut large = vec![0f32; CALIBRATION_BYTES / 4];
         let mut best = f64::INFINITY;
         for _ in 0..CALIBRATION_LARGE {
@@ -187,20 +186,15 @@ impl NativeBackend {
         algorithms::halving::all_reduce(&mut ctx, &mut mid, ReduceOp::Sum)?;
         let (mut ring, mut halving) = (Vec::new(), Vec::new());
         for _ in 0..CALIBRATION_MID {
-            for (algo, times) in [(Algorithm::Ring, &mut ring), (Algorithm::HalvingDoubling, &mut halving)] {
-                algorithms::star::all_reduce(&mut ctx, &mut small, ReduceOp::Sum)?;
-                let t = std::time::Instant::now();
-                match algo {
-                    Algorithm::Ring => algorithms::ring::all_reduce(&mut ctx, &mut mid, ReduceOp::Sum)?,
-                    _ => algorithms::halving::all_reduce(&mut ctx, &mut mid, ReduceOp::Sum)?,
-                }
-                times.push(t.elapsed().as_secs_f64());
-            }
+            algorithms::star::all_reduce(&mut ctx, &mut small, ReduceOp::Sum)?;
+            let t = std::time::Instant::now();
+            algorithms::ring::all_reduce(&mut ctx, &mut mid, ReduceOp::Sum)?;
+            ring.push(t.elapsed().as_secs_f64());
+            algorithms::star::all_reduce(&mut ctx, &mut small, ReduceOp::Sum)?;
+            let t = std::time::Instant::now();
+            algorithms::halving::all_reduce(&mut ctx, &mut mid, ReduceOp::Sum)?;
+            halving.push(t.elapsed().as_secs_f64());
         }
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
         let (ring, halving) = (median(ring), median(halving));
         // The largest of every rank's: the rank that found halving-doubling slowest decides.
         let mut agreed = [alpha, beta, halving / ring];
@@ -317,6 +311,12 @@ impl NativeBackend {
         }
         result
     }
+}
+
+/// The median of `times` (at least one).
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
 
 /// How many 8-byte all-reduces [`NativeBackend::calibrate`] times for alpha.
